@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Sets up everything the build and the tests need, idempotently:
+#   .venv/  Python 3.11 with torch (the libtorch that tch links), torchvision,
+#           onnxruntime (the shared library ort loads), onnx, grpcio-tools and
+#           the project's Python package;
+#   .cargo/config.toml already points LIBTORCH and ORT_DYLIB_PATH at .venv/.
+# A stamp file records what was installed; a second run with the same pins
+# returns in well under a second.
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+
+venv="$root/.venv"
+python="${PYTHON:-python3}"
+
+# The pins. torch 2.11.0 is exactly what tch 0.24 expects; torchvision must
+# match torch. Change them together with the tch version in Cargo.toml.
+pins=(
+  "torch==2.11.0"
+  "torchvision==0.26.0"
+  "onnxruntime==1.31.1"
+  "onnx==1.23.2"
+  "grpcio-tools==1.76.0"
+  "pytest==8.4.2"
+)
+stamp="$venv/.tensile-setup"
+want="$(printf '%s\n' "${pins[@]}"; sha256sum clients/python/pyproject.toml 2>/dev/null || true)"
+
+if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" && -x "$venv/bin/python" ]]; then
+  echo "setup: .venv is up to date"
+  exit 0
+fi
+
+if [[ ! -x "$venv/bin/python" ]]; then
+  echo "setup: creating $venv"
+  "$python" -m venv "$venv"
+fi
+
+echo "setup: installing ${pins[*]} (the first time takes a few minutes: torch is large)"
+"$venv/bin/python" -m pip install --quiet --progress-bar off "${pins[@]}"
+
+if [[ -f clients/python/pyproject.toml ]]; then
+  echo "setup: installing the tensile Python package (editable)"
+  "$venv/bin/python" -m pip install --quiet --progress-bar off --no-deps -e clients/python
+fi
+
+# Sanity: the libraries the Rust build links or loads are where .cargo/config.toml says.
+site="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+test -f "$site/torch/lib/libtorch_cpu.so" || { echo "setup: libtorch_cpu.so missing under $site/torch/lib" >&2; exit 1; }
+ls "$site"/onnxruntime/capi/libonnxruntime.so.* >/dev/null 2>&1 || { echo "setup: libonnxruntime.so missing under $site/onnxruntime/capi" >&2; exit 1; }
+
+printf '%s' "$want" >"$stamp"
+echo "setup: done"
