@@ -217,7 +217,9 @@ pub struct Tensor {
 impl Tensor {
     /// Number of elements, `None` on overflow.
     pub fn numel(&self) -> Option<u64> {
-        self.shape.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d))
+        self.shape
+            .iter()
+            .try_fold(1u64, |acc, &d| acc.checked_mul(d))
     }
 }
 

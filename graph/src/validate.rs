@@ -154,14 +154,18 @@ pub enum GraphError {
     },
     #[error("{op}: attribute {key:?} is not a finite number")]
     NonFiniteAttr { op: OpRef, key: String },
-    #[error("{op}: input #{index} is tensor {tensor}, out of range (the graph has {count} tensors)")]
+    #[error(
+        "{op}: input #{index} is tensor {tensor}, out of range (the graph has {count} tensors)"
+    )]
     InputOutOfRange {
         op: OpRef,
         index: usize,
         tensor: u64,
         count: usize,
     },
-    #[error("{op}: output #{index} is tensor {tensor}, out of range (the graph has {count} tensors)")]
+    #[error(
+        "{op}: output #{index} is tensor {tensor}, out of range (the graph has {count} tensors)"
+    )]
     OutputOutOfRange {
         op: OpRef,
         index: usize,
@@ -188,7 +192,9 @@ pub enum GraphError {
     },
     #[error("{op}: output #{output} aliases more than one input")]
     AliasedTwice { op: OpRef, output: u64 },
-    #[error("{op}: in-place output {output} must have the shape and dtype of the input it overwrites, {input}")]
+    #[error(
+        "{op}: in-place output {output} must have the shape and dtype of the input it overwrites, {input}"
+    )]
     InPlaceMismatch {
         op: OpRef,
         output: TensorRef,
@@ -203,12 +209,17 @@ pub enum GraphError {
     #[error(
         "{tensor} (kind {kind}) is never produced; only inputs, parameters, buffers and optimizer state may exist at iteration start"
     )]
-    NeverProduced { tensor: TensorRef, kind: &'static str },
+    NeverProduced {
+        tensor: TensorRef,
+        kind: &'static str,
+    },
     #[error("{tensor} has kind input but is produced by {op}")]
     InputProduced { tensor: TensorRef, op: OpRef },
     #[error("the graph has a cycle: {}", join_ops(.ops))]
     Cycle { ops: Vec<OpRef> },
-    #[error("{op} reads {tensor} before {producer} produces it (ops must be listed in execution order)")]
+    #[error(
+        "{op} reads {tensor} before {producer} produces it (ops must be listed in execution order)"
+    )]
     UsedBeforeProduced {
         op: OpRef,
         tensor: TensorRef,

@@ -75,14 +75,28 @@ impl Builder {
     }
 
     /// One backward op with one output shaped like `like`; returns the output.
-    fn grad_op(&mut self, name: &str, op_type: &str, inputs: Vec<TensorId>, like: TensorId, a: BTreeMap<String, AttrValue>) -> TensorId {
+    fn grad_op(
+        &mut self,
+        name: &str,
+        op_type: &str,
+        inputs: Vec<TensorId>,
+        like: TensorId,
+        a: BTreeMap<String, AttrValue>,
+    ) -> TensorId {
         let g = self.grad_like(self.grad_name(like), like);
         self.op(name, op_type, inputs, vec![g], a, vec![]);
         g
     }
 
     /// A view of gradient `g` with `shape`.
-    fn grad_view(&mut self, name: &str, op_type: &str, g: TensorId, shape: Vec<u64>, a: BTreeMap<String, AttrValue>) -> TensorId {
+    fn grad_view(
+        &mut self,
+        name: &str,
+        op_type: &str,
+        g: TensorId,
+        shape: Vec<u64>,
+        a: BTreeMap<String, AttrValue>,
+    ) -> TensorId {
         self.view_as(name, op_type, g, shape, a)
     }
 
@@ -97,19 +111,35 @@ impl Builder {
             .filter(|&i| i < lead || ts[i - lead] == 1 && gs[i] != 1)
             .map(|i| i as u64)
             .collect();
-        self.grad_op(name, "aten::sum", vec![g], target, attrs([("dim", ints(dims)), ("keepdim", AttrValue::Bool(true))]))
+        self.grad_op(
+            name,
+            "aten::sum",
+            vec![g],
+            target,
+            attrs([("dim", ints(dims)), ("keepdim", AttrValue::Bool(true))]),
+        )
     }
 }
 
 /// Emits the backward of one forward op; returns `(tensor, its gradient)` pairs.
-fn emit(b: &mut Builder, name: &str, grad: &GradFn, gouts: &[Option<TensorId>]) -> Vec<(TensorId, TensorId)> {
+fn emit(
+    b: &mut Builder,
+    name: &str,
+    grad: &GradFn,
+    gouts: &[Option<TensorId>],
+) -> Vec<(TensorId, TensorId)> {
     let Some(g) = gouts.first().copied().flatten() else {
         return Vec::new();
     };
     let bw = format!("{name}.backward");
     let rg = |b: &Builder, t: TensorId| b.requires_grad(t);
     match grad {
-        GradFn::Convolution { x, w, b: bias, attrs: a } => {
+        GradFn::Convolution {
+            x,
+            w,
+            b: bias,
+            attrs: a,
+        } => {
             let mask = [rg(b, *x), rg(b, *w), bias.is_some_and(|t| rg(b, t))];
             let mut targets = vec![*x, *w];
             targets.extend(bias);
@@ -124,10 +154,24 @@ fn emit(b: &mut Builder, name: &str, grad: &GradFn, gouts: &[Option<TensorId>]) 
             }
             let mut a = a.clone();
             a.insert("output_mask".into(), ints(mask.map(u64::from)));
-            b.op(bw, "aten::convolution_backward", vec![g, *x, *w], outs, a, vec![]);
+            b.op(
+                bw,
+                "aten::convolution_backward",
+                vec![g, *x, *w],
+                outs,
+                a,
+                vec![],
+            );
             pairs
         }
-        GradFn::BatchNorm { x, w, b: bias, mean, invstd, eps } => {
+        GradFn::BatchNorm {
+            x,
+            w,
+            b: bias,
+            mean,
+            invstd,
+            eps,
+        } => {
             let mask = [rg(b, *x), rg(b, *w), rg(b, *bias)];
             let mut outs = Vec::new();
             let mut pairs = Vec::new();
@@ -138,11 +182,28 @@ fn emit(b: &mut Builder, name: &str, grad: &GradFn, gouts: &[Option<TensorId>]) 
                     pairs.push((*t, gt));
                 }
             }
-            let a = attrs([("training", AttrValue::Bool(true)), ("eps", AttrValue::Float(*eps)), ("output_mask", ints(mask.map(u64::from)))]);
-            b.op(bw, "aten::native_batch_norm_backward", vec![g, *x, *w, *mean, *invstd], outs, a, vec![]);
+            let a = attrs([
+                ("training", AttrValue::Bool(true)),
+                ("eps", AttrValue::Float(*eps)),
+                ("output_mask", ints(mask.map(u64::from))),
+            ]);
+            b.op(
+                bw,
+                "aten::native_batch_norm_backward",
+                vec![g, *x, *w, *mean, *invstd],
+                outs,
+                a,
+                vec![],
+            );
             pairs
         }
-        GradFn::LayerNorm { x, w, b: bias, mean, rstd } => {
+        GradFn::LayerNorm {
+            x,
+            w,
+            b: bias,
+            mean,
+            rstd,
+        } => {
             let mask = [rg(b, *x), rg(b, *w), rg(b, *bias)];
             let mut outs = Vec::new();
             let mut pairs = Vec::new();
@@ -154,26 +215,94 @@ fn emit(b: &mut Builder, name: &str, grad: &GradFn, gouts: &[Option<TensorId>]) 
                 }
             }
             let d = b.shape(*x).last().copied().unwrap_or(1);
-            let a = attrs([("normalized_shape", ints([d])), ("output_mask", ints(mask.map(u64::from)))]);
-            b.op(bw, "aten::native_layer_norm_backward", vec![g, *x, *mean, *rstd, *w, *bias], outs, a, vec![]);
+            let a = attrs([
+                ("normalized_shape", ints([d])),
+                ("output_mask", ints(mask.map(u64::from))),
+            ]);
+            b.op(
+                bw,
+                "aten::native_layer_norm_backward",
+                vec![g, *x, *mean, *rstd, *w, *bias],
+                outs,
+                a,
+                vec![],
+            );
             pairs
         }
         GradFn::Threshold { x, out } => {
-            vec![(*x, b.grad_op(&bw, "aten::threshold_backward", vec![g, *out], *x, attrs([("threshold", AttrValue::Float(0.0))])))]
+            vec![(
+                *x,
+                b.grad_op(
+                    &bw,
+                    "aten::threshold_backward",
+                    vec![g, *out],
+                    *x,
+                    attrs([("threshold", AttrValue::Float(0.0))]),
+                ),
+            )]
         }
-        GradFn::MaxPool { x, indices, attrs: a } => {
-            vec![(*x, b.grad_op(&bw, "aten::max_pool2d_with_indices_backward", vec![g, *x, *indices], *x, a.clone()))]
+        GradFn::MaxPool {
+            x,
+            indices,
+            attrs: a,
+        } => {
+            vec![(
+                *x,
+                b.grad_op(
+                    &bw,
+                    "aten::max_pool2d_with_indices_backward",
+                    vec![g, *x, *indices],
+                    *x,
+                    a.clone(),
+                ),
+            )]
         }
-        GradFn::AvgPool { x, attrs: a } => vec![(*x, b.grad_op(&bw, "aten::avg_pool2d_backward", vec![g, *x], *x, a.clone()))],
-        GradFn::AdaptiveAvgPool { x } => vec![(*x, b.grad_op(&bw, "aten::_adaptive_avg_pool2d_backward", vec![g, *x], *x, attrs([])))],
+        GradFn::AvgPool { x, attrs: a } => vec![(
+            *x,
+            b.grad_op(&bw, "aten::avg_pool2d_backward", vec![g, *x], *x, a.clone()),
+        )],
+        GradFn::AdaptiveAvgPool { x } => vec![(
+            *x,
+            b.grad_op(
+                &bw,
+                "aten::_adaptive_avg_pool2d_backward",
+                vec![g, *x],
+                *x,
+                attrs([]),
+            ),
+        )],
         GradFn::Mean { x, count } => {
             let shape = b.shape(*x).to_vec();
-            let e = b.grad_view(&format!("{bw}.expand"), "aten::expand", g, shape.clone(), attrs([("size", ints(shape))]));
-            vec![(*x, b.grad_op(&bw, "aten::div", vec![e], *x, attrs([("other", AttrValue::Float(*count as f64))])))]
+            let e = b.grad_view(
+                &format!("{bw}.expand"),
+                "aten::expand",
+                g,
+                shape.clone(),
+                attrs([("size", ints(shape))]),
+            );
+            vec![(
+                *x,
+                b.grad_op(
+                    &bw,
+                    "aten::div",
+                    vec![e],
+                    *x,
+                    attrs([("other", AttrValue::Float(*count as f64))]),
+                ),
+            )]
         }
         GradFn::View { x } => {
             let shape = b.shape(*x).to_vec();
-            vec![(*x, b.grad_view(&bw, "aten::view", g, shape.clone(), attrs([("size", ints(shape))])))]
+            vec![(
+                *x,
+                b.grad_view(
+                    &bw,
+                    "aten::view",
+                    g,
+                    shape.clone(),
+                    attrs([("size", ints(shape))]),
+                ),
+            )]
         }
         GradFn::Permute { x, dims } => {
             let mut inverse = vec![0; dims.len()];
@@ -181,20 +310,62 @@ fn emit(b: &mut Builder, name: &str, grad: &GradFn, gouts: &[Option<TensorId>]) 
                 inverse[d] = i;
             }
             let shape = b.shape(*x).to_vec();
-            vec![(*x, b.grad_view(&bw, "aten::permute", g, shape, attrs([("dims", ints(inverse.iter().map(|&d| d as u64)))])))]
+            vec![(
+                *x,
+                b.grad_view(
+                    &bw,
+                    "aten::permute",
+                    g,
+                    shape,
+                    attrs([("dims", ints(inverse.iter().map(|&d| d as u64)))]),
+                ),
+            )]
         }
         GradFn::Addmm { x, w, b: bias } => {
             let mut pairs = Vec::new();
             if rg(b, *x) {
-                pairs.push((*x, b.grad_op(&format!("{bw}.input"), "aten::mm", vec![g, *w], *x, attrs([]))));
+                pairs.push((
+                    *x,
+                    b.grad_op(
+                        &format!("{bw}.input"),
+                        "aten::mm",
+                        vec![g, *w],
+                        *x,
+                        attrs([]),
+                    ),
+                ));
             }
             if rg(b, *w) {
                 let gs = b.shape(g).to_vec();
-                let gt = b.grad_view(&format!("{bw}.grad_t"), "aten::t", g, vec![gs[1], gs[0]], attrs([]));
-                pairs.push((*w, b.grad_op(&format!("{bw}.weight"), "aten::mm", vec![gt, *x], *w, attrs([]))));
+                let gt = b.grad_view(
+                    &format!("{bw}.grad_t"),
+                    "aten::t",
+                    g,
+                    vec![gs[1], gs[0]],
+                    attrs([]),
+                );
+                pairs.push((
+                    *w,
+                    b.grad_op(
+                        &format!("{bw}.weight"),
+                        "aten::mm",
+                        vec![gt, *x],
+                        *w,
+                        attrs([]),
+                    ),
+                ));
             }
             if let Some(bias) = bias.filter(|&t| rg(b, t)) {
-                pairs.push((bias, b.grad_op(&format!("{bw}.bias"), "aten::sum", vec![g], bias, attrs([("dim", ints([0])), ("keepdim", AttrValue::Bool(false))]))));
+                pairs.push((
+                    bias,
+                    b.grad_op(
+                        &format!("{bw}.bias"),
+                        "aten::sum",
+                        vec![g],
+                        bias,
+                        attrs([("dim", ints([0])), ("keepdim", AttrValue::Bool(false))]),
+                    ),
+                ));
             }
             pairs
         }
@@ -207,58 +378,164 @@ fn emit(b: &mut Builder, name: &str, grad: &GradFn, gouts: &[Option<TensorId>]) 
             }
             pairs
         }
-        GradFn::Scale { x, factor } => vec![(*x, b.grad_op(&bw, "aten::mul", vec![g], *x, attrs([("other", AttrValue::Float(*factor))])))],
+        GradFn::Scale { x, factor } => vec![(
+            *x,
+            b.grad_op(
+                &bw,
+                "aten::mul",
+                vec![g],
+                *x,
+                attrs([("other", AttrValue::Float(*factor))]),
+            ),
+        )],
         GradFn::Dropout { x, mask, scale } => {
-            vec![(*x, b.grad_op(&bw, "aten::native_dropout_backward", vec![g, *mask], *x, attrs([("scale", AttrValue::Float(*scale))])))]
+            vec![(
+                *x,
+                b.grad_op(
+                    &bw,
+                    "aten::native_dropout_backward",
+                    vec![g, *mask],
+                    *x,
+                    attrs([("scale", AttrValue::Float(*scale))]),
+                ),
+            )]
         }
         GradFn::Cat { dim, parts } => {
             let mut pairs = Vec::new();
             for (i, &(t, start, len)) in parts.iter().enumerate() {
                 if rg(b, t) {
                     let shape = b.shape(t).to_vec();
-                    let a = attrs([("dim", AttrValue::Int(*dim as i64)), ("start", AttrValue::Int(start as i64)), ("end", AttrValue::Int((start + len) as i64))]);
-                    pairs.push((t, b.grad_view(&format!("{bw}.slice{i}"), "aten::slice", g, shape, a)));
+                    let a = attrs([
+                        ("dim", AttrValue::Int(*dim as i64)),
+                        ("start", AttrValue::Int(start as i64)),
+                        ("end", AttrValue::Int((start + len) as i64)),
+                    ]);
+                    pairs.push((
+                        t,
+                        b.grad_view(&format!("{bw}.slice{i}"), "aten::slice", g, shape, a),
+                    ));
                 }
             }
             pairs
         }
         GradFn::LogSoftmax { x, out, dim } => {
-            vec![(*x, b.grad_op(&bw, "aten::_log_softmax_backward_data", vec![g, *out], *x, attrs([("dim", AttrValue::Int(*dim))])))]
+            vec![(
+                *x,
+                b.grad_op(
+                    &bw,
+                    "aten::_log_softmax_backward_data",
+                    vec![g, *out],
+                    *x,
+                    attrs([("dim", AttrValue::Int(*dim))]),
+                ),
+            )]
         }
-        GradFn::NllLoss { logp, target, total_weight } => {
-            let a = attrs([("reduction", AttrValue::Int(1)), ("ignore_index", AttrValue::Int(-100))]);
-            vec![(*logp, b.grad_op(&bw, "aten::nll_loss_backward", vec![g, *logp, *target, *total_weight], *logp, a))]
+        GradFn::NllLoss {
+            logp,
+            target,
+            total_weight,
+        } => {
+            let a = attrs([
+                ("reduction", AttrValue::Int(1)),
+                ("ignore_index", AttrValue::Int(-100)),
+            ]);
+            vec![(
+                *logp,
+                b.grad_op(
+                    &bw,
+                    "aten::nll_loss_backward",
+                    vec![g, *logp, *target, *total_weight],
+                    *logp,
+                    a,
+                ),
+            )]
         }
         GradFn::Embedding { w, ids } => {
             let num = b.shape(*w)[0];
-            let a = attrs([("num_weights", AttrValue::Int(num as i64)), ("padding_idx", AttrValue::Int(-1)), ("scale_grad_by_freq", AttrValue::Bool(false))]);
-            vec![(*w, b.grad_op(&bw, "aten::embedding_dense_backward", vec![g, *ids], *w, a))]
+            let a = attrs([
+                ("num_weights", AttrValue::Int(num as i64)),
+                ("padding_idx", AttrValue::Int(-1)),
+                ("scale_grad_by_freq", AttrValue::Bool(false)),
+            ]);
+            vec![(
+                *w,
+                b.grad_op(&bw, "aten::embedding_dense_backward", vec![g, *ids], *w, a),
+            )]
         }
-        GradFn::Gelu { x } => vec![(*x, b.grad_op(&bw, "aten::gelu_backward", vec![g, *x], *x, attrs([("approximate", AttrValue::Str("none".into()))])))],
+        GradFn::Gelu { x } => vec![(
+            *x,
+            b.grad_op(
+                &bw,
+                "aten::gelu_backward",
+                vec![g, *x],
+                *x,
+                attrs([("approximate", AttrValue::Str("none".into()))]),
+            ),
+        )],
         GradFn::Softmax { x, out, dim } => {
-            vec![(*x, b.grad_op(&bw, "aten::_softmax_backward_data", vec![g, *out], *x, attrs([("dim", AttrValue::Int(*dim))])))]
+            vec![(
+                *x,
+                b.grad_op(
+                    &bw,
+                    "aten::_softmax_backward_data",
+                    vec![g, *out],
+                    *x,
+                    attrs([("dim", AttrValue::Int(*dim))]),
+                ),
+            )]
         }
-        GradFn::Tanh { x, out } => vec![(*x, b.grad_op(&bw, "aten::tanh_backward", vec![g, *out], *x, attrs([])))],
+        GradFn::Tanh { x, out } => vec![(
+            *x,
+            b.grad_op(&bw, "aten::tanh_backward", vec![g, *out], *x, attrs([])),
+        )],
         GradFn::Bmm { a, b: other } => {
             let mut pairs = Vec::new();
             let swap = |s: &[u64]| vec![s[0], s[2], s[1]];
             let tr = attrs([("dim0", AttrValue::Int(1)), ("dim1", AttrValue::Int(2))]);
             if rg(b, *a) {
                 let shape = swap(b.shape(*other));
-                let bt = b.grad_view(&format!("{bw}.mat2_t"), "aten::transpose", *other, shape, tr.clone());
-                pairs.push((*a, b.grad_op(&format!("{bw}.mat1"), "aten::bmm", vec![g, bt], *a, attrs([]))));
+                let bt = b.grad_view(
+                    &format!("{bw}.mat2_t"),
+                    "aten::transpose",
+                    *other,
+                    shape,
+                    tr.clone(),
+                );
+                pairs.push((
+                    *a,
+                    b.grad_op(
+                        &format!("{bw}.mat1"),
+                        "aten::bmm",
+                        vec![g, bt],
+                        *a,
+                        attrs([]),
+                    ),
+                ));
             }
             if rg(b, *other) {
                 let shape = swap(b.shape(*a));
                 let at = b.grad_view(&format!("{bw}.mat1_t"), "aten::transpose", *a, shape, tr);
-                pairs.push((*other, b.grad_op(&format!("{bw}.mat2"), "aten::bmm", vec![at, g], *other, attrs([]))));
+                pairs.push((
+                    *other,
+                    b.grad_op(
+                        &format!("{bw}.mat2"),
+                        "aten::bmm",
+                        vec![at, g],
+                        *other,
+                        attrs([]),
+                    ),
+                ));
             }
             pairs
         }
         GradFn::Identity { x } => vec![(*x, g)],
         GradFn::Select { x, dim, index } => {
             let shape = b.shape(*x).to_vec();
-            let a = attrs([("input_sizes", ints(shape)), ("dim", AttrValue::Int(*dim)), ("index", AttrValue::Int(*index))]);
+            let a = attrs([
+                ("input_sizes", ints(shape)),
+                ("dim", AttrValue::Int(*dim)),
+                ("index", AttrValue::Int(*index)),
+            ]);
             vec![(*x, b.grad_op(&bw, "aten::select_backward", vec![g], *x, a))]
         }
     }
@@ -268,7 +545,14 @@ fn emit(b: &mut Builder, name: &str, grad: &GradFn, gouts: &[Option<TensorId>]) 
 pub(crate) fn backward(b: &mut Builder, loss: TensorId) {
     b.phase = Phase::Backward;
     let seed = b.grad_like(b.grad_name(loss), loss);
-    b.op("loss.backward", "aten::ones_like", vec![loss], vec![seed], attrs([]), vec![]);
+    b.op(
+        "loss.backward",
+        "aten::ones_like",
+        vec![loss],
+        vec![seed],
+        attrs([]),
+        vec![],
+    );
     let mut grads: HashMap<TensorId, TensorId> = HashMap::from([(loss, seed)]);
     let tape = std::mem::take(&mut b.tape);
     for entry in tape.iter().rev() {
@@ -288,13 +572,25 @@ pub(crate) fn backward(b: &mut Builder, loss: TensorId) {
 }
 
 /// Sums a second gradient for the same tensor into the first (`aten::add`).
-fn accumulate(b: &mut Builder, grads: &mut HashMap<TensorId, TensorId>, target: TensorId, g: TensorId) {
+fn accumulate(
+    b: &mut Builder,
+    grads: &mut HashMap<TensorId, TensorId>,
+    target: TensorId,
+    g: TensorId,
+) {
     let g = match grads.get(&target) {
         None => g,
         Some(&old) => {
             let sum = b.grad_like(format!("{}.acc", b.grad_name(target)), target);
             let name = format!("{}.accumulate", b.grad_name(target));
-            b.op(name, "aten::add", vec![old, g], vec![sum], attrs([("alpha", AttrValue::Int(1))]), vec![]);
+            b.op(
+                name,
+                "aten::add",
+                vec![old, g],
+                vec![sum],
+                attrs([("alpha", AttrValue::Int(1))]),
+                vec![],
+            );
             sum
         }
     };
@@ -312,16 +608,45 @@ pub(crate) fn optimizer_step(b: &mut Builder, optimizer: Optimizer) {
         .map(|t| t.id)
         .collect();
     for p in params {
-        let Some(&g) = b.param_grads.get(&p) else { continue };
+        let Some(&g) = b.param_grads.get(&p) else {
+            continue;
+        };
         let (name, shape) = (b.tensors[p.index()].name.clone(), b.shape(p).to_vec());
-        let state = |b: &mut Builder, suffix: &str| b.tensor(format!("{name}.{suffix}"), shape.clone(), DType::F32, TensorKind::OptimizerState);
+        let state = |b: &mut Builder, suffix: &str| {
+            b.tensor(
+                format!("{name}.{suffix}"),
+                shape.clone(),
+                DType::F32,
+                TensorKind::OptimizerState,
+            )
+        };
         let next = |b: &mut Builder, t: TensorId| {
             let kind = b.tensors[t.index()].kind;
-            b.tensor(format!("{}'", b.tensors[t.index()].name), shape.clone(), DType::F32, kind)
+            b.tensor(
+                format!("{}'", b.tensors[t.index()].name),
+                shape.clone(),
+                DType::F32,
+                kind,
+            )
         };
-        let in_place = |pairs: &[(u32, u32)]| pairs.iter().map(|&(output, input)| Alias { output, input, kind: AliasKind::InPlace }).collect();
+        let in_place = |pairs: &[(u32, u32)]| {
+            pairs
+                .iter()
+                .map(|&(output, input)| Alias {
+                    output,
+                    input,
+                    kind: AliasKind::InPlace,
+                })
+                .collect()
+        };
         match optimizer {
-            Optimizer::Adam { lr, beta1, beta2, eps, weight_decay } => {
+            Optimizer::Adam {
+                lr,
+                beta1,
+                beta2,
+                eps,
+                weight_decay,
+            } => {
                 let m = state(b, "exp_avg");
                 let v = state(b, "exp_avg_sq");
                 let outs = vec![next(b, p), next(b, m), next(b, v)];
@@ -332,13 +657,35 @@ pub(crate) fn optimizer_step(b: &mut Builder, optimizer: Optimizer) {
                     ("eps", AttrValue::Float(eps)),
                     ("weight_decay", AttrValue::Float(weight_decay)),
                 ]);
-                b.op(format!("{name}.adam"), "aten::_fused_adam_", vec![p, g, m, v], outs, a, in_place(&[(0, 0), (1, 2), (2, 3)]));
+                b.op(
+                    format!("{name}.adam"),
+                    "aten::_fused_adam_",
+                    vec![p, g, m, v],
+                    outs,
+                    a,
+                    in_place(&[(0, 0), (1, 2), (2, 3)]),
+                );
             }
-            Optimizer::Sgd { lr, momentum, weight_decay } => {
+            Optimizer::Sgd {
+                lr,
+                momentum,
+                weight_decay,
+            } => {
                 let buf = state(b, "momentum_buffer");
                 let outs = vec![next(b, p), next(b, buf)];
-                let a = attrs([("lr", AttrValue::Float(lr)), ("momentum", AttrValue::Float(momentum)), ("weight_decay", AttrValue::Float(weight_decay))]);
-                b.op(format!("{name}.sgd"), "aten::_fused_sgd_", vec![p, g, buf], outs, a, in_place(&[(0, 0), (1, 2)]));
+                let a = attrs([
+                    ("lr", AttrValue::Float(lr)),
+                    ("momentum", AttrValue::Float(momentum)),
+                    ("weight_decay", AttrValue::Float(weight_decay)),
+                ]);
+                b.op(
+                    format!("{name}.sgd"),
+                    "aten::_fused_sgd_",
+                    vec![p, g, buf],
+                    outs,
+                    a,
+                    in_place(&[(0, 0), (1, 2)]),
+                );
             }
         }
     }

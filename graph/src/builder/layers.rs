@@ -27,7 +27,10 @@ pub(crate) enum GradFn {
         eps: f64,
     },
     /// ReLU: `threshold_backward(grad, result)`.
-    Threshold { x: TensorId, out: TensorId },
+    Threshold {
+        x: TensorId,
+        out: TensorId,
+    },
     MaxPool {
         x: TensorId,
         indices: TensorId,
@@ -37,13 +40,23 @@ pub(crate) enum GradFn {
         x: TensorId,
         attrs: std::collections::BTreeMap<String, AttrValue>,
     },
-    AdaptiveAvgPool { x: TensorId },
+    AdaptiveAvgPool {
+        x: TensorId,
+    },
     /// `mean` over some dims: the gradient is expanded back and divided.
-    Mean { x: TensorId, count: u64 },
+    Mean {
+        x: TensorId,
+        count: u64,
+    },
     /// A view with another shape: the gradient is viewed back.
-    View { x: TensorId },
+    View {
+        x: TensorId,
+    },
     /// A permutation of dims: the gradient is permuted back.
-    Permute { x: TensorId, dims: Vec<usize> },
+    Permute {
+        x: TensorId,
+        dims: Vec<usize>,
+    },
     /// `addmm(b, x, w.t())`, i.e. a linear layer.
     Addmm {
         x: TensorId,
@@ -51,9 +64,15 @@ pub(crate) enum GradFn {
         b: Option<TensorId>,
     },
     /// `a + b` (in place or not, `b` possibly broadcast).
-    Add { a: TensorId, b: TensorId },
+    Add {
+        a: TensorId,
+        b: TensorId,
+    },
     /// Multiplication by a constant.
-    Scale { x: TensorId, factor: f64 },
+    Scale {
+        x: TensorId,
+        factor: f64,
+    },
     Dropout {
         x: TensorId,
         mask: TensorId,
@@ -64,7 +83,11 @@ pub(crate) enum GradFn {
         dim: usize,
         parts: Vec<(TensorId, u64, u64)>,
     },
-    LogSoftmax { x: TensorId, out: TensorId, dim: i64 },
+    LogSoftmax {
+        x: TensorId,
+        out: TensorId,
+        dim: i64,
+    },
     NllLoss {
         logp: TensorId,
         target: TensorId,
@@ -81,14 +104,32 @@ pub(crate) enum GradFn {
         mean: TensorId,
         rstd: TensorId,
     },
-    Gelu { x: TensorId },
-    Softmax { x: TensorId, out: TensorId, dim: i64 },
-    Tanh { x: TensorId, out: TensorId },
-    Bmm { a: TensorId, b: TensorId },
+    Gelu {
+        x: TensorId,
+    },
+    Softmax {
+        x: TensorId,
+        out: TensorId,
+        dim: i64,
+    },
+    Tanh {
+        x: TensorId,
+        out: TensorId,
+    },
+    Bmm {
+        a: TensorId,
+        b: TensorId,
+    },
     /// A copy (`clone`, `contiguous`): the gradient passes through.
-    Identity { x: TensorId },
+    Identity {
+        x: TensorId,
+    },
     /// `x.select(dim, index)`: the gradient is scattered into zeros.
-    Select { x: TensorId, dim: i64, index: i64 },
+    Select {
+        x: TensorId,
+        dim: i64,
+        index: i64,
+    },
 }
 
 impl GradFn {
@@ -146,7 +187,15 @@ fn pooled(size: u64, k: u64, stride: u64, pad: u64, dilation: u64, ceil: bool) -
 }
 
 impl Builder {
-    fn single(&mut self, name: &str, op_type: &str, inputs: Vec<TensorId>, shape: Vec<u64>, attrs: std::collections::BTreeMap<String, AttrValue>, grad: impl FnOnce(TensorId) -> GradFn) -> TensorId {
+    fn single(
+        &mut self,
+        name: &str,
+        op_type: &str,
+        inputs: Vec<TensorId>,
+        shape: Vec<u64>,
+        attrs: std::collections::BTreeMap<String, AttrValue>,
+        grad: impl FnOnce(TensorId) -> GradFn,
+    ) -> TensorId {
         let dtype = self.dtype(inputs[0]);
         let out = self.produced(name, shape, dtype);
         let op = self.op(name, op_type, inputs, vec![out], attrs, vec![]);
@@ -156,7 +205,15 @@ impl Builder {
 
     /// Spatial output size of a 4-D input through a window; records an error
     /// (and returns 1) when the input is too small.
-    fn window(&mut self, name: &str, x: TensorId, k: [u64; 2], s: [u64; 2], p: [u64; 2], ceil: bool) -> [u64; 2] {
+    fn window(
+        &mut self,
+        name: &str,
+        x: TensorId,
+        k: [u64; 2],
+        s: [u64; 2],
+        p: [u64; 2],
+        ceil: bool,
+    ) -> [u64; 2] {
         let shape = self.shape(x).to_vec();
         if shape.len() != 4 {
             self.fail(name, format!("expected a 4-D input, got shape {shape:?}"));
@@ -168,7 +225,10 @@ impl Builder {
                 Some(o) if o > 0 => out[i] = o,
                 _ => self.fail(
                     name,
-                    format!("input {shape:?} is too small for a {}x{} window with padding {p:?}", k[0], k[1]),
+                    format!(
+                        "input {shape:?} is too small for a {}x{} window with padding {p:?}",
+                        k[0], k[1]
+                    ),
                 ),
             }
         }
@@ -177,13 +237,34 @@ impl Builder {
 
     /// `nn.Conv2d`: `aten::convolution`; saves input and weight.
     #[allow(clippy::too_many_arguments)]
-    pub fn conv2d(&mut self, name: &str, x: TensorId, out_channels: u64, kernel: [u64; 2], stride: [u64; 2], padding: [u64; 2], groups: u64, bias: bool) -> TensorId {
+    pub fn conv2d(
+        &mut self,
+        name: &str,
+        x: TensorId,
+        out_channels: u64,
+        kernel: [u64; 2],
+        stride: [u64; 2],
+        padding: [u64; 2],
+        groups: u64,
+        bias: bool,
+    ) -> TensorId {
         let shape = self.shape(x).to_vec();
         let in_channels = shape.get(1).copied().unwrap_or(0);
-        if groups == 0 || !in_channels.is_multiple_of(groups) || !out_channels.is_multiple_of(groups) {
+        if groups == 0
+            || !in_channels.is_multiple_of(groups)
+            || !out_channels.is_multiple_of(groups)
+        {
             self.fail(name, format!("{in_channels} input and {out_channels} output channels do not split into {groups} groups"));
         }
-        let w = self.parameter(&format!("{name}.weight"), vec![out_channels, in_channels / groups.max(1), kernel[0], kernel[1]]);
+        let w = self.parameter(
+            &format!("{name}.weight"),
+            vec![
+                out_channels,
+                in_channels / groups.max(1),
+                kernel[0],
+                kernel[1],
+            ],
+        );
         let b = bias.then(|| self.parameter(&format!("{name}.bias"), vec![out_channels]));
         let [h, wd] = self.window(name, x, kernel, stride, padding, false);
         let a = attrs([
@@ -198,7 +279,14 @@ impl Builder {
         inputs.extend(b);
         let batch = shape.first().copied().unwrap_or(1);
         let ga = a.clone();
-        self.single(name, "aten::convolution", inputs, vec![batch, out_channels, h, wd], a, move |_| GradFn::Convolution { x, w, b, attrs: ga })
+        self.single(
+            name,
+            "aten::convolution",
+            inputs,
+            vec![batch, out_channels, h, wd],
+            a,
+            move |_| GradFn::Convolution { x, w, b, attrs: ga },
+        )
     }
 
     /// `nn.BatchNorm2d` in training mode: bumps `num_batches_tracked`, then
@@ -212,23 +300,74 @@ impl Builder {
         let rm = self.buffer(&format!("{name}.running_mean"), vec![c], DType::F32);
         let rv = self.buffer(&format!("{name}.running_var"), vec![c], DType::F32);
         let nbt = self.buffer(&format!("{name}.num_batches_tracked"), vec![], DType::I64);
-        let nbt2 = self.tensor(format!("{name}.num_batches_tracked'"), vec![], DType::I64, crate::ir::TensorKind::Buffer);
-        self.op(format!("{name}.num_batches_tracked.add_"), "aten::add_", vec![nbt], vec![nbt2], attrs([("other", AttrValue::Int(1))]), vec![Alias { output: 0, input: 0, kind: AliasKind::InPlace }]);
+        let nbt2 = self.tensor(
+            format!("{name}.num_batches_tracked'"),
+            vec![],
+            DType::I64,
+            crate::ir::TensorKind::Buffer,
+        );
+        self.op(
+            format!("{name}.num_batches_tracked.add_"),
+            "aten::add_",
+            vec![nbt],
+            vec![nbt2],
+            attrs([("other", AttrValue::Int(1))]),
+            vec![Alias {
+                output: 0,
+                input: 0,
+                kind: AliasKind::InPlace,
+            }],
+        );
         let dtype = self.dtype(x);
         let y = self.produced(name, shape, dtype);
         let mean = self.produced(format!("{name}.save_mean"), vec![c], DType::F32);
         let invstd = self.produced(format!("{name}.save_invstd"), vec![c], DType::F32);
-        let rm2 = self.tensor(format!("{name}.running_mean'"), vec![c], DType::F32, crate::ir::TensorKind::Buffer);
-        let rv2 = self.tensor(format!("{name}.running_var'"), vec![c], DType::F32, crate::ir::TensorKind::Buffer);
+        let rm2 = self.tensor(
+            format!("{name}.running_mean'"),
+            vec![c],
+            DType::F32,
+            crate::ir::TensorKind::Buffer,
+        );
+        let rv2 = self.tensor(
+            format!("{name}.running_var'"),
+            vec![c],
+            DType::F32,
+            crate::ir::TensorKind::Buffer,
+        );
         let op = self.op(
             name,
             "aten::native_batch_norm",
             vec![x, w, b, rm, rv],
             vec![y, mean, invstd, rm2, rv2],
-            attrs([("training", AttrValue::Bool(true)), ("momentum", AttrValue::Float(0.1)), ("eps", AttrValue::Float(eps))]),
-            vec![Alias { output: 3, input: 3, kind: AliasKind::InPlace }, Alias { output: 4, input: 4, kind: AliasKind::InPlace }],
+            attrs([
+                ("training", AttrValue::Bool(true)),
+                ("momentum", AttrValue::Float(0.1)),
+                ("eps", AttrValue::Float(eps)),
+            ]),
+            vec![
+                Alias {
+                    output: 3,
+                    input: 3,
+                    kind: AliasKind::InPlace,
+                },
+                Alias {
+                    output: 4,
+                    input: 4,
+                    kind: AliasKind::InPlace,
+                },
+            ],
         );
-        self.record(op, GradFn::BatchNorm { x, w, b, mean, invstd, eps });
+        self.record(
+            op,
+            GradFn::BatchNorm {
+                x,
+                w,
+                b,
+                mean,
+                invstd,
+                eps,
+            },
+        );
         y
     }
 
@@ -236,7 +375,18 @@ impl Builder {
     pub fn relu_(&mut self, name: &str, x: TensorId) -> TensorId {
         let (shape, dtype) = (self.shape(x).to_vec(), self.dtype(x));
         let out = self.produced(name, shape, dtype);
-        let op = self.op(name, "aten::relu_", vec![x], vec![out], attrs([]), vec![Alias { output: 0, input: 0, kind: AliasKind::InPlace }]);
+        let op = self.op(
+            name,
+            "aten::relu_",
+            vec![x],
+            vec![out],
+            attrs([]),
+            vec![Alias {
+                output: 0,
+                input: 0,
+                kind: AliasKind::InPlace,
+            }],
+        );
         self.record(op, GradFn::Threshold { x, out });
         out
     }
@@ -244,11 +394,21 @@ impl Builder {
     /// `nn.ReLU()`: a new tensor.
     pub fn relu(&mut self, name: &str, x: TensorId) -> TensorId {
         let shape = self.shape(x).to_vec();
-        self.single(name, "aten::relu", vec![x], shape, attrs([]), |out| GradFn::Threshold { x, out })
+        self.single(name, "aten::relu", vec![x], shape, attrs([]), |out| {
+            GradFn::Threshold { x, out }
+        })
     }
 
     /// `nn.MaxPool2d`: `aten::max_pool2d_with_indices`; saves input and indices.
-    pub fn max_pool2d(&mut self, name: &str, x: TensorId, kernel: u64, stride: u64, padding: u64, ceil_mode: bool) -> TensorId {
+    pub fn max_pool2d(
+        &mut self,
+        name: &str,
+        x: TensorId,
+        kernel: u64,
+        stride: u64,
+        padding: u64,
+        ceil_mode: bool,
+    ) -> TensorId {
         let [h, w] = self.window(name, x, [kernel; 2], [stride; 2], [padding; 2], ceil_mode);
         let shape = self.shape(x).to_vec();
         let out_shape = vec![shape[0], shape[1], h, w];
@@ -262,13 +422,35 @@ impl Builder {
             ("dilation", ints([1, 1])),
             ("ceil_mode", AttrValue::Bool(ceil_mode)),
         ]);
-        let op = self.op(name, "aten::max_pool2d_with_indices", vec![x], vec![out, indices], a.clone(), vec![]);
-        self.record(op, GradFn::MaxPool { x, indices, attrs: a });
+        let op = self.op(
+            name,
+            "aten::max_pool2d_with_indices",
+            vec![x],
+            vec![out, indices],
+            a.clone(),
+            vec![],
+        );
+        self.record(
+            op,
+            GradFn::MaxPool {
+                x,
+                indices,
+                attrs: a,
+            },
+        );
         out
     }
 
     /// `nn.AvgPool2d` / `F.avg_pool2d`: saves its input.
-    pub fn avg_pool2d(&mut self, name: &str, x: TensorId, kernel: u64, stride: u64, padding: u64, count_include_pad: bool) -> TensorId {
+    pub fn avg_pool2d(
+        &mut self,
+        name: &str,
+        x: TensorId,
+        kernel: u64,
+        stride: u64,
+        padding: u64,
+        count_include_pad: bool,
+    ) -> TensorId {
         let [h, w] = self.window(name, x, [kernel; 2], [stride; 2], [padding; 2], false);
         let shape = self.shape(x).to_vec();
         let a = attrs([
@@ -279,7 +461,14 @@ impl Builder {
             ("count_include_pad", AttrValue::Bool(count_include_pad)),
         ]);
         let ga = a.clone();
-        self.single(name, "aten::avg_pool2d", vec![x], vec![shape[0], shape[1], h, w], a, move |_| GradFn::AvgPool { x, attrs: ga })
+        self.single(
+            name,
+            "aten::avg_pool2d",
+            vec![x],
+            vec![shape[0], shape[1], h, w],
+            a,
+            move |_| GradFn::AvgPool { x, attrs: ga },
+        )
     }
 
     /// `nn.AdaptiveAvgPool2d`. To 1x1 ATen computes a `mean` over H and W
@@ -293,9 +482,26 @@ impl Builder {
         let out_shape = vec![shape[0], shape[1], out[0], out[1]];
         if out == [1, 1] {
             let count = shape[2] * shape[3];
-            self.single(name, "aten::mean", vec![x], out_shape, attrs([("dim", AttrValue::Ints(vec![-1, -2])), ("keepdim", AttrValue::Bool(true))]), move |_| GradFn::Mean { x, count })
+            self.single(
+                name,
+                "aten::mean",
+                vec![x],
+                out_shape,
+                attrs([
+                    ("dim", AttrValue::Ints(vec![-1, -2])),
+                    ("keepdim", AttrValue::Bool(true)),
+                ]),
+                move |_| GradFn::Mean { x, count },
+            )
         } else {
-            self.single(name, "aten::_adaptive_avg_pool2d", vec![x], out_shape, attrs([("output_size", ints(out))]), move |_| GradFn::AdaptiveAvgPool { x })
+            self.single(
+                name,
+                "aten::_adaptive_avg_pool2d",
+                vec![x],
+                out_shape,
+                attrs([("output_size", ints(out))]),
+                move |_| GradFn::AdaptiveAvgPool { x },
+            )
         }
     }
 
@@ -303,7 +509,10 @@ impl Builder {
     pub fn view(&mut self, name: &str, x: TensorId, shape: Vec<u64>) -> TensorId {
         let numel = |s: &[u64]| s.iter().product::<u64>();
         if numel(&shape) != numel(self.shape(x)) {
-            self.fail(name, format!("cannot view {:?} as {shape:?}", self.shape(x)));
+            self.fail(
+                name,
+                format!("cannot view {:?} as {shape:?}", self.shape(x)),
+            );
         }
         let a = attrs([("size", ints(shape.clone()))]);
         let out = self.view_as(name, "aten::view", x, shape, a);
@@ -325,7 +534,10 @@ impl Builder {
         let mut sorted = dims.clone();
         sorted.sort_unstable();
         if sorted != (0..shape.len()).collect::<Vec<_>>() {
-            self.fail(name, format!("{dims:?} is not a permutation of {} dims", shape.len()));
+            self.fail(
+                name,
+                format!("{dims:?} is not a permutation of {} dims", shape.len()),
+            );
             return x;
         }
         let out_shape = dims.iter().map(|&d| shape[d]).collect();
@@ -339,21 +551,41 @@ impl Builder {
     /// `x.contiguous()` of a strided view: `aten::clone` copies it.
     pub fn contiguous(&mut self, name: &str, x: TensorId) -> TensorId {
         let shape = self.shape(x).to_vec();
-        self.single(name, "aten::clone", vec![x], shape, attrs([("memory_format", AttrValue::Str("contiguous".into()))]), move |_| GradFn::Identity { x })
+        self.single(
+            name,
+            "aten::clone",
+            vec![x],
+            shape,
+            attrs([("memory_format", AttrValue::Str("contiguous".into()))]),
+            move |_| GradFn::Identity { x },
+        )
     }
 
     /// `x.select(dim, index)`: a view that drops `dim`.
     pub fn select(&mut self, name: &str, x: TensorId, dim: usize, index: u64) -> TensorId {
         let mut shape = self.shape(x).to_vec();
         if dim >= shape.len() || index >= shape[dim] {
-            self.fail(name, format!("cannot select index {index} of dim {dim} in {shape:?}"));
+            self.fail(
+                name,
+                format!("cannot select index {index} of dim {dim} in {shape:?}"),
+            );
             return x;
         }
         shape.remove(dim);
-        let a = attrs([("dim", AttrValue::Int(dim as i64)), ("index", AttrValue::Int(index as i64))]);
+        let a = attrs([
+            ("dim", AttrValue::Int(dim as i64)),
+            ("index", AttrValue::Int(index as i64)),
+        ]);
         let out = self.view_as(name, "aten::select", x, shape, a);
         let op = self.producer_of_last();
-        self.record(op, GradFn::Select { x, dim: dim as i64, index: index as i64 });
+        self.record(
+            op,
+            GradFn::Select {
+                x,
+                dim: dim as i64,
+                index: index as i64,
+            },
+        );
         out
     }
 
@@ -372,13 +604,30 @@ impl Builder {
         let w = self.parameter(&format!("{name}.weight"), vec![out_features, in_features]);
         let b = bias.then(|| self.parameter(&format!("{name}.bias"), vec![out_features]));
         let rows: u64 = shape[..shape.len() - 1].iter().product();
-        let x2 = if shape.len() == 2 { x } else { self.view(&format!("{name}.flat_input"), x, vec![rows, in_features]) };
-        let wt = self.view_as(&format!("{name}.weight.t"), "aten::t", w, vec![in_features, out_features], attrs([]));
+        let x2 = if shape.len() == 2 {
+            x
+        } else {
+            self.view(&format!("{name}.flat_input"), x, vec![rows, in_features])
+        };
+        let wt = self.view_as(
+            &format!("{name}.weight.t"),
+            "aten::t",
+            w,
+            vec![in_features, out_features],
+            attrs([]),
+        );
         let mut inputs = vec![];
         inputs.extend(b);
         inputs.extend([x2, wt]);
         let op_type = if bias { "aten::addmm" } else { "aten::mm" };
-        let y = self.single(name, op_type, inputs, vec![rows, out_features], attrs([]), move |_| GradFn::Addmm { x: x2, w, b });
+        let y = self.single(
+            name,
+            op_type,
+            inputs,
+            vec![rows, out_features],
+            attrs([]),
+            move |_| GradFn::Addmm { x: x2, w, b },
+        );
         if shape.len() == 2 {
             y
         } else {
@@ -393,8 +642,22 @@ impl Builder {
         let (shape, dtype) = (self.shape(x).to_vec(), self.dtype(x));
         let out = self.produced(name, shape.clone(), dtype);
         let mask = self.produced(format!("{name}.mask"), shape, DType::Bool);
-        let op = self.op(name, "aten::native_dropout", vec![x], vec![out, mask], attrs([("p", AttrValue::Float(p)), ("train", AttrValue::Bool(true))]), vec![]);
-        self.record(op, GradFn::Dropout { x, mask, scale: 1.0 / (1.0 - p) });
+        let op = self.op(
+            name,
+            "aten::native_dropout",
+            vec![x],
+            vec![out, mask],
+            attrs([("p", AttrValue::Float(p)), ("train", AttrValue::Bool(true))]),
+            vec![],
+        );
+        self.record(
+            op,
+            GradFn::Dropout {
+                x,
+                mask,
+                scale: 1.0 / (1.0 - p),
+            },
+        );
         out
     }
 
@@ -409,23 +672,44 @@ impl Builder {
         let mut offset = 0;
         for &x in xs {
             let s = self.shape(x);
-            let fits = s.len() == shape.len() && dim < s.len() && s.iter().enumerate().all(|(i, &d)| i == dim || d == shape[i]);
+            let fits = s.len() == shape.len()
+                && dim < s.len()
+                && s.iter()
+                    .enumerate()
+                    .all(|(i, &d)| i == dim || d == shape[i]);
             if !fits {
                 let s = s.to_vec();
-                self.fail(name, format!("cannot cat {s:?} to {shape:?} along dim {dim}"));
+                self.fail(
+                    name,
+                    format!("cannot cat {s:?} to {shape:?} along dim {dim}"),
+                );
                 return first;
             }
             parts.push((x, offset, s[dim]));
             offset += s[dim];
         }
         shape[dim] = offset;
-        self.single(name, "aten::cat", xs.to_vec(), shape, attrs([("dim", AttrValue::Int(dim as i64))]), move |_| GradFn::Cat { dim, parts })
+        self.single(
+            name,
+            "aten::cat",
+            xs.to_vec(),
+            shape,
+            attrs([("dim", AttrValue::Int(dim as i64))]),
+            move |_| GradFn::Cat { dim, parts },
+        )
     }
 
     /// `a + b`, `b` broadcast to `a`'s shape if needed.
     pub fn add(&mut self, name: &str, a: TensorId, b: TensorId) -> TensorId {
         let shape = self.broadcast(name, a, b);
-        self.single(name, "aten::add", vec![a, b], shape, attrs([("alpha", AttrValue::Int(1))]), move |_| GradFn::Add { a, b })
+        self.single(
+            name,
+            "aten::add",
+            vec![a, b],
+            shape,
+            attrs([("alpha", AttrValue::Int(1))]),
+            move |_| GradFn::Add { a, b },
+        )
     }
 
     /// `a += b`: overwrites `a`.
@@ -433,14 +717,30 @@ impl Builder {
         let shape = self.broadcast(name, a, b);
         let dtype = self.dtype(a);
         let out = self.produced(name, shape, dtype);
-        let op = self.op(name, "aten::add_", vec![a, b], vec![out], attrs([("alpha", AttrValue::Int(1))]), vec![Alias { output: 0, input: 0, kind: AliasKind::InPlace }]);
+        let op = self.op(
+            name,
+            "aten::add_",
+            vec![a, b],
+            vec![out],
+            attrs([("alpha", AttrValue::Int(1))]),
+            vec![Alias {
+                output: 0,
+                input: 0,
+                kind: AliasKind::InPlace,
+            }],
+        );
         self.record(op, GradFn::Add { a, b });
         out
     }
 
     fn broadcast(&mut self, name: &str, a: TensorId, b: TensorId) -> Vec<u64> {
         let (sa, sb) = (self.shape(a).to_vec(), self.shape(b).to_vec());
-        let ok = sb.len() <= sa.len() && sb.iter().rev().zip(sa.iter().rev()).all(|(&y, &x)| y == x || y == 1);
+        let ok = sb.len() <= sa.len()
+            && sb
+                .iter()
+                .rev()
+                .zip(sa.iter().rev())
+                .all(|(&y, &x)| y == x || y == 1);
         if !ok {
             self.fail(name, format!("cannot broadcast {sb:?} to {sa:?}"));
         }
@@ -450,19 +750,57 @@ impl Builder {
     /// `x * factor` (`aten::mul` with a scalar; `aten::div` for `x / divisor`).
     pub fn scale(&mut self, name: &str, x: TensorId, factor: f64) -> TensorId {
         let shape = self.shape(x).to_vec();
-        self.single(name, "aten::mul", vec![x], shape, attrs([("other", AttrValue::Float(factor))]), move |_| GradFn::Scale { x, factor })
+        self.single(
+            name,
+            "aten::mul",
+            vec![x],
+            shape,
+            attrs([("other", AttrValue::Float(factor))]),
+            move |_| GradFn::Scale { x, factor },
+        )
     }
 
     /// `F.cross_entropy(logits, target)`: `_log_softmax` then `nll_loss_forward`
     /// (mean reduction); returns the scalar loss.
     pub fn cross_entropy(&mut self, name: &str, logits: TensorId, target: TensorId) -> TensorId {
         let shape = self.shape(logits).to_vec();
-        let logp = self.single(&format!("{name}.log_softmax"), "aten::_log_softmax", vec![logits], shape, attrs([("dim", AttrValue::Int(1)), ("half_to_float", AttrValue::Bool(false))]), move |out| GradFn::LogSoftmax { x: logits, out, dim: 1 });
+        let logp = self.single(
+            &format!("{name}.log_softmax"),
+            "aten::_log_softmax",
+            vec![logits],
+            shape,
+            attrs([
+                ("dim", AttrValue::Int(1)),
+                ("half_to_float", AttrValue::Bool(false)),
+            ]),
+            move |out| GradFn::LogSoftmax {
+                x: logits,
+                out,
+                dim: 1,
+            },
+        );
         let dtype = self.dtype(logits);
         let loss = self.produced(name, vec![], dtype);
         let total_weight = self.produced(format!("{name}.total_weight"), vec![], dtype);
-        let op = self.op(name, "aten::nll_loss_forward", vec![logp, target], vec![loss, total_weight], attrs([("reduction", AttrValue::Int(1)), ("ignore_index", AttrValue::Int(-100))]), vec![]);
-        self.record(op, GradFn::NllLoss { logp, target, total_weight });
+        let op = self.op(
+            name,
+            "aten::nll_loss_forward",
+            vec![logp, target],
+            vec![loss, total_weight],
+            attrs([
+                ("reduction", AttrValue::Int(1)),
+                ("ignore_index", AttrValue::Int(-100)),
+            ]),
+            vec![],
+        );
+        self.record(
+            op,
+            GradFn::NllLoss {
+                logp,
+                target,
+                total_weight,
+            },
+        );
         loss
     }
 
@@ -472,7 +810,14 @@ impl Builder {
         let mut shape = self.shape(ids).to_vec();
         shape.push(dim);
         let out = self.produced(name, shape, DType::F32);
-        let op = self.op(name, "aten::embedding", vec![w, ids], vec![out], attrs([("padding_idx", AttrValue::Int(-1))]), vec![]);
+        let op = self.op(
+            name,
+            "aten::embedding",
+            vec![w, ids],
+            vec![out],
+            attrs([("padding_idx", AttrValue::Int(-1))]),
+            vec![],
+        );
         self.record(op, GradFn::Embedding { w, ids });
         out
     }
@@ -492,27 +837,65 @@ impl Builder {
         let y = self.produced(name, shape, dtype);
         let mean = self.produced(format!("{name}.mean"), stat.clone(), DType::F32);
         let rstd = self.produced(format!("{name}.rstd"), stat, DType::F32);
-        let op = self.op(name, "aten::native_layer_norm", vec![x, w, b], vec![y, mean, rstd], attrs([("normalized_shape", ints([d])), ("eps", AttrValue::Float(eps))]), vec![]);
-        self.record(op, GradFn::LayerNorm { x, w, b, mean, rstd });
+        let op = self.op(
+            name,
+            "aten::native_layer_norm",
+            vec![x, w, b],
+            vec![y, mean, rstd],
+            attrs([
+                ("normalized_shape", ints([d])),
+                ("eps", AttrValue::Float(eps)),
+            ]),
+            vec![],
+        );
+        self.record(
+            op,
+            GradFn::LayerNorm {
+                x,
+                w,
+                b,
+                mean,
+                rstd,
+            },
+        );
         y
     }
 
     /// `F.gelu` (exact): saves its input.
     pub fn gelu(&mut self, name: &str, x: TensorId) -> TensorId {
         let shape = self.shape(x).to_vec();
-        self.single(name, "aten::gelu", vec![x], shape, attrs([("approximate", AttrValue::Str("none".into()))]), move |_| GradFn::Gelu { x })
+        self.single(
+            name,
+            "aten::gelu",
+            vec![x],
+            shape,
+            attrs([("approximate", AttrValue::Str("none".into()))]),
+            move |_| GradFn::Gelu { x },
+        )
     }
 
     /// `softmax(x, dim)`: `aten::_softmax`; saves its result.
     pub fn softmax(&mut self, name: &str, x: TensorId, dim: i64) -> TensorId {
         let shape = self.shape(x).to_vec();
-        self.single(name, "aten::_softmax", vec![x], shape, attrs([("dim", AttrValue::Int(dim)), ("half_to_float", AttrValue::Bool(false))]), move |out| GradFn::Softmax { x, out, dim })
+        self.single(
+            name,
+            "aten::_softmax",
+            vec![x],
+            shape,
+            attrs([
+                ("dim", AttrValue::Int(dim)),
+                ("half_to_float", AttrValue::Bool(false)),
+            ]),
+            move |out| GradFn::Softmax { x, out, dim },
+        )
     }
 
     /// `tanh(x)`: saves its result.
     pub fn tanh(&mut self, name: &str, x: TensorId) -> TensorId {
         let shape = self.shape(x).to_vec();
-        self.single(name, "aten::tanh", vec![x], shape, attrs([]), move |out| GradFn::Tanh { x, out })
+        self.single(name, "aten::tanh", vec![x], shape, attrs([]), move |out| {
+            GradFn::Tanh { x, out }
+        })
     }
 
     /// Batched matrix product of `[b, n, k]` and `[b, k, m]`: saves both.
@@ -522,7 +905,14 @@ impl Builder {
             self.fail(name, format!("cannot bmm {sa:?} by {sb:?}"));
             return a;
         }
-        self.single(name, "aten::bmm", vec![a, b], vec![sa[0], sa[1], sb[2]], attrs([]), move |_| GradFn::Bmm { a, b })
+        self.single(
+            name,
+            "aten::bmm",
+            vec![a, b],
+            vec![sa[0], sa[1], sb[2]],
+            attrs([]),
+            move |_| GradFn::Bmm { a, b },
+        )
     }
 }
 

@@ -160,7 +160,12 @@ impl Builder {
 
     /// A new tensor of the kind this phase produces (activations forward,
     /// gradients backward).
-    pub(crate) fn produced(&mut self, name: impl Into<String>, shape: Vec<u64>, dtype: DType) -> TensorId {
+    pub(crate) fn produced(
+        &mut self,
+        name: impl Into<String>,
+        shape: Vec<u64>,
+        dtype: DType,
+    ) -> TensorId {
         let kind = match self.phase {
             Phase::Forward => TensorKind::Activation,
             Phase::Backward | Phase::Optimizer => TensorKind::Gradient,
@@ -169,7 +174,14 @@ impl Builder {
     }
 
     /// A view of `x` with a new shape: no memory of its own.
-    pub fn view_as(&mut self, name: &str, op_type: &str, x: TensorId, shape: Vec<u64>, attrs: BTreeMap<String, AttrValue>) -> TensorId {
+    pub fn view_as(
+        &mut self,
+        name: &str,
+        op_type: &str,
+        x: TensorId,
+        shape: Vec<u64>,
+        attrs: BTreeMap<String, AttrValue>,
+    ) -> TensorId {
         let dtype = self.dtype(x);
         let out = self.produced(name, shape, dtype);
         self.op(

@@ -58,7 +58,16 @@ fn forward(b: &mut Builder, x: TensorId, d: &Dims) -> TensorId {
             let n = b.batch_norm(&format!("{t}.norm"), h, EPS);
             let r = b.relu_(&format!("{t}.relu"), n);
             features /= 2;
-            let c = b.conv2d(&format!("{t}.conv"), r, features, [1, 1], [1, 1], [0, 0], 1, false);
+            let c = b.conv2d(
+                &format!("{t}.conv"),
+                r,
+                features,
+                [1, 1],
+                [1, 1],
+                [0, 0],
+                1,
+                false,
+            );
             h = b.avg_pool2d(&format!("{t}.pool"), c, 2, 2, 0, true);
         }
     }
@@ -76,7 +85,16 @@ fn dense_layer(b: &mut Builder, name: &str, inputs: &[TensorId]) -> TensorId {
     let concated = b.cat(&n("cat"), inputs, 1);
     let h = b.batch_norm(&n("norm1"), concated, EPS);
     let h = b.relu_(&n("relu1"), h);
-    let h = b.conv2d(&n("conv1"), h, BN_SIZE * GROWTH, [1, 1], [1, 1], [0, 0], 1, false);
+    let h = b.conv2d(
+        &n("conv1"),
+        h,
+        BN_SIZE * GROWTH,
+        [1, 1],
+        [1, 1],
+        [0, 0],
+        1,
+        false,
+    );
     conv_bn_relu_pre(b, name, h)
 }
 

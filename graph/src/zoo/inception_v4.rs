@@ -15,5 +15,9 @@ pub(crate) const INCEPTION_V4: ZooModel = ZooModel {
 };
 
 fn build(b: &mut Builder, d: &Dims) -> TensorId {
-    image_classifier(b, d, |b, x, d| { let h = b.adaptive_avg_pool2d("p", x, [1, 1]); let h = b.flatten("f", h); b.linear("fc", h, d.classes, true) })
+    image_classifier(b, d, |b, x, d| {
+        let h = b.adaptive_avg_pool2d("p", x, [1, 1]);
+        let h = b.flatten("f", h);
+        b.linear("fc", h, d.classes, true)
+    })
 }

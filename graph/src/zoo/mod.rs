@@ -166,7 +166,11 @@ pub(crate) fn image_classifier(
     d: &Dims,
     forward: impl FnOnce(&mut Builder, TensorId, &Dims) -> TensorId,
 ) -> TensorId {
-    let x = b.input("input", vec![d.batch, 3, d.resolution, d.resolution], DType::F32);
+    let x = b.input(
+        "input",
+        vec![d.batch, 3, d.resolution, d.resolution],
+        DType::F32,
+    );
     let y = b.input("target", vec![d.batch], DType::I64);
     let logits = forward(b, x, d);
     b.cross_entropy("loss", logits, y)

@@ -25,10 +25,24 @@ fn build(b: &mut Builder, d: &Dims) -> TensorId {
 }
 
 fn forward(b: &mut Builder, x: TensorId, d: &Dims) -> TensorId {
-    let mut h = conv_bn_relu(b, "conv1", "bn1", "relu", x, 64, [7, 7], [2, 2], [3, 3], EPS);
+    let mut h = conv_bn_relu(
+        b,
+        "conv1",
+        "bn1",
+        "relu",
+        x,
+        64,
+        [7, 7],
+        [2, 2],
+        [3, 3],
+        EPS,
+    );
     h = b.max_pool2d("maxpool", h, 3, 2, 1, false);
     let mut inplanes = 64;
-    for (stage, (blocks, planes)) in [(3, 64), (4, 128), (6, 256), (3, 512)].into_iter().enumerate() {
+    for (stage, (blocks, planes)) in [(3, 64), (4, 128), (6, 256), (3, 512)]
+        .into_iter()
+        .enumerate()
+    {
         for block in 0..blocks {
             let stride = if stage > 0 && block == 0 { 2 } else { 1 };
             let name = format!("layer{}.{block}", stage + 1);
@@ -41,14 +55,61 @@ fn forward(b: &mut Builder, x: TensorId, d: &Dims) -> TensorId {
     b.linear("fc", h, d.classes, true)
 }
 
-fn bottleneck(b: &mut Builder, name: &str, x: TensorId, inplanes: u64, planes: u64, stride: u64) -> TensorId {
+fn bottleneck(
+    b: &mut Builder,
+    name: &str,
+    x: TensorId,
+    inplanes: u64,
+    planes: u64,
+    stride: u64,
+) -> TensorId {
     let n = |part: &str| format!("{name}.{part}");
-    let mut out = conv_bn_relu(b, &n("conv1"), &n("bn1"), &n("relu.1"), x, planes, [1, 1], [1, 1], [0, 0], EPS);
-    out = conv_bn_relu(b, &n("conv2"), &n("bn2"), &n("relu.2"), out, planes, [3, 3], [stride; 2], [1, 1], EPS);
-    out = b.conv2d(&n("conv3"), out, planes * 4, [1, 1], [1, 1], [0, 0], 1, false);
+    let mut out = conv_bn_relu(
+        b,
+        &n("conv1"),
+        &n("bn1"),
+        &n("relu.1"),
+        x,
+        planes,
+        [1, 1],
+        [1, 1],
+        [0, 0],
+        EPS,
+    );
+    out = conv_bn_relu(
+        b,
+        &n("conv2"),
+        &n("bn2"),
+        &n("relu.2"),
+        out,
+        planes,
+        [3, 3],
+        [stride; 2],
+        [1, 1],
+        EPS,
+    );
+    out = b.conv2d(
+        &n("conv3"),
+        out,
+        planes * 4,
+        [1, 1],
+        [1, 1],
+        [0, 0],
+        1,
+        false,
+    );
     out = b.batch_norm(&n("bn3"), out, EPS);
     let identity = if stride != 1 || inplanes != planes * 4 {
-        let c = b.conv2d(&n("downsample.0"), x, planes * 4, [1, 1], [stride; 2], [0, 0], 1, false);
+        let c = b.conv2d(
+            &n("downsample.0"),
+            x,
+            planes * 4,
+            [1, 1],
+            [stride; 2],
+            [0, 0],
+            1,
+            false,
+        );
         b.batch_norm(&n("downsample.1"), c, EPS)
     } else {
         x

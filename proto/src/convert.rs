@@ -1,0 +1,279 @@
+//! Conversions between the wire types of [`crate::pb`] and the domain types
+//! of `tensile-graph`. Decoding validates: a graph that arrives over gRPC is
+//! held to the same rules, with the same messages, as one read from a file.
+
+use tensile_graph::validate::{OpRef, TensorRef};
+use tensile_graph::{
+    Alias, AliasKind, AttrValue, DType, Graph, GraphDraft, GraphError, Limits, Op, OpId, Phase,
+    Tensor, TensorId, TensorKind,
+};
+
+use crate::pb;
+
+/// Domain -> wire.
+pub fn graph_to_proto(graph: &Graph) -> pb::Graph {
+    pb::Graph {
+        name: graph.name().to_string(),
+        tensors: graph.tensors().iter().map(tensor_to_proto).collect(),
+        ops: graph.ops().iter().map(op_to_proto).collect(),
+    }
+}
+
+/// Wire -> domain, validated under `limits`.
+pub fn graph_from_proto(graph: pb::Graph, limits: &Limits) -> Result<Graph, GraphError> {
+    Graph::new(draft_from_proto(graph, limits)?, limits)
+}
+
+/// Wire -> unvalidated draft: enum values are checked here, the rest by
+/// [`Graph::new`].
+pub fn draft_from_proto(graph: pb::Graph, limits: &Limits) -> Result<GraphDraft, GraphError> {
+    if graph.tensors.len() > limits.max_tensors {
+        return Err(GraphError::TooMany {
+            what: "tensors",
+            count: graph.tensors.len(),
+            limit: limits.max_tensors,
+        });
+    }
+    if graph.ops.len() > limits.max_ops {
+        return Err(GraphError::TooMany {
+            what: "ops",
+            count: graph.ops.len(),
+            limit: limits.max_ops,
+        });
+    }
+    let tensors = graph
+        .tensors
+        .into_iter()
+        .map(tensor_from_proto)
+        .collect::<Result<Vec<_>, _>>()?;
+    let ops = graph
+        .ops
+        .into_iter()
+        .map(op_from_proto)
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(GraphDraft {
+        name: graph.name,
+        tensors,
+        ops,
+    })
+}
+
+fn tensor_to_proto(t: &Tensor) -> pb::Tensor {
+    pb::Tensor {
+        id: t.id.0,
+        name: t.name.clone(),
+        shape: t.shape.clone(),
+        dtype: dtype_to_proto(t.dtype) as i32,
+        bytes: t.bytes,
+        kind: kind_to_proto(t.kind) as i32,
+    }
+}
+
+fn tensor_from_proto(t: pb::Tensor) -> Result<Tensor, GraphError> {
+    let what = || TensorRef {
+        id: u64::from(t.id),
+        name: t.name.clone(),
+    };
+    let dtype = pb::Dtype::try_from(t.dtype)
+        .ok()
+        .and_then(dtype_from_proto)
+        .ok_or_else(|| GraphError::Malformed {
+            reason: format!("{}: unknown or unspecified dtype {}", what(), t.dtype),
+        })?;
+    let kind = pb::TensorKind::try_from(t.kind)
+        .ok()
+        .and_then(kind_from_proto)
+        .ok_or_else(|| GraphError::Malformed {
+            reason: format!("{}: unknown or unspecified kind {}", what(), t.kind),
+        })?;
+    Ok(Tensor {
+        id: TensorId(t.id),
+        name: t.name,
+        shape: t.shape,
+        dtype,
+        bytes: t.bytes,
+        kind,
+    })
+}
+
+fn op_to_proto(o: &Op) -> pb::Op {
+    pb::Op {
+        id: o.id.0,
+        name: o.name.clone(),
+        op_type: o.op_type.clone(),
+        phase: phase_to_proto(o.phase) as i32,
+        inputs: o.inputs.iter().map(|t| t.0).collect(),
+        outputs: o.outputs.iter().map(|t| t.0).collect(),
+        attrs: o
+            .attrs
+            .iter()
+            .map(|(k, v)| (k.clone(), attr_to_proto(v)))
+            .collect(),
+        aliases: o
+            .aliases
+            .iter()
+            .map(|a| pb::Alias {
+                output: a.output,
+                input: a.input,
+                kind: match a.kind {
+                    AliasKind::InPlace => pb::AliasKind::InPlace,
+                    AliasKind::View => pb::AliasKind::View,
+                } as i32,
+            })
+            .collect(),
+    }
+}
+
+fn op_from_proto(o: pb::Op) -> Result<Op, GraphError> {
+    let what = || OpRef {
+        id: u64::from(o.id),
+        name: o.name.clone(),
+    };
+    let phase = pb::Phase::try_from(o.phase)
+        .ok()
+        .and_then(phase_from_proto)
+        .ok_or_else(|| GraphError::Malformed {
+            reason: format!("{}: unknown or unspecified phase {}", what(), o.phase),
+        })?;
+    let aliases = o
+        .aliases
+        .iter()
+        .map(|a| {
+            let kind = match pb::AliasKind::try_from(a.kind) {
+                Ok(pb::AliasKind::InPlace) => AliasKind::InPlace,
+                Ok(pb::AliasKind::View) => AliasKind::View,
+                _ => {
+                    return Err(GraphError::Malformed {
+                        reason: format!("{}: unknown or unspecified alias kind {}", what(), a.kind),
+                    });
+                }
+            };
+            Ok(Alias {
+                output: a.output,
+                input: a.input,
+                kind,
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let attrs = o
+        .attrs
+        .iter()
+        .map(|(k, v)| {
+            attr_from_proto(v)
+                .map(|v| (k.clone(), v))
+                .ok_or_else(|| GraphError::Malformed {
+                    reason: format!("{}: attribute {k:?} has no value", what()),
+                })
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(Op {
+        id: OpId(o.id),
+        name: o.name,
+        op_type: o.op_type,
+        attrs,
+        inputs: o.inputs.into_iter().map(TensorId).collect(),
+        outputs: o.outputs.into_iter().map(TensorId).collect(),
+        aliases,
+        phase,
+    })
+}
+
+fn attr_to_proto(v: &AttrValue) -> pb::AttrValue {
+    use pb::attr_value::Value;
+    let value = match v {
+        AttrValue::Int(i) => Value::Int(*i),
+        AttrValue::Float(f) => Value::Float(*f),
+        AttrValue::Bool(b) => Value::Bool(*b),
+        AttrValue::Str(s) => Value::Str(s.clone()),
+        AttrValue::Ints(v) => Value::Ints(pb::IntList { values: v.clone() }),
+        AttrValue::Floats(v) => Value::Floats(pb::FloatList { values: v.clone() }),
+    };
+    pb::AttrValue { value: Some(value) }
+}
+
+fn attr_from_proto(v: &pb::AttrValue) -> Option<AttrValue> {
+    use pb::attr_value::Value;
+    Some(match v.value.as_ref()? {
+        Value::Int(i) => AttrValue::Int(*i),
+        Value::Float(f) => AttrValue::Float(*f),
+        Value::Bool(b) => AttrValue::Bool(*b),
+        Value::Str(s) => AttrValue::Str(s.clone()),
+        Value::Ints(l) => AttrValue::Ints(l.values.clone()),
+        Value::Floats(l) => AttrValue::Floats(l.values.clone()),
+    })
+}
+
+pub fn dtype_to_proto(d: DType) -> pb::Dtype {
+    match d {
+        DType::F32 => pb::Dtype::F32,
+        DType::F16 => pb::Dtype::F16,
+        DType::BF16 => pb::Dtype::Bf16,
+        DType::F64 => pb::Dtype::F64,
+        DType::I64 => pb::Dtype::I64,
+        DType::I32 => pb::Dtype::I32,
+        DType::I16 => pb::Dtype::I16,
+        DType::I8 => pb::Dtype::I8,
+        DType::U8 => pb::Dtype::U8,
+        DType::Bool => pb::Dtype::Bool,
+    }
+}
+
+pub fn dtype_from_proto(d: pb::Dtype) -> Option<DType> {
+    Some(match d {
+        pb::Dtype::Unspecified => return None,
+        pb::Dtype::F32 => DType::F32,
+        pb::Dtype::F16 => DType::F16,
+        pb::Dtype::Bf16 => DType::BF16,
+        pb::Dtype::F64 => DType::F64,
+        pb::Dtype::I64 => DType::I64,
+        pb::Dtype::I32 => DType::I32,
+        pb::Dtype::I16 => DType::I16,
+        pb::Dtype::I8 => DType::I8,
+        pb::Dtype::U8 => DType::U8,
+        pb::Dtype::Bool => DType::Bool,
+    })
+}
+
+pub fn kind_to_proto(k: TensorKind) -> pb::TensorKind {
+    match k {
+        TensorKind::Input => pb::TensorKind::Input,
+        TensorKind::Parameter => pb::TensorKind::Parameter,
+        TensorKind::Buffer => pb::TensorKind::Buffer,
+        TensorKind::Activation => pb::TensorKind::Activation,
+        TensorKind::Gradient => pb::TensorKind::Gradient,
+        TensorKind::OptimizerState => pb::TensorKind::OptimizerState,
+        TensorKind::Workspace => pb::TensorKind::Workspace,
+        TensorKind::Output => pb::TensorKind::Output,
+    }
+}
+
+pub fn kind_from_proto(k: pb::TensorKind) -> Option<TensorKind> {
+    Some(match k {
+        pb::TensorKind::Unspecified => return None,
+        pb::TensorKind::Input => TensorKind::Input,
+        pb::TensorKind::Parameter => TensorKind::Parameter,
+        pb::TensorKind::Buffer => TensorKind::Buffer,
+        pb::TensorKind::Activation => TensorKind::Activation,
+        pb::TensorKind::Gradient => TensorKind::Gradient,
+        pb::TensorKind::OptimizerState => TensorKind::OptimizerState,
+        pb::TensorKind::Workspace => TensorKind::Workspace,
+        pb::TensorKind::Output => TensorKind::Output,
+    })
+}
+
+pub fn phase_to_proto(p: Phase) -> pb::Phase {
+    match p {
+        Phase::Forward => pb::Phase::Forward,
+        Phase::Backward => pb::Phase::Backward,
+        Phase::Optimizer => pb::Phase::Optimizer,
+    }
+}
+
+pub fn phase_from_proto(p: pb::Phase) -> Option<Phase> {
+    Some(match p {
+        pb::Phase::Unspecified => return None,
+        pb::Phase::Forward => Phase::Forward,
+        pb::Phase::Backward => Phase::Backward,
+        pb::Phase::Optimizer => Phase::Optimizer,
+    })
+}
