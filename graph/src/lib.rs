@@ -7,6 +7,7 @@
 //! - [`json`]: the on-disk JSON format, at the edge.
 //! - [`liveness`]: activity analysis (storages, release after last use) and
 //!   the vanilla footprint.
+//! - [`text`]: a readable one-op-per-line rendering, for snapshots.
 //! - [`builder`]: a builder with a small autograd, so models are written as
 //!   forward passes and get PyTorch's backward and optimizer ops.
 //! - [`zoo`]: the built-in models (VGG-16, ResNet-50, Inception-V3/V4,
@@ -16,6 +17,7 @@ pub mod builder;
 pub mod ir;
 pub mod json;
 pub mod liveness;
+pub mod text;
 pub mod validate;
 pub mod zoo;
 

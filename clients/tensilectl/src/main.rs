@@ -1,1 +1,34 @@
-fn main() {}
+//! `tensilectl`: the command-line client of the TENSILE service.
+//!
+//! Thin: parses arguments into a validated command, runs it, maps errors to
+//! exit codes (1: the command failed or the input is invalid; 2: bad usage).
+
+mod args;
+mod graph_cmd;
+mod input;
+mod report;
+mod zoo_cmd;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use crate::args::{Cli, Command, GraphCommand};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Zoo(a) => zoo_cmd::run(&a),
+        Command::Graph(GraphCommand::Stats(a)) => graph_cmd::stats(&a),
+        Command::Graph(GraphCommand::Export(a)) => graph_cmd::export(&a),
+        Command::Graph(GraphCommand::Check(a)) => graph_cmd::check(&a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // One line: the chain of causes joined, as a user would read it.
+            eprintln!("error: {}", format!("{e:#}").replace('\n', " "));
+            ExitCode::FAILURE
+        }
+    }
+}

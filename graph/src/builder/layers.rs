@@ -295,6 +295,10 @@ impl Builder {
     pub fn batch_norm(&mut self, name: &str, x: TensorId, eps: f64) -> TensorId {
         let shape = self.shape(x).to_vec();
         let c = shape.get(1).copied().unwrap_or(1);
+        // PyTorch refuses training-mode batch norm over a single value per channel.
+        if shape.iter().product::<u64>() == c {
+            self.fail(name, format!("input {shape:?} has one value per channel; training-mode batch norm needs more (a larger batch or resolution)"));
+        }
         let w = self.parameter(&format!("{name}.weight"), vec![c]);
         let b = self.parameter(&format!("{name}.bias"), vec![c]);
         let rm = self.buffer(&format!("{name}.running_mean"), vec![c], DType::F32);

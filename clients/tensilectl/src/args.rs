@@ -1,0 +1,104 @@
+//! Command-line arguments (clap), kept apart from what the commands do.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+/// Client of the TENSILE memory scheduler: model zoo and graph tools.
+#[derive(Debug, Parser)]
+#[command(name = "tensilectl", version, about)]
+pub(crate) struct Cli {
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// The built-in models: parameter counts and, per model, the graph of one
+    /// training iteration (ops, tensors, vanilla peak) at a batch size.
+    Zoo(ZooArgs),
+    /// Inspect, export and validate compute graphs.
+    #[command(subcommand)]
+    Graph(GraphCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum GraphCommand {
+    /// Ops, tensors, parameters and the vanilla peak of a graph.
+    Stats(StatsArgs),
+    /// Write a zoo model's graph as JSON.
+    Export(ExportArgs),
+    /// Validate a JSON graph file: exit 0 when valid, 1 with the reason when not.
+    Check(CheckArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ZooArgs {
+    /// Batch size of the graphs whose statistics are printed.
+    #[arg(long, default_value_t = 16)]
+    pub(crate) batch: u64,
+    #[command(flatten)]
+    pub(crate) opt: OptimizerArg,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// Which zoo model to build, and how.
+#[derive(Debug, Args)]
+pub(crate) struct ModelArgs {
+    /// Zoo model name (see `tensilectl zoo`).
+    #[arg(long)]
+    pub(crate) model: Option<String>,
+    /// Batch size.
+    #[arg(long, default_value_t = 16)]
+    pub(crate) batch: u64,
+    /// Image side (CNNs) or sequence length (BERT); default: the model's own.
+    #[arg(long)]
+    pub(crate) resolution: Option<u64>,
+    /// Number of classes; default: the model's own.
+    #[arg(long)]
+    pub(crate) classes: Option<u64>,
+    #[command(flatten)]
+    pub(crate) opt: OptimizerArg,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct OptimizerArg {
+    /// Optimizer of the iteration: `adam` or `sgd` (with momentum).
+    #[arg(long, default_value = "adam")]
+    pub(crate) optimizer: String,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct StatsArgs {
+    #[command(flatten)]
+    pub(crate) model: ModelArgs,
+    /// A JSON graph file (`-` for standard input), instead of --model.
+    #[arg(conflicts_with = "model")]
+    pub(crate) file: Option<PathBuf>,
+    /// Print JSON.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ExportArgs {
+    #[command(flatten)]
+    pub(crate) model: ModelArgs,
+    /// Write here instead of standard output.
+    #[arg(short, long)]
+    pub(crate) output: Option<PathBuf>,
+    /// One line instead of pretty-printed JSON.
+    #[arg(long)]
+    pub(crate) compact: bool,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct CheckArgs {
+    /// The JSON graph file (`-` for standard input).
+    pub(crate) file: PathBuf,
+    /// Refuse inputs larger than this many bytes, before reading them.
+    #[arg(long, default_value_t = tensile_graph::Limits::default().max_input_bytes)]
+    pub(crate) max_bytes: u64,
+}

@@ -1,0 +1,101 @@
+//! What the commands print: graph statistics as a struct (for `--json`) and
+//! as human-readable text.
+
+use serde::Serialize;
+use tensile_graph::{Graph, Liveness, Phase};
+
+/// Statistics of one graph. JSON keys are part of the CLI's contract.
+#[derive(Debug, Serialize)]
+pub(crate) struct GraphStats {
+    pub(crate) name: String,
+    pub(crate) ops: usize,
+    pub(crate) tensors: usize,
+    pub(crate) forward_ops: usize,
+    pub(crate) backward_ops: usize,
+    pub(crate) optimizer_ops: usize,
+    pub(crate) params: u64,
+    pub(crate) param_bytes: u64,
+    /// Parameters, buffers and optimizer state: memory that lives across iterations.
+    pub(crate) persistent_bytes: u64,
+    /// Resident when the iteration starts (persistent storage and the inputs).
+    pub(crate) start_bytes: u64,
+    /// Peak of a framework that frees every tensor after its last use.
+    pub(crate) vanilla_peak_bytes: u64,
+    /// The op during which that peak is reached.
+    pub(crate) vanilla_peak_op: Option<String>,
+    /// Peak when nothing is freed inside the iteration (the TENSILE authors' vanilla).
+    pub(crate) keep_all_peak_bytes: u64,
+}
+
+impl GraphStats {
+    pub(crate) fn of(graph: &Graph) -> GraphStats {
+        let live = Liveness::analyze(graph);
+        let vanilla = live.vanilla_footprint();
+        let phase = |p| graph.ops().iter().filter(|o| o.phase == p).count();
+        GraphStats {
+            name: graph.name().to_string(),
+            ops: graph.ops().len(),
+            tensors: graph.tensors().len(),
+            forward_ops: phase(Phase::Forward),
+            backward_ops: phase(Phase::Backward),
+            optimizer_ops: phase(Phase::Optimizer),
+            params: graph.param_count(),
+            param_bytes: graph.param_bytes(),
+            persistent_bytes: live.persistent_bytes(),
+            start_bytes: vanilla.at_start,
+            vanilla_peak_bytes: vanilla.peak,
+            vanilla_peak_op: vanilla.peak_op.map(|o| graph.op(o).name.clone()),
+            keep_all_peak_bytes: live.keep_all_footprint().peak,
+        }
+    }
+
+    pub(crate) fn print_text(&self) {
+        println!("graph                {}", self.name);
+        println!(
+            "ops                  {} ({} forward, {} backward, {} optimizer)",
+            self.ops, self.forward_ops, self.backward_ops, self.optimizer_ops
+        );
+        println!("tensors              {}", self.tensors);
+        println!("params               {}", self.params);
+        println!("param bytes          {}", bytes(self.param_bytes));
+        println!("persistent bytes     {}", bytes(self.persistent_bytes));
+        println!("resident at start    {}", bytes(self.start_bytes));
+        println!(
+            "vanilla peak         {}{}",
+            bytes(self.vanilla_peak_bytes),
+            self.vanilla_peak_op
+                .as_deref()
+                .map(|o| format!(" (during {o})"))
+                .unwrap_or_default()
+        );
+        println!("keep-all peak        {}", bytes(self.keep_all_peak_bytes));
+    }
+}
+
+/// Bytes for people: `1.53 GiB`, with the exact count when small.
+pub(crate) fn bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+    if n < 1024 {
+        return format!("{n} B");
+    }
+    let mut v = n as f64 / 1024.0;
+    let mut unit = 0;
+    while v >= 1024.0 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    format!("{v:.2} {}", UNITS[unit])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bytes;
+
+    #[test]
+    fn bytes_are_readable() {
+        assert_eq!(bytes(0), "0 B");
+        assert_eq!(bytes(1023), "1023 B");
+        assert_eq!(bytes(1536), "1.50 KiB");
+        assert_eq!(bytes(3 << 30), "3.00 GiB");
+    }
+}

@@ -1,0 +1,205 @@
+//! The `tensilectl` binary as a user runs it.
+
+#![allow(clippy::unwrap_used)] // tests unwrap: a failure is the test failing
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+fn tensilectl(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tensilectl"))
+        .args(args)
+        .output()
+        .expect("tensilectl runs")
+}
+
+fn data(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(rel)
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Exit 1, one line on stderr that names the file and contains `expected`, no panic.
+fn assert_rejected(out: &Output, file: &str, expected: &str) {
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{file}: stderr {err}");
+    assert!(!err.contains("panicked"), "{file}: {err}");
+    assert_eq!(err.lines().count(), 1, "{file}: not one line: {err}");
+    assert!(err.starts_with("error: "), "{file}: {err}");
+    assert!(err.contains(expected), "{file}: {err:?} lacks {expected:?}");
+    assert!(
+        out.stdout.is_empty(),
+        "{file}: printed {}",
+        text(&out.stdout)
+    );
+}
+
+#[test]
+fn check_rejects_every_file_of_the_malformed_corpus() {
+    let expected = std::fs::read_to_string(data("malformed/EXPECTED.tsv")).unwrap();
+    let mut listed = 0;
+    for line in expected.lines().filter(|l| !l.starts_with('#')) {
+        let (file, want) = line.split_once('\t').expect("file<TAB>text");
+        let path = data(&format!("malformed/{file}"));
+        let out = tensilectl(&["graph", "check", path.to_str().unwrap()]);
+        assert_rejected(&out, file, want);
+        assert!(text(&out.stderr).contains(file), "the error names the file");
+        listed += 1;
+    }
+    // Every file of the corpus has an expectation.
+    let files = std::fs::read_dir(data("malformed")).unwrap().count();
+    assert_eq!(
+        files,
+        listed + 1,
+        "EXPECTED.tsv must list every corpus file"
+    );
+}
+
+#[test]
+fn check_accepts_a_valid_graph() {
+    let out = tensilectl(&["graph", "check", data("valid/tiny.json").to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("is a valid graph (7 ops, 9 tensors, 128 params)"));
+}
+
+#[test]
+fn check_refuses_gigabytes_before_reading_them() {
+    // A sparse 3 GiB file: refused from its size, without reading it.
+    let dir = std::env::temp_dir().join(format!("tensilectl-big-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("big.json");
+    std::fs::File::create(&path)
+        .unwrap()
+        .set_len(3 << 30)
+        .unwrap();
+    let start = std::time::Instant::now();
+    let out = tensilectl(&["graph", "check", path.to_str().unwrap()]);
+    assert_rejected(
+        &out,
+        "big.json",
+        "the input is 3221225472 bytes, over the limit of 268435456 bytes",
+    );
+    assert!(start.elapsed().as_secs() < 10, "it read the file");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn check_reads_stdin_with_the_same_limit() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tensilectl"))
+        .args(["graph", "check", "--max-bytes", "1000", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    // Writing may fail once the reader stops at the limit: that is the point.
+    let _ = stdin.write_all(&vec![b' '; 1 << 20]);
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    assert_rejected(&out, "-", "over the limit of 1000 bytes");
+    let missing = tensilectl(&["graph", "check", "/nonexistent/graph.json"]);
+    assert_rejected(&missing, "missing", "cannot read /nonexistent/graph.json");
+    let dir = tensilectl(&["graph", "check", env!("CARGO_MANIFEST_DIR")]);
+    assert_rejected(&dir, "dir", "is a directory");
+}
+
+#[test]
+fn export_then_check_and_stats_agree_with_the_zoo() {
+    let dir = std::env::temp_dir().join(format!("tensilectl-export-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("resnet50.json");
+    let out = tensilectl(&[
+        "graph",
+        "export",
+        "--model",
+        "resnet50",
+        "--batch",
+        "4",
+        "-o",
+        path.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let check = tensilectl(&["graph", "check", path.to_str().unwrap()]);
+    assert!(check.status.success(), "{}", text(&check.stderr));
+    assert!(text(&check.stdout).contains("25557032 params"));
+    let from_file = tensilectl(&["graph", "stats", path.to_str().unwrap(), "--json"]);
+    let from_zoo = tensilectl(&[
+        "graph", "stats", "--model", "resnet50", "--batch", "4", "--json",
+    ]);
+    let a: serde_json::Value = serde_json::from_slice(&from_file.stdout).unwrap();
+    let b: serde_json::Value = serde_json::from_slice(&from_zoo.stdout).unwrap();
+    assert_eq!(a, b);
+    for key in [
+        "params",
+        "param_bytes",
+        "ops",
+        "tensors",
+        "vanilla_peak_bytes",
+    ] {
+        assert!(a[key].as_u64().is_some_and(|v| v > 0), "missing {key}");
+    }
+    assert_eq!(a["params"], 25_557_032);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn zoo_lists_every_model_with_its_parameter_count() {
+    let out = tensilectl(&["zoo", "--batch", "2", "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let models: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let got: Vec<(String, u64)> = models
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            (
+                m["model"].as_str().unwrap().to_string(),
+                m["params"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("vgg16", 138_357_544),
+            ("inception_v3", 27_161_264),
+            ("inception_v4", 42_679_816),
+            ("resnet50", 25_557_032),
+            ("densenet121", 7_978_856),
+            ("bert_base", 109_483_778),
+        ]
+        .map(|(n, p)| (n.to_string(), p))
+    );
+}
+
+#[test]
+fn usage_errors_are_clear() {
+    let out = tensilectl(&["graph", "stats", "--model", "resnet5", "--batch", "2"]);
+    assert_rejected(
+        &out,
+        "stats",
+        "unknown model \"resnet5\"; the zoo has vgg16, inception_v3",
+    );
+    let out = tensilectl(&[
+        "graph",
+        "stats",
+        "--model",
+        "resnet50",
+        "--optimizer",
+        "lamb",
+    ]);
+    assert_rejected(
+        &out,
+        "stats",
+        "unknown optimizer \"lamb\" (expected adam or sgd)",
+    );
+    let out = tensilectl(&["graph", "stats"]);
+    assert_rejected(&out, "stats", "name a zoo model with --model");
+    let out = tensilectl(&["graph", "export", "--model", "vgg16", "--batch", "0"]);
+    assert_rejected(&out, "export", "batch size 0 is out of range");
+}

@@ -1,0 +1,166 @@
+//! The model zoo: reference parameter counts, validity, and errors on bad sizes.
+
+use tensile_graph::builder::Optimizer;
+use tensile_graph::zoo::{self, ZooConfig, ZooError};
+use tensile_graph::{Liveness, Phase};
+
+/// Parameter counts of the reference implementations: torchvision for VGG-16,
+/// ResNet-50, DenseNet-121 and Inception-V3 (with its auxiliary head), timm
+/// for Inception-V4, transformers' BertForSequenceClassification (2 labels).
+const REFERENCE: [(&str, u64); 6] = [
+    ("vgg16", 138_357_544),
+    ("resnet50", 25_557_032),
+    ("densenet121", 7_978_856),
+    ("inception_v3", 27_161_264),
+    ("inception_v4", 42_679_816),
+    ("bert_base", 109_483_778),
+];
+
+#[test]
+fn parameter_counts_match_the_references() {
+    for (name, params) in REFERENCE {
+        for optimizer in [Optimizer::adam(), Optimizer::sgd()] {
+            let config = ZooConfig {
+                optimizer,
+                ..ZooConfig::new(2)
+            };
+            let g = zoo::build(name, &config).unwrap();
+            assert_eq!(g.param_count(), params, "{name}");
+            assert_eq!(g.param_bytes(), params * 4, "{name}");
+        }
+        assert_eq!(zoo::model(name).unwrap().params, params);
+    }
+    assert_eq!(zoo::MODELS.len(), REFERENCE.len());
+}
+
+#[test]
+fn every_model_has_all_three_phases_and_one_update_per_parameter() {
+    for m in &zoo::MODELS {
+        let g = m.build(&ZooConfig::new(2)).unwrap();
+        let count = |p| g.ops().iter().filter(|o| o.phase == p).count();
+        assert!(
+            count(Phase::Forward) > 0 && count(Phase::Backward) > 0,
+            "{}",
+            m.name
+        );
+        assert_eq!(
+            count(Phase::Optimizer),
+            g.parameters().count(),
+            "{}",
+            m.name
+        );
+        // Adam keeps two moments per parameter: persistent = params x 3 + buffers.
+        let live = Liveness::analyze(&g);
+        assert!(live.persistent_bytes() >= 3 * g.param_bytes(), "{}", m.name);
+        assert!(
+            live.persistent_bytes() < 3 * g.param_bytes() + g.param_bytes() / 50,
+            "{}",
+            m.name
+        );
+    }
+}
+
+#[test]
+fn sgd_keeps_one_buffer_per_parameter() {
+    let g = zoo::build(
+        "resnet50",
+        &ZooConfig {
+            optimizer: Optimizer::sgd(),
+            ..ZooConfig::new(2)
+        },
+    )
+    .unwrap();
+    let live = Liveness::analyze(&g);
+    assert!(live.persistent_bytes() >= 2 * g.param_bytes());
+    assert!(live.persistent_bytes() < 3 * g.param_bytes());
+}
+
+#[test]
+fn the_vanilla_peak_grows_with_the_batch() {
+    for m in &zoo::MODELS {
+        let peak = |batch| {
+            let g = m.build(&ZooConfig::new(batch)).unwrap();
+            Liveness::analyze(&g).vanilla_footprint().peak
+        };
+        let (p2, p8) = (peak(2), peak(8));
+        assert!(p8 > p2, "{}: {p8} <= {p2}", m.name);
+    }
+}
+
+#[test]
+fn building_is_deterministic() {
+    for m in &zoo::MODELS {
+        let a = m.build(&ZooConfig::new(2)).unwrap();
+        let b = m.build(&ZooConfig::new(2)).unwrap();
+        assert_eq!(a, b, "{}", m.name);
+    }
+}
+
+#[test]
+fn bad_sizes_are_errors_not_panics() {
+    let err = |name: &str, config: ZooConfig| zoo::build(name, &config).unwrap_err().to_string();
+    assert_eq!(
+        err("resnet50", ZooConfig::new(0)),
+        "resnet50: batch size 0 is out of range (1 to 65536)"
+    );
+    assert_eq!(
+        err(
+            "vgg16",
+            ZooConfig {
+                resolution: Some(8),
+                ..ZooConfig::new(2)
+            }
+        ),
+        "vgg16: resolution 8 is out of range (32 to 4096)"
+    );
+    assert_eq!(
+        err(
+            "bert_base",
+            ZooConfig {
+                resolution: Some(513),
+                ..ZooConfig::new(2)
+            }
+        ),
+        "bert_base: resolution 513 is out of range (1 to 512)"
+    );
+    assert!(matches!(
+        zoo::build("resnet51", &ZooConfig::new(2)),
+        Err(ZooError::UnknownModel { .. })
+    ));
+    // Training-mode batch norm over one value per channel fails in PyTorch too.
+    let msg = err(
+        "resnet50",
+        ZooConfig {
+            resolution: Some(32),
+            ..ZooConfig::new(1)
+        },
+    );
+    assert!(msg.contains("one value per channel"), "{msg}");
+    // Sizes that overflow the per-tensor limit are caught by validation.
+    let msg = err(
+        "vgg16",
+        ZooConfig {
+            resolution: Some(4096),
+            ..ZooConfig::new(65_536)
+        },
+    );
+    assert!(msg.contains("over the per-tensor limit"), "{msg}");
+}
+
+#[test]
+fn every_resolution_in_range_builds_or_errs_cleanly() {
+    for m in &zoo::MODELS {
+        for r in [
+            m.min_resolution,
+            m.min_resolution + 1,
+            m.default_resolution,
+            m.min_resolution + 37,
+        ] {
+            let result = m.build(&ZooConfig {
+                resolution: Some(r),
+                ..ZooConfig::new(2)
+            });
+            assert!(result.is_ok(), "{} at {r}: {:?}", m.name, result.err());
+        }
+    }
+}

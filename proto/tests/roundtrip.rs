@@ -1,0 +1,86 @@
+//! Wire round trips: every zoo graph survives encode -> decode -> validate,
+//! and bad wire graphs get the same errors as bad files.
+
+#![allow(clippy::unwrap_used)] // tests unwrap: a failure is the test failing
+
+use prost::Message;
+use tensile_graph::zoo::{self, ZooConfig};
+use tensile_graph::{GraphError, Limits};
+use tensile_proto::convert::{graph_from_proto, graph_to_proto};
+use tensile_proto::pb;
+
+#[test]
+fn every_zoo_graph_round_trips_through_protobuf() {
+    for m in &zoo::MODELS {
+        let g = m.build(&ZooConfig::new(2)).unwrap();
+        let bytes = graph_to_proto(&g).encode_to_vec();
+        let decoded = pb::Graph::decode(bytes.as_slice()).unwrap();
+        let back = graph_from_proto(decoded, &Limits::default()).unwrap();
+        assert_eq!(back, g, "{}", m.name);
+    }
+}
+
+fn resnet() -> pb::Graph {
+    graph_to_proto(&zoo::build("resnet50", &ZooConfig::new(1)).unwrap())
+}
+
+#[test]
+fn unspecified_enums_are_rejected_with_the_culprit_named() {
+    let mut g = resnet();
+    g.tensors[3].dtype = pb::Dtype::Unspecified as i32;
+    let err = graph_from_proto(g, &Limits::default()).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "not a graph: tensor 3 \"conv1\": unknown or unspecified dtype 0"
+    );
+    let mut g = resnet();
+    g.ops[5].phase = 42;
+    let err = graph_from_proto(g, &Limits::default()).unwrap_err();
+    assert!(
+        err.to_string().ends_with("unknown or unspecified phase 42"),
+        "{err}"
+    );
+    let mut g = resnet();
+    g.ops[0]
+        .attrs
+        .insert("empty".into(), pb::AttrValue { value: None });
+    let err = graph_from_proto(g, &Limits::default()).unwrap_err();
+    assert!(
+        err.to_string()
+            .ends_with("attribute \"empty\" has no value"),
+        "{err}"
+    );
+}
+
+#[test]
+fn wire_graphs_are_validated_like_files() {
+    let mut g = resnet();
+    g.ops[10].inputs[0] = 1_000_000;
+    let err = graph_from_proto(g, &Limits::default()).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            GraphError::InputOutOfRange {
+                tensor: 1_000_000,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let g = resnet();
+    let limits = Limits {
+        max_tensors: 10,
+        ..Limits::default()
+    };
+    let err = graph_from_proto(g, &limits).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            GraphError::TooMany {
+                what: "tensors",
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
