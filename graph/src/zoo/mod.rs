@@ -166,14 +166,20 @@ pub(crate) fn image_classifier(
     d: &Dims,
     forward: impl FnOnce(&mut Builder, TensorId, &Dims) -> TensorId,
 ) -> TensorId {
+    let (x, y) = image_inputs(b, d);
+    let logits = forward(b, x, d);
+    b.cross_entropy("loss", logits, y)
+}
+
+/// The image batch (`input`, N x 3 x R x R) and its labels (`target`, N).
+pub(crate) fn image_inputs(b: &mut Builder, d: &Dims) -> (TensorId, TensorId) {
     let x = b.input(
         "input",
         vec![d.batch, 3, d.resolution, d.resolution],
         DType::F32,
     );
     let y = b.input("target", vec![d.batch], DType::I64);
-    let logits = forward(b, x, d);
-    b.cross_entropy("loss", logits, y)
+    (x, y)
 }
 
 /// `Conv2d(bias=False) + BatchNorm2d(eps) + ReLU(inplace=True)`, the unit of
