@@ -25,5 +25,5 @@ pub use ir::{
     Alias, AliasKind, AttrValue, DType, Graph, GraphDraft, Op, OpId, Phase, Tensor, TensorId,
     TensorKind,
 };
-pub use liveness::{Footprint, Liveness};
+pub use liveness::{Footprint, Liveness, Storage, StorageId};
 pub use validate::{GraphError, Limits};

@@ -1,0 +1,85 @@
+//! What the planner is told about the device's copy link and about each job.
+
+/// The host link as the planner models it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CopyModel {
+    /// Host to device, bytes per second (the whole link).
+    pub h2d_bytes_per_s: f64,
+    /// Device to host, bytes per second (the whole link).
+    pub d2h_bytes_per_s: f64,
+    /// Fixed cost of every copy.
+    pub latency_ns: u64,
+    /// One queue for both directions (the TENSILE paper's model) instead of
+    /// one copy engine per direction.
+    pub half_duplex: bool,
+    /// Jobs share the link in equal parts; otherwise every job plans as if it
+    /// had the whole link (the paper's model, which ignores contention).
+    pub shared_by_jobs: bool,
+}
+
+impl CopyModel {
+    /// Two copy engines at the given bandwidths, shared by all jobs.
+    pub fn duplex(h2d_bytes_per_s: f64, d2h_bytes_per_s: f64, latency_ns: u64) -> CopyModel {
+        CopyModel {
+            h2d_bytes_per_s,
+            d2h_bytes_per_s,
+            latency_ns,
+            half_duplex: false,
+            shared_by_jobs: true,
+        }
+    }
+
+    /// Nanoseconds to move `bytes` at `bytes_per_s`, plus the fixed latency.
+    pub fn duration_ns(&self, bytes: u64, bytes_per_s: f64) -> u64 {
+        self.latency_ns + (bytes as f64 / bytes_per_s * 1e9).ceil() as u64
+    }
+}
+
+/// Per-job knobs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct JobSettings {
+    /// The most this job's swapped tensors may be of all swapped tensors.
+    pub max_swap_rate: f64,
+    /// Fixed device memory of the job (CUDA context, workspaces).
+    pub base_bytes: u64,
+    pub swap: bool,
+    pub recompute: bool,
+    /// Swap optimizer-updated persistent tensors out after their update and
+    /// back before their first use in the next iteration.
+    pub across_iteration: bool,
+}
+
+impl Default for JobSettings {
+    fn default() -> JobSettings {
+        JobSettings {
+            max_swap_rate: 1.0,
+            base_bytes: 0,
+            swap: true,
+            recompute: true,
+            across_iteration: true,
+        }
+    }
+}
+
+/// The planner's configuration for all jobs on one device.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PlannerConfig {
+    pub copy: CopyModel,
+    /// Recomputation runs only while the global peak exceeds this.
+    pub budget_bytes: Option<u64>,
+    /// Cap on greedy rounds, so a pathological input cannot run away.
+    pub max_rounds: usize,
+    /// How many producers deep a recomputation may reach.
+    pub max_recompute_depth: usize,
+}
+
+impl PlannerConfig {
+    pub fn new(copy: CopyModel) -> PlannerConfig {
+        PlannerConfig {
+            copy,
+            budget_bytes: None,
+            max_rounds: 1_000_000,
+            max_recompute_depth: 3,
+        }
+    }
+}

@@ -1,0 +1,103 @@
+//! The planner's output: one versioned plan per job, and diagnostics.
+
+use tensile_graph::{OpId, TensorId};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum EventKind {
+    /// Copy to host; the device memory is freed once the copy has completed,
+    /// at the next op boundary.
+    SwapOut,
+    /// Allocate on the device and copy back from the host.
+    SwapIn,
+    /// Drop the device copy (dead, or a valid host copy exists).
+    Release,
+    /// Re-run the tensor's producer right before the trigger op.
+    Recompute,
+}
+
+impl EventKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            EventKind::SwapOut => "swap_out",
+            EventKind::SwapIn => "swap_in",
+            EventKind::Release => "release",
+            EventKind::Recompute => "recompute",
+        }
+    }
+}
+
+/// When an event fires.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Trigger {
+    /// `delay` after the iteration starts.
+    IterationStart,
+    /// `delay` after this op ends.
+    After(OpId),
+    /// Right before this op starts (recomputations; in order).
+    Before(OpId),
+}
+
+/// One action on one storage, named by its root tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Event {
+    pub trigger: Trigger,
+    pub delay_ns: u64,
+    pub kind: EventKind,
+    pub tensor: TensorId,
+}
+
+/// What the planner predicts for the job under its plan.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Prediction {
+    pub vanilla_peak_bytes: u64,
+    pub planned_peak_bytes: u64,
+    pub vanilla_time_ns: u64,
+    pub planned_time_ns: u64,
+    pub swap_outs: usize,
+    pub swap_ins: usize,
+    pub swapped_bytes: u64,
+    pub recomputed_ops: usize,
+    /// Memory during each step of the planned iteration: (start ns, bytes).
+    pub timeline: Vec<(u64, u64)>,
+    /// The same for the vanilla iteration.
+    pub vanilla_timeline: Vec<(u64, u64)>,
+}
+
+/// A job's plan. The worker switches plans only at iteration boundaries.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Plan {
+    pub version: u64,
+    /// Sorted by trigger position, then delay.
+    pub events: Vec<Event>,
+    /// Persistent storages that are swapped across the iteration boundary:
+    /// they begin every iteration on the host.
+    pub start_on_host: Vec<TensorId>,
+    pub prediction: Prediction,
+}
+
+impl Plan {
+    pub fn count(&self, kind: EventKind) -> usize {
+        self.events.iter().filter(|e| e.kind == kind).count()
+    }
+}
+
+/// Something the planner could not do, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Diagnostic {
+    pub job: usize,
+    pub message: String,
+}
+
+/// The result of planning all jobs on one device.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct MultiPlan {
+    pub plans: Vec<Plan>,
+    /// The paper's global peak: the sum of the jobs' peaks.
+    pub sum_of_peaks_bytes: u64,
+    /// The peak of the jobs' memory curves added on one time line, all jobs
+    /// starting together and repeating their iterations.
+    pub aligned_peak_bytes: u64,
+    pub vanilla_sum_of_peaks_bytes: u64,
+    pub rounds: usize,
+    pub diagnostics: Vec<Diagnostic>,
+}
