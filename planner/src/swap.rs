@@ -19,8 +19,11 @@ pub(crate) fn gap_around(job: &Job<'_>, s: StorageId, step: usize) -> Option<(us
     } else {
         return None;
     };
-    // A copy after a recompute step would need that step as its trigger.
-    if job.steps[after].rebuilds.is_some() {
+    // A copy after a recompute step would need that step as its trigger;
+    // a gap holds one swap or recomputation at most.
+    if job.steps[after].rebuilds.is_some()
+        || st.gaps.iter().any(|g| g.after == after && g.wrap == wrap)
+    {
         return None;
     }
     Some((after, before, wrap))

@@ -1,0 +1,102 @@
+//! Plan updating (SPEC §4.7): an EWMA of every op's measured latency, and a
+//! re-plan of all jobs when a job's total changes by more than a threshold
+//! since its last plan. New plans carry a higher version; executors switch
+//! at their next iteration boundary.
+
+use std::time::Instant;
+
+use tensile_graph::Graph;
+use tensile_planner::{JobInput, JobSettings, MultiPlan, Plan, PlanError, PlannerConfig, plan};
+
+use crate::machine::IterationStats;
+use crate::sim::Replanner;
+
+#[derive(Debug)]
+pub struct EwmaReplanner<'g> {
+    graphs: Vec<&'g Graph>,
+    settings: Vec<JobSettings>,
+    config: PlannerConfig,
+    /// Weight of a new measurement.
+    pub weight: f64,
+    /// Re-plan when |Σ now − Σ at last plan| / Σ at last plan exceeds this.
+    pub threshold: f64,
+    estimates: Vec<Vec<f64>>,
+    at_plan: Vec<f64>,
+    version: u64,
+    /// Wall time of every planning run, ns.
+    pub plan_ns: Vec<u64>,
+    pub replans: usize,
+    /// False: measurements are folded in but plans never change.
+    pub enabled: bool,
+}
+
+impl<'g> EwmaReplanner<'g> {
+    /// Starts from `predicted` latencies (ns per op, per job).
+    pub fn new(
+        graphs: Vec<&'g Graph>,
+        predicted: Vec<Vec<u64>>,
+        settings: Vec<JobSettings>,
+        config: PlannerConfig,
+    ) -> EwmaReplanner<'g> {
+        let estimates: Vec<Vec<f64>> = predicted
+            .iter()
+            .map(|p| p.iter().map(|&x| x as f64).collect())
+            .collect();
+        EwmaReplanner {
+            at_plan: estimates.iter().map(|e| e.iter().sum()).collect(),
+            graphs,
+            settings,
+            config,
+            weight: 0.9,
+            threshold: 0.3,
+            estimates,
+            version: 0,
+            plan_ns: Vec::new(),
+            replans: 0,
+            enabled: true,
+        }
+    }
+
+    /// Plans every job from the current estimates.
+    pub fn plan_all(&mut self) -> Result<MultiPlan, PlanError> {
+        let inputs: Vec<JobInput<'_>> = self
+            .graphs
+            .iter()
+            .zip(&self.estimates)
+            .zip(&self.settings)
+            .map(|((g, e), s)| JobInput {
+                graph: g,
+                latency_ns: e.iter().map(|&x| x.round() as u64).collect(),
+                settings: *s,
+            })
+            .collect();
+        let t = Instant::now();
+        let mut out = plan(&inputs, &self.config)?;
+        self.plan_ns.push(t.elapsed().as_nanos() as u64);
+        self.version += 1;
+        for p in &mut out.plans {
+            p.version = self.version;
+        }
+        self.at_plan = self.estimates.iter().map(|e| e.iter().sum()).collect();
+        Ok(out)
+    }
+}
+
+impl Replanner for EwmaReplanner<'_> {
+    fn after_iteration(&mut self, job: usize, stats: &IterationStats) -> Vec<(usize, Plan)> {
+        let w = self.weight;
+        for (e, &m) in self.estimates[job].iter_mut().zip(&stats.op_ns) {
+            *e = w * m as f64 + (1.0 - w) * *e;
+        }
+        let now: f64 = self.estimates[job].iter().sum();
+        let base = self.at_plan[job].max(1.0);
+        if !self.enabled || (now - base).abs() / base <= self.threshold {
+            return Vec::new();
+        }
+        self.replans += 1;
+        match self.plan_all() {
+            Ok(mp) => mp.plans.into_iter().enumerate().collect(),
+            Err(_) => Vec::new(),
+        }
+    }
+}

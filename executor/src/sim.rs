@@ -1,0 +1,217 @@
+//! The simulator: N jobs on one virtual GPU, each run by its own
+//! [`Executor`] with virtual-time kernels and copy channels. Kernels of
+//! different jobs that overlap share the GPU (processor sharing, with a
+//! configurable slowdown); with slowdown 0 the jobs do not interfere.
+//! Deterministic: no randomness here, and ties break by job index.
+
+use tensile_graph::{Graph, Liveness};
+use tensile_planner::{CopyModel, Plan};
+
+use crate::copy::Channels;
+use crate::machine::{ExecError, Executor, IterationStats, Next};
+
+#[derive(Debug)]
+pub struct SimJob<'g> {
+    pub graph: &'g Graph,
+    pub live: &'g Liveness,
+    pub plan: Plan,
+    /// The true kernel time of every op at full speed, ns.
+    pub true_ns: Vec<u64>,
+    /// When the job starts.
+    pub start_ns: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct SimConfig {
+    pub iterations: usize,
+    /// Each of k overlapping kernels runs at 1 / (1 + slowdown * (k - 1)).
+    pub sharing_slowdown: f64,
+    pub copy: CopyModel,
+    /// Fixed memory of each job (context, workspaces).
+    pub base_bytes: u64,
+}
+
+/// Gets each finished iteration and may hand out new plans.
+pub trait Replanner {
+    fn after_iteration(&mut self, job: usize, stats: &IterationStats) -> Vec<(usize, Plan)>;
+}
+
+/// Never re-plans.
+#[derive(Debug)]
+pub struct FixedPlans;
+
+impl Replanner for FixedPlans {
+    fn after_iteration(&mut self, _: usize, _: &IterationStats) -> Vec<(usize, Plan)> {
+        Vec::new()
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct JobResult {
+    pub iterations: Vec<IterationStats>,
+    /// (time, bytes) at every change of this job's memory.
+    pub trace: Vec<(u64, u64)>,
+    pub error: Option<ExecError>,
+    pub last_plan_version: u64,
+}
+
+impl JobResult {
+    pub fn peak_bytes(&self) -> u64 {
+        self.iterations
+            .iter()
+            .map(|i| i.peak_bytes)
+            .max()
+            .unwrap_or(0)
+    }
+    pub fn time_ns(&self) -> u64 {
+        match (self.iterations.first(), self.iterations.last()) {
+            (Some(a), Some(b)) => b.end_ns - a.start_ns,
+            _ => 0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct SimResult {
+    pub jobs: Vec<JobResult>,
+    /// The peak of all jobs' memory added up over time.
+    pub peak_bytes: u64,
+    pub makespan_ns: u64,
+}
+
+enum Run {
+    Idle(u64),
+    Kernel { left: f64 },
+    Done,
+}
+
+/// Runs `jobs` for `config.iterations` iterations each.
+pub fn simulate(
+    jobs: Vec<SimJob<'_>>,
+    config: &SimConfig,
+    replanner: &mut dyn Replanner,
+) -> SimResult {
+    let share = if config.copy.shared_by_jobs {
+        1.0 / jobs.len().max(1) as f64
+    } else {
+        1.0
+    };
+    let mut execs: Vec<Executor<'_>> = jobs
+        .iter()
+        .map(|j| {
+            let mut e = Executor::new(
+                j.graph,
+                j.live,
+                &j.plan,
+                Channels::new(config.copy, share),
+                config.iterations,
+            );
+            e.set_base_bytes(config.base_bytes);
+            e
+        })
+        .collect();
+    let mut runs: Vec<Run> = jobs.iter().map(|j| Run::Idle(j.start_ns)).collect();
+    let mut errors: Vec<Option<ExecError>> = vec![None; jobs.len()];
+    let mut now = 0u64;
+    loop {
+        for j in 0..jobs.len() {
+            while let Run::Idle(w) = runs[j] {
+                if w > now {
+                    break;
+                }
+                let before = execs[j].iterations_done().len();
+                let next = execs[j].step(now);
+                if execs[j].iterations_done().len() > before
+                    && let Some(stats) = execs[j].iterations_done().last()
+                {
+                    let stats = stats.clone();
+                    for (k, plan) in replanner.after_iteration(j, &stats) {
+                        execs[k].set_plan(plan);
+                    }
+                }
+                runs[j] = match next {
+                    Ok(Next::Kernel { op }) => {
+                        let work = jobs[j].true_ns[op.index()];
+                        if work == 0 {
+                            execs[j].kernel_done(now);
+                            Run::Idle(now)
+                        } else {
+                            Run::Kernel { left: work as f64 }
+                        }
+                    }
+                    Ok(Next::WaitUntil(t)) => Run::Idle(t.max(now + u64::from(t <= now))),
+                    Ok(Next::Done) => Run::Done,
+                    Err(e) => {
+                        errors[j] = Some(e);
+                        Run::Done
+                    }
+                };
+            }
+        }
+        let busy = runs
+            .iter()
+            .filter(|r| matches!(r, Run::Kernel { .. }))
+            .count();
+        let rate = 1.0 / (1.0 + config.sharing_slowdown * busy.saturating_sub(1) as f64);
+        let next = runs
+            .iter()
+            .filter_map(|r| match r {
+                Run::Idle(w) => Some(*w),
+                Run::Kernel { left } => Some(now + (left / rate).ceil() as u64),
+                Run::Done => None,
+            })
+            .min();
+        let Some(next) = next else { break };
+        let dt = (next - now) as f64 * rate;
+        now = next;
+        for j in 0..jobs.len() {
+            if let Run::Kernel { left } = &mut runs[j] {
+                *left -= dt;
+                if *left <= 1e-6 {
+                    execs[j].kernel_done(now);
+                    runs[j] = Run::Idle(now);
+                }
+            }
+        }
+    }
+    let jobs: Vec<JobResult> = execs
+        .into_iter()
+        .zip(errors)
+        .map(|(e, error)| JobResult {
+            iterations: e.iterations_done().to_vec(),
+            last_plan_version: e.plan_version(),
+            trace: e.trace,
+            error,
+        })
+        .collect();
+    let peak_bytes = global_peak(&jobs);
+    SimResult {
+        jobs,
+        peak_bytes,
+        makespan_ns: now,
+    }
+}
+
+/// The peak of the sum of the jobs' traces, taking each job's last value
+/// at every instant.
+pub fn global_peak(jobs: &[JobResult]) -> u64 {
+    let mut changes: Vec<(u64, usize, u64)> = Vec::new();
+    for (j, r) in jobs.iter().enumerate() {
+        changes.extend(r.trace.iter().map(|&(t, m)| (t, j, m)));
+    }
+    changes.sort_by_key(|c| (c.0, c.1));
+    let mut cur = vec![0u64; jobs.len()];
+    let (mut sum, mut best) = (0u64, 0u64);
+    let mut i = 0;
+    while i < changes.len() {
+        let t = changes[i].0;
+        while i < changes.len() && changes[i].0 == t {
+            let (_, j, m) = changes[i];
+            sum = sum - cur[j] + m;
+            cur[j] = m;
+            i += 1;
+        }
+        best = best.max(sum);
+    }
+    best
+}
