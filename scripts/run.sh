@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
-# The main job on built-in defaults: the model zoo, one training iteration
-# per model at batch 16, with parameter counts and vanilla peaks.
-# (The planner demo replaces this once the planner lands.)
+# The main job on built-in defaults: the planner demo. Three zoo jobs
+# (ResNet-50, VGG-16, Inception-V3 at batch 2, Adam) share one simulated
+# RTX A6000; they run under vanilla (free after last use) and under the
+# TENSILE planner, side by side, and the memory over time is drawn to
+# target/tensile-demo.svg. Extra arguments go to `tensilectl sim`.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-cargo run --release --locked -q -p tensilectl -- zoo "$@"
+cargo build --release --locked -q -p tensilectl
+./target/release/tensilectl zoo
+echo
+./target/release/tensilectl sim --plot target/tensile-demo.svg "$@"

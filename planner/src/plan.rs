@@ -95,7 +95,9 @@ pub struct MultiPlan {
     /// The paper's global peak: the sum of the jobs' peaks.
     pub sum_of_peaks_bytes: u64,
     /// The peak of the jobs' memory curves added on one time line, all jobs
-    /// starting together and repeating their iterations.
+    /// starting together and repeating their iterations, over the longest
+    /// job's first iteration (what phase-aligned jobs would reach; free-running
+    /// jobs drift and may reach up to the sum of peaks).
     pub aligned_peak_bytes: u64,
     pub vanilla_sum_of_peaks_bytes: u64,
     pub rounds: usize,

@@ -20,6 +20,63 @@ pub(crate) enum Command {
     /// Inspect, export and validate compute graphs.
     #[command(subcommand)]
     Graph(GraphCommand),
+    /// Plan one zoo job: predicted vanilla and planned peaks, events, time.
+    Plan(PlanArgs),
+    /// Simulate jobs sharing one GPU under a policy, against vanilla.
+    Sim(SimArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct PlanArgs {
+    #[command(flatten)]
+    pub(crate) model: ModelArgs,
+    #[command(flatten)]
+    pub(crate) device: DeviceArgs,
+    /// Print JSON.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct DeviceArgs {
+    /// Device profile: a6000, h100, paper, or a JSON profile file.
+    #[arg(long, default_value = "a6000")]
+    pub(crate) device: String,
+    /// Recompute while the jobs' planned peaks add up to more than this (MB).
+    #[arg(long)]
+    pub(crate) budget_mb: Option<u64>,
+    /// Seed of the simulated device's per-op latency bias.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) seed: u64,
+    /// Plan from the true latencies instead of the cold-start estimate.
+    #[arg(long)]
+    pub(crate) exact: bool,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct SimArgs {
+    /// Jobs as MODEL:BATCH, comma separated (e.g. resnet50:16,vgg16:2).
+    #[arg(long, default_value = "resnet50:2,vgg16:2,inception_v3:2")]
+    pub(crate) jobs: String,
+    /// `vanilla` (free after last use) or `tensile`.
+    #[arg(long, default_value = "tensile")]
+    pub(crate) policy: String,
+    #[command(flatten)]
+    pub(crate) device: DeviceArgs,
+    /// Iterations per job.
+    #[arg(long, default_value_t = 10)]
+    pub(crate) iterations: usize,
+    #[command(flatten)]
+    pub(crate) opt: OptimizerArg,
+    /// Turn off the slowdown of kernels that share the GPU.
+    #[arg(long)]
+    pub(crate) no_sharing: bool,
+    /// Print JSON.
+    #[arg(long)]
+    pub(crate) json: bool,
+    /// Draw memory over time (vanilla and planned, per job and total) here.
+    #[arg(long)]
+    pub(crate) plot: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]

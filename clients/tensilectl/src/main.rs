@@ -6,7 +6,9 @@
 mod args;
 mod graph_cmd;
 mod input;
+mod plot;
 mod report;
+mod sim_cmd;
 mod zoo_cmd;
 
 use std::process::ExitCode;
@@ -22,6 +24,8 @@ fn main() -> ExitCode {
         Command::Graph(GraphCommand::Stats(a)) => graph_cmd::stats(&a),
         Command::Graph(GraphCommand::Export(a)) => graph_cmd::export(&a),
         Command::Graph(GraphCommand::Check(a)) => graph_cmd::check(&a),
+        Command::Plan(a) => sim_cmd::plan(&a),
+        Command::Sim(a) => sim_cmd::sim(&a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

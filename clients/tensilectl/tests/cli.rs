@@ -203,3 +203,90 @@ fn usage_errors_are_clear() {
     let out = tensilectl(&["graph", "export", "--model", "vgg16", "--batch", "0"]);
     assert_rejected(&out, "export", "batch size 0 is out of range");
 }
+
+#[test]
+fn plan_prints_the_figures_as_json() {
+    let out = tensilectl(&["plan", "--model", "resnet50", "--batch", "2", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let vanilla = v["vanilla_peak_bytes"].as_u64().unwrap();
+    let planned = v["planned_peak_bytes"].as_u64().unwrap();
+    assert!(planned < vanilla, "{v}");
+    assert!(v["swap_outs"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn sim_with_exact_latencies_and_no_sharing_never_stalls() {
+    let out = tensilectl(&[
+        "sim",
+        "--jobs",
+        "resnet50:2,bert_base:2",
+        "--exact",
+        "--no-sharing",
+        "--iterations",
+        "3",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for key in [
+        "peak_vanilla_bytes",
+        "peak_bytes",
+        "msr",
+        "time_vanilla_s",
+        "time_s",
+        "eor",
+        "cbr",
+        "stall_s",
+        "passive_swaps",
+        "swapped_bytes",
+        "recomputed_ops",
+        "plan_ms",
+    ] {
+        assert!(v["system"].get(key).is_some(), "system.{key} missing: {v}");
+    }
+    assert_eq!(v["system"]["stall_s"].as_f64(), Some(0.0), "{v}");
+    assert_eq!(v["system"]["passive_swaps"].as_u64(), Some(0));
+    for job in v["jobs"].as_array().unwrap() {
+        assert!(
+            job["peak_bytes"].as_u64() < job["peak_vanilla_bytes"].as_u64(),
+            "{job}"
+        );
+        assert_eq!(job["eor"].as_f64(), Some(0.0), "{job}");
+    }
+    // Exact latencies: every job measures exactly its predicted peak, and
+    // the jobs together stay under the sum of their peaks.
+    for job in v["jobs"].as_array().unwrap() {
+        assert_eq!(job["peak_bytes"], job["predicted_peak_bytes"], "{job}");
+    }
+    let global = v["system"]["peak_bytes"].as_u64().unwrap();
+    assert!(
+        global <= v["predicted_sum_of_peaks_bytes"].as_u64().unwrap(),
+        "{v}"
+    );
+}
+
+#[test]
+fn sim_refuses_bad_input_with_a_reason() {
+    for (args, reason) in [
+        (vec!["sim", "--jobs", "resnet50"], "expected MODEL:BATCH"),
+        (vec!["sim", "--jobs", "resnet50:x"], "is not a number"),
+        (vec!["sim", "--jobs", "nope:2"], "unknown model"),
+        (vec!["sim", "--policy", "magic"], "unknown policy"),
+        (vec!["sim", "--device", "tpu9"], "unknown device"),
+        (vec!["sim", "--iterations", "0"], "--iterations"),
+    ] {
+        let out = tensilectl(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains(reason), "{args:?}: {err}");
+    }
+}

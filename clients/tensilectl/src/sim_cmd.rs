@@ -1,0 +1,514 @@
+//! `tensilectl plan` and `tensilectl sim`: plan zoo jobs, and simulate them
+//! sharing one GPU, side by side with vanilla (free after last use).
+
+use std::path::Path;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use serde::Serialize;
+use tensile_executor::replan::EwmaReplanner;
+use tensile_executor::sim::{JobResult, SimConfig, SimJob, SimResult, simulate};
+use tensile_graph::zoo::{self, ZooConfig};
+use tensile_graph::{Graph, Liveness};
+use tensile_latency_model::{DeviceProfile, estimate_latencies, true_latencies};
+use tensile_planner::{CopyModel, EventKind, JobSettings, PlannerConfig};
+
+use crate::args::{DeviceArgs, PlanArgs, SimArgs};
+use crate::input;
+use crate::plot::{Chart, Series, render_svg};
+use crate::report::bytes;
+
+fn device(arg: &str) -> Result<DeviceProfile> {
+    if DeviceProfile::builtin_names().contains(&arg) {
+        return Ok(DeviceProfile::builtin(arg)?);
+    }
+    let path = Path::new(arg);
+    if !path.exists() {
+        bail!(
+            "unknown device {arg:?}: not a built-in profile ({}) and no such file",
+            DeviceProfile::builtin_names().join(", ")
+        );
+    }
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {arg}"))?;
+    DeviceProfile::from_json(&text).with_context(|| arg.to_string())
+}
+
+fn copy_model(p: &DeviceProfile) -> CopyModel {
+    CopyModel {
+        h2d_bytes_per_s: p.h2d_bytes_per_s,
+        d2h_bytes_per_s: p.d2h_bytes_per_s,
+        latency_ns: p.copy_latency_ns,
+        half_duplex: p.is_half_duplex(),
+        // The paper plans every job as if it had the link to itself.
+        shared_by_jobs: !p.is_half_duplex(),
+    }
+}
+
+fn planner_config(p: &DeviceProfile, d: &DeviceArgs) -> PlannerConfig {
+    let mut c = PlannerConfig::new(copy_model(p));
+    c.budget_bytes = d.budget_mb.map(|mb| mb * 1_000_000);
+    c
+}
+
+fn settings(policy: &str, p: &DeviceProfile) -> Result<JobSettings> {
+    let mut s = JobSettings {
+        base_bytes: p.base_bytes,
+        ..JobSettings::default()
+    };
+    match policy {
+        "tensile" => {}
+        "vanilla" => {
+            s.swap = false;
+            s.recompute = false;
+            s.across_iteration = false;
+        }
+        other => bail!("unknown policy {other:?}; known: vanilla, tensile"),
+    }
+    Ok(s)
+}
+
+#[derive(Serialize)]
+struct PlanReport {
+    model: String,
+    batch: u64,
+    device: String,
+    vanilla_peak_bytes: u64,
+    planned_peak_bytes: u64,
+    msr: f64,
+    vanilla_time_s: f64,
+    planned_time_s: f64,
+    swap_outs: usize,
+    swap_ins: usize,
+    releases: usize,
+    recomputed_ops: usize,
+    swapped_bytes: u64,
+    plan_ms: f64,
+    lower_bound_bytes: u64,
+    diagnostics: Vec<String>,
+}
+
+pub(crate) fn plan(a: &PlanArgs) -> Result<()> {
+    let profile = device(&a.device.device)?;
+    let graph = input::zoo_graph(&a.model)?;
+    let lat = if a.device.exact {
+        true_latencies(&graph, &profile, a.device.seed)
+    } else {
+        estimate_latencies(&graph, &profile)
+    };
+    let cfg = planner_config(&profile, &a.device);
+    let input = tensile_planner::JobInput {
+        graph: &graph,
+        latency_ns: lat,
+        settings: settings("tensile", &profile)?,
+    };
+    let t = Instant::now();
+    let mp = tensile_planner::plan(&[input], &cfg)?;
+    let plan_ms = t.elapsed().as_secs_f64() * 1e3;
+    let p = &mp.plans[0];
+    let pr = &p.prediction;
+    let r = PlanReport {
+        model: a.model.model.clone().unwrap_or_default(),
+        batch: a.model.batch,
+        device: profile.name.clone(),
+        vanilla_peak_bytes: pr.vanilla_peak_bytes,
+        planned_peak_bytes: pr.planned_peak_bytes,
+        msr: 1.0 - pr.planned_peak_bytes as f64 / pr.vanilla_peak_bytes.max(1) as f64,
+        vanilla_time_s: pr.vanilla_time_ns as f64 / 1e9,
+        planned_time_s: pr.planned_time_ns as f64 / 1e9,
+        swap_outs: p.count(EventKind::SwapOut),
+        swap_ins: p.count(EventKind::SwapIn),
+        releases: p.count(EventKind::Release),
+        recomputed_ops: pr.recomputed_ops,
+        swapped_bytes: pr.swapped_bytes,
+        plan_ms,
+        lower_bound_bytes: lower_bound(&graph) + profile.base_bytes,
+        diagnostics: mp.diagnostics.iter().map(|d| d.message.clone()).collect(),
+    };
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+    } else {
+        println!("{} batch {} on {}", r.model, r.batch, r.device);
+        println!(
+            "  peak      vanilla {}  planned {}  (msr {:.3}; lower bound {})",
+            bytes(r.vanilla_peak_bytes),
+            bytes(r.planned_peak_bytes),
+            r.msr,
+            bytes(r.lower_bound_bytes)
+        );
+        println!(
+            "  time      vanilla {:.2} ms  planned {:.2} ms",
+            r.vanilla_time_s * 1e3,
+            r.planned_time_s * 1e3
+        );
+        println!(
+            "  events    {} swap-outs, {} swap-ins, {} releases, {} recomputed ops; {} swapped",
+            r.swap_outs,
+            r.swap_ins,
+            r.releases,
+            r.recomputed_ops,
+            bytes(r.swapped_bytes)
+        );
+        println!("  planned in {:.2} ms", r.plan_ms);
+        for d in &r.diagnostics {
+            println!("  note: {d}");
+        }
+    }
+    Ok(())
+}
+
+/// What no plan can go under: persistent storage that no op may have off
+/// the device while it runs, plus the largest working set of any one op.
+fn lower_bound(g: &Graph) -> u64 {
+    let live = Liveness::analyze(g);
+    g.ops()
+        .iter()
+        .map(|op| {
+            let mut seen: Vec<usize> = op
+                .inputs
+                .iter()
+                .chain(&op.outputs)
+                .map(|t| live.storage_of[t.index()].index())
+                .collect();
+            seen.sort_unstable();
+            seen.dedup();
+            seen.iter().map(|&s| live.storages[s].bytes).sum::<u64>()
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+#[derive(Serialize, Default)]
+struct Metrics {
+    name: String,
+    peak_vanilla_bytes: u64,
+    peak_bytes: u64,
+    /// What the planner predicted under its first plan.
+    predicted_peak_bytes: u64,
+    msr: f64,
+    msr_vs_keepall: f64,
+    time_vanilla_s: f64,
+    time_s: f64,
+    eor: f64,
+    /// `null` stands for infinity (no overhead).
+    cbr: Option<f64>,
+    stall_s: f64,
+    passive_swaps: usize,
+    swapped_bytes: u64,
+    recomputed_ops: usize,
+    plan_ms: f64,
+    replans: usize,
+}
+
+impl Metrics {
+    fn finish(&mut self, keepall: u64) {
+        self.msr = 1.0 - self.peak_bytes as f64 / self.peak_vanilla_bytes.max(1) as f64;
+        self.msr_vs_keepall = 1.0 - self.peak_bytes as f64 / keepall.max(1) as f64;
+        self.eor = self.time_s / self.time_vanilla_s.max(1e-12) - 1.0;
+        self.cbr = (self.eor > 1e-9).then(|| self.msr / self.eor);
+    }
+}
+
+#[derive(Serialize)]
+struct SimReport {
+    device: String,
+    policy: String,
+    iterations: usize,
+    seed: u64,
+    jobs: Vec<Metrics>,
+    system: Metrics,
+    predicted_sum_of_peaks_bytes: u64,
+    predicted_aligned_peak_bytes: u64,
+}
+
+/// Mean iteration time after the first (cold-start) iteration.
+fn steady_time_s(r: &JobResult) -> f64 {
+    let its = if r.iterations.len() > 1 {
+        &r.iterations[1..]
+    } else {
+        &r.iterations[..]
+    };
+    let total: u64 = its.iter().map(|i| i.end_ns - i.start_ns).sum();
+    total as f64 / its.len().max(1) as f64 / 1e9
+}
+
+struct Run {
+    result: SimResult,
+    plan_ms: f64,
+    replans: usize,
+    predicted: (u64, u64),
+    /// Each job's predicted peak under its first plan.
+    predicted_peaks: Vec<u64>,
+}
+
+fn run_policy(
+    graphs: &[Graph],
+    lives: &[Liveness],
+    policy: &str,
+    profile: &DeviceProfile,
+    a: &SimArgs,
+) -> Result<Run> {
+    let cfg = planner_config(profile, &a.device);
+    let s = settings(policy, profile)?;
+    let truth: Vec<Vec<u64>> = graphs
+        .iter()
+        .enumerate()
+        .map(|(j, g)| true_latencies(g, profile, a.device.seed.wrapping_add(j as u64)))
+        .collect();
+    let predicted: Vec<Vec<u64>> = if a.device.exact {
+        truth.clone()
+    } else {
+        graphs
+            .iter()
+            .map(|g| estimate_latencies(g, profile))
+            .collect()
+    };
+    let mut replanner = EwmaReplanner::new(
+        graphs.iter().collect(),
+        predicted,
+        vec![s; graphs.len()],
+        cfg,
+    );
+    replanner.enabled = policy != "vanilla";
+    let first = replanner.plan_all()?;
+    let predicted_peaks = first
+        .plans
+        .iter()
+        .map(|p| p.prediction.planned_peak_bytes)
+        .collect();
+    let jobs: Vec<SimJob<'_>> = graphs
+        .iter()
+        .zip(lives)
+        .zip(first.plans)
+        .zip(truth)
+        .map(|(((graph, live), plan), true_ns)| SimJob {
+            graph,
+            live,
+            plan,
+            true_ns,
+            start_ns: 0,
+        })
+        .collect();
+    let sim = SimConfig {
+        iterations: a.iterations,
+        sharing_slowdown: if a.no_sharing {
+            0.0
+        } else {
+            profile.sharing_slowdown
+        },
+        copy: copy_model(profile),
+        base_bytes: profile.base_bytes,
+    };
+    let result = simulate(jobs, &sim, &mut replanner);
+    for (j, r) in result.jobs.iter().enumerate() {
+        if let Some(e) = &r.error {
+            bail!("job {j} ({}): {e}", graphs[j].name());
+        }
+    }
+    let plan_ms = replanner.plan_ns.iter().sum::<u64>() as f64 / 1e6;
+    Ok(Run {
+        result,
+        plan_ms,
+        replans: replanner.replans,
+        predicted: (first.sum_of_peaks_bytes, first.aligned_peak_bytes),
+        predicted_peaks,
+    })
+}
+
+fn parse_jobs(spec: &str, a: &SimArgs) -> Result<Vec<Graph>> {
+    let optimizer = input::optimizer(&a.opt)?;
+    let mut out = Vec::new();
+    for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let (name, batch) = item
+            .split_once(':')
+            .with_context(|| format!("job {item:?}: expected MODEL:BATCH"))?;
+        let batch: u64 = batch
+            .parse()
+            .with_context(|| format!("job {item:?}: batch {batch:?} is not a number"))?;
+        let mut cfg = ZooConfig::new(batch);
+        cfg.optimizer = optimizer;
+        out.push(zoo::build(name, &cfg).with_context(|| format!("job {item:?}"))?);
+    }
+    if out.is_empty() {
+        bail!("--jobs is empty");
+    }
+    Ok(out)
+}
+
+pub(crate) fn sim(a: &SimArgs) -> Result<()> {
+    if a.iterations == 0 || a.iterations > 10_000 {
+        bail!("--iterations must be in 1..=10000, got {}", a.iterations);
+    }
+    let profile = device(&a.device.device)?;
+    let graphs = parse_jobs(&a.jobs, a)?;
+    let lives: Vec<Liveness> = graphs.iter().map(Liveness::analyze).collect();
+    eprintln!("simulating {} jobs: vanilla ...", graphs.len());
+    let vanilla = run_policy(&graphs, &lives, "vanilla", &profile, a)?;
+    eprintln!("simulating {} jobs: {} ...", graphs.len(), a.policy);
+    let run = run_policy(&graphs, &lives, &a.policy, &profile, a)?;
+    let mut jobs = Vec::new();
+    for (j, g) in graphs.iter().enumerate() {
+        let (v, r) = (&vanilla.result.jobs[j], &run.result.jobs[j]);
+        let last = r.iterations.last();
+        let mut m = Metrics {
+            name: g.name().to_string(),
+            peak_vanilla_bytes: v.peak_bytes(),
+            peak_bytes: r.peak_bytes(),
+            predicted_peak_bytes: run.predicted_peaks[j],
+            time_vanilla_s: steady_time_s(v),
+            time_s: steady_time_s(r),
+            stall_s: r.iterations.iter().map(|i| i.stall_ns).sum::<u64>() as f64 / 1e9,
+            passive_swaps: r.iterations.iter().map(|i| i.passive_swaps).sum(),
+            swapped_bytes: last.map_or(0, |i| i.swapped_bytes),
+            recomputed_ops: last.map_or(0, |i| i.recomputed_ops),
+            ..Metrics::default()
+        };
+        m.finish(lives[j].keep_all_footprint().peak + profile.base_bytes);
+        jobs.push(m);
+    }
+    let keepall: u64 = lives
+        .iter()
+        .map(|l| l.keep_all_footprint().peak + profile.base_bytes)
+        .sum();
+    let mut system = Metrics {
+        name: "system".into(),
+        peak_vanilla_bytes: vanilla.result.peak_bytes,
+        peak_bytes: run.result.peak_bytes,
+        time_vanilla_s: vanilla.result.makespan_ns as f64 / 1e9,
+        time_s: run.result.makespan_ns as f64 / 1e9,
+        stall_s: jobs.iter().map(|m| m.stall_s).sum(),
+        passive_swaps: jobs.iter().map(|m| m.passive_swaps).sum(),
+        swapped_bytes: jobs.iter().map(|m| m.swapped_bytes).sum(),
+        recomputed_ops: jobs.iter().map(|m| m.recomputed_ops).sum(),
+        plan_ms: run.plan_ms,
+        replans: run.replans,
+        ..Metrics::default()
+    };
+    system.finish(keepall);
+    let report = SimReport {
+        device: profile.name.clone(),
+        policy: a.policy.clone(),
+        iterations: a.iterations,
+        seed: a.device.seed,
+        jobs,
+        system,
+        predicted_sum_of_peaks_bytes: run.predicted.0,
+        predicted_aligned_peak_bytes: run.predicted.1,
+    };
+    if let Some(path) = &a.plot {
+        let svg = render_svg(&chart(&graphs, &vanilla.result, &run.result, &report));
+        std::fs::write(path, svg).with_context(|| format!("cannot write {}", path.display()))?;
+        eprintln!("memory plot written to {}", path.display());
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_table(&report);
+    }
+    Ok(())
+}
+
+fn print_table(r: &SimReport) {
+    println!(
+        "{} jobs on {}, policy {}, {} iterations (seed {})",
+        r.jobs.len(),
+        r.device,
+        r.policy,
+        r.iterations,
+        r.seed
+    );
+    println!(
+        "{:<28} {:>11} {:>11} {:>7} {:>7} {:>10} {:>10} {:>8} {:>8} {:>7} {:>7}",
+        "job",
+        "vanilla pk",
+        "peak",
+        "msr",
+        "msr/ka",
+        "t vanilla",
+        "t",
+        "eor",
+        "cbr",
+        "stall s",
+        "recomp"
+    );
+    for m in r.jobs.iter().chain(std::iter::once(&r.system)) {
+        println!(
+            "{:<28} {:>11} {:>11} {:>7.3} {:>7.3} {:>9.2}ms {:>8.2}ms {:>8.4} {:>8} {:>7.4} {:>7}",
+            m.name,
+            bytes(m.peak_vanilla_bytes),
+            bytes(m.peak_bytes),
+            m.msr,
+            m.msr_vs_keepall,
+            m.time_vanilla_s * 1e3,
+            m.time_s * 1e3,
+            m.eor,
+            m.cbr.map_or("inf".to_string(), |c| format!("{c:.2}")),
+            m.stall_s,
+            m.recomputed_ops
+        );
+    }
+    println!(
+        "planning: {:.2} ms in all, {} re-plans; predicted global peak: sum of peaks {}, aligned {}",
+        r.system.plan_ms,
+        r.system.replans,
+        bytes(r.predicted_sum_of_peaks_bytes),
+        bytes(r.predicted_aligned_peak_bytes)
+    );
+}
+
+fn chart(graphs: &[Graph], vanilla: &SimResult, run: &SimResult, r: &SimReport) -> Chart {
+    let to_points = |trace: &[(u64, u64)]| -> Vec<(f64, f64)> {
+        trace
+            .iter()
+            .map(|&(t, m)| (t as f64 / 1e9, m as f64))
+            .collect()
+    };
+    let total = |res: &SimResult| -> Vec<(f64, f64)> {
+        let mut changes: Vec<(u64, usize, u64)> = res
+            .jobs
+            .iter()
+            .enumerate()
+            .flat_map(|(j, job)| job.trace.iter().map(move |&(t, m)| (t, j, m)))
+            .collect();
+        changes.sort_by_key(|c| (c.0, c.1));
+        let mut cur = vec![0u64; res.jobs.len()];
+        let mut sum = 0u64;
+        let mut out = Vec::with_capacity(changes.len());
+        for (t, j, m) in changes {
+            sum = sum - cur[j] + m;
+            cur[j] = m;
+            out.push((t as f64 / 1e9, sum as f64));
+        }
+        out
+    };
+    let mut series = vec![
+        Series {
+            label: "total, vanilla".into(),
+            points: total(vanilla),
+            dashed: true,
+        },
+        Series {
+            label: format!("total, {}", r.policy),
+            points: total(run),
+            dashed: false,
+        },
+    ];
+    for (j, g) in graphs.iter().enumerate() {
+        series.push(Series {
+            label: format!("{} vanilla", g.name()),
+            points: to_points(&vanilla.jobs[j].trace),
+            dashed: true,
+        });
+        series.push(Series {
+            label: format!("{} {}", g.name(), r.policy),
+            points: to_points(&run.jobs[j].trace),
+            dashed: false,
+        });
+    }
+    Chart {
+        title: format!(
+            "Memory over time on {}: vanilla (dashed) vs {} (solid)",
+            r.device, r.policy
+        ),
+        series,
+    }
+}

@@ -1,0 +1,8 @@
+//! Integration tests of the latency model: one binary, one module per area.
+
+#![allow(clippy::unwrap_used)] // tests unwrap: a failure is the test failing
+
+mod costs;
+mod latencies;
+mod profile;
+mod util;
