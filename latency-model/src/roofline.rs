@@ -114,13 +114,22 @@ fn base_name(op_type: &str) -> &str {
 /// The class of an op. An op is a view when its type is a known view op or
 /// every output is declared a view of an input.
 pub fn op_class(op: &Op) -> OpClass {
-    let name = base_name(&op.op_type);
     let all_views = !op.outputs.is_empty()
         && (0..op.outputs.len()).all(|i| {
             op.alias_of_output(i)
                 .is_some_and(|a| a.kind == AliasKind::View)
         });
-    if all_views || VIEW_OPS.contains(&name) {
+    if all_views {
+        return OpClass::View;
+    }
+    op_class_of_type(&op.op_type)
+}
+
+/// The class of an op type by its name alone (an op whose outputs are all
+/// declared views is a view whatever its type: see [`op_class`]).
+pub fn op_class_of_type(op_type: &str) -> OpClass {
+    let name = base_name(op_type);
+    if VIEW_OPS.contains(&name) {
         return OpClass::View;
     }
     match name {

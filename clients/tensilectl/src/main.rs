@@ -6,6 +6,7 @@
 mod args;
 mod graph_cmd;
 mod input;
+mod latency_cmd;
 mod plot;
 mod report;
 mod sim_cmd;
@@ -15,7 +16,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-use crate::args::{Cli, Command, GraphCommand};
+use crate::args::{Cli, Command, GraphCommand, LatencyCommand};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -26,6 +27,9 @@ fn main() -> ExitCode {
         Command::Graph(GraphCommand::Check(a)) => graph_cmd::check(&a),
         Command::Plan(a) => sim_cmd::plan(&a),
         Command::Sim(a) => sim_cmd::sim(&a),
+        Command::Latency(LatencyCommand::Profile(a)) => latency_cmd::profile(&a),
+        Command::Latency(LatencyCommand::Train(a)) => latency_cmd::train(&a),
+        Command::Latency(LatencyCommand::Eval(a)) => latency_cmd::eval(&a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

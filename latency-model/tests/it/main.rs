@@ -3,6 +3,8 @@
 #![allow(clippy::unwrap_used)] // tests unwrap: a failure is the test failing
 
 mod costs;
+mod features;
 mod latencies;
+mod predictor;
 mod profile;
 mod util;

@@ -1,0 +1,8 @@
+//! Gives the `tensilectl` binary and its tests an rpath to libtorch (linked
+//! through tensile-latency-model for profiling and training), so they run
+//! without `LD_LIBRARY_PATH`.
+fn main() {
+    if let Ok(lib) = std::env::var("DEP_TCH_LIBTORCH_LIB") {
+        println!("cargo:rustc-link-arg=-Wl,-rpath,{lib}");
+    }
+}

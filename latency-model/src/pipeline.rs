@@ -1,0 +1,141 @@
+//! From a profile to a model directory: split by shape, train one MLP per
+//! op type on the training shapes, export each to ONNX, calibrate the
+//! fallback roofline on the training samples, and write the manifest and
+//! the held-out samples (see [`crate::predict`] for the layout).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use thiserror::Error;
+
+use crate::calibrate::{Base, calibrate, profile_json};
+use crate::dataset::{DatasetError, Sample, write_samples};
+use crate::features::FEATURE_LEN;
+use crate::predict::{MANIFEST_FORMAT, Manifest, ModelEntry};
+use crate::profile::ProfileError;
+use crate::train::{TrainConfig, TrainError, train};
+
+/// What [`train_dir`] did, per op type.
+#[derive(Debug, Clone)]
+pub struct TrainedType {
+    pub op_type: String,
+    pub train_samples: usize,
+    pub heldout_samples: usize,
+    /// Mean absolute error of the standardised log target, last epoch.
+    pub final_loss: f64,
+    pub onnx_bytes: usize,
+}
+
+#[derive(Debug, Error)]
+pub enum PipelineError {
+    #[error(transparent)]
+    Dataset(#[from] DatasetError),
+    #[error(transparent)]
+    Train(#[from] TrainError),
+    #[error("calibrating the fallback roofline: {0}")]
+    Profile(#[from] ProfileError),
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{op_type}: exporting the model: {source}")]
+    Export {
+        op_type: String,
+        #[source]
+        source: tch::TchError,
+    },
+}
+
+/// The file name of an op type's model: `aten::relu_` is `aten__relu_.onnx`.
+pub fn model_file(op_type: &str) -> String {
+    let safe: String = op_type
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("{safe}.onnx")
+}
+
+/// Trains every op type of `samples` and writes the model directory `out`.
+pub fn train_dir(
+    samples: &[Sample],
+    out: &Path,
+    device: &str,
+    base: &Base,
+    config: &TrainConfig,
+    progress: &mut dyn FnMut(&TrainedType),
+) -> Result<Vec<TrainedType>, PipelineError> {
+    let io = |path: &Path| {
+        let path = path.to_owned();
+        move |source| PipelineError::Io { path, source }
+    };
+    std::fs::create_dir_all(out).map_err(io(out))?;
+    let mut by_type: BTreeMap<&str, (Vec<&Sample>, usize)> = BTreeMap::new();
+    let mut heldout = Vec::new();
+    let mut training = Vec::new();
+    for s in samples {
+        let entry = by_type.entry(s.op_type.as_str()).or_default();
+        if s.is_held_out() {
+            heldout.push(s.clone());
+            entry.1 += 1;
+        } else {
+            entry.0.push(s);
+            training.push(s.clone());
+        }
+    }
+    let mut done = Vec::new();
+    let mut entries = Vec::new();
+    for (op_type, (train_set, n_held)) in by_type {
+        if train_set.is_empty() {
+            continue;
+        }
+        let net = train(&train_set, config)?;
+        let export = |source| PipelineError::Export {
+            op_type: op_type.to_owned(),
+            source,
+        };
+        let bytes = crate::onnx::export(&net.to_mlp().map_err(export)?);
+        let file = model_file(op_type);
+        let path = out.join(&file);
+        std::fs::write(&path, &bytes).map_err(io(&path))?;
+        let t = TrainedType {
+            op_type: op_type.to_owned(),
+            train_samples: train_set.len(),
+            heldout_samples: n_held,
+            final_loss: net.final_loss,
+            onnx_bytes: bytes.len(),
+        };
+        progress(&t);
+        entries.push(ModelEntry {
+            op_type: op_type.to_owned(),
+            file,
+            train_samples: t.train_samples,
+            heldout_samples: n_held,
+        });
+        done.push(t);
+    }
+    let (profile, _) = calibrate(base, &training)?;
+    let roofline = out.join("roofline.json");
+    std::fs::write(&roofline, profile_json(&profile)).map_err(io(&roofline))?;
+    write_samples(&out.join("heldout.jsonl"), &heldout)?;
+    let manifest = Manifest {
+        format: MANIFEST_FORMAT.into(),
+        device: device.into(),
+        feature_len: FEATURE_LEN,
+        roofline: "roofline.json".into(),
+        heldout: "heldout.jsonl".into(),
+        models: entries,
+    };
+    let path = out.join("manifest.json");
+    let mut text = serde_json::to_string_pretty(&manifest).unwrap_or_default();
+    text.push('\n');
+    std::fs::write(&path, text).map_err(io(&path))?;
+    Ok(done)
+}
