@@ -7,7 +7,8 @@
 //!   times a fixed, seeded per-op bias, standing in for everything the
 //!   roofline misses (kernel choice, tile quantisation, caches);
 //! - [`estimate_latencies`]: the deliberately imperfect cold-start estimate
-//!   the scheduler uses until the learned predictor exists.
+//!   the scheduler uses until it plans from the learned predictor
+//!   ([`crate::predict`]).
 //!
 //! Views launch no kernel and take 0 ns in all three; every other op takes
 //! at least 1 ns.
@@ -58,7 +59,7 @@ pub fn true_latencies(graph: &Graph, profile: &DeviceProfile, seed: u64) -> Vec<
         .collect()
 }
 
-/// The cold-start estimate of every op: the same FLOPs and bytes, but one
+/// The crude cold-start estimate of every op: the same FLOPs and bytes, but one
 /// flat efficiency ([`DeviceProfile::estimate_efficiency`]) of both peaks for
 /// every kernel class, and no bias. Its total over a training iteration is
 /// in the right range, but it is wrong per op, by tens of percent and in

@@ -3,7 +3,8 @@
 //! `build.rs`). The graph computes, for `features: float[n, 32]`,
 //!
 //! ```text
-//! Sub(features, mean) -> Div(std) -> Gemm(W1, b1, transB) -> Relu -> ...
+//! Sub(features, mean) -> Div(std) -> Clip(-3, 3) -> Gemm(W1, b1, transB)
+//!   -> Relu -> ...
 //!   -> Gemm(Wn, bn, transB) -> Clip(lo, hi) = ln_ns: float[n, 1]
 //! ```
 //!
@@ -42,7 +43,17 @@ pub fn export(mlp: &Mlp) -> Vec<u8> {
         tensor("std", &[1, mlp.std.len() as i64], &mlp.std),
     ];
     nodes.push(node("sub", "Sub", &[INPUT, "mean"], "centred", vec![]));
-    nodes.push(node("div", "Div", &["centred", "std"], "h0", vec![]));
+    nodes.push(node("div", "Div", &["centred", "std"], "scaled", vec![]));
+    let clip = crate::train::INPUT_CLIP as f32;
+    inits.push(tensor("xlo", &[], &[-clip]));
+    inits.push(tensor("xhi", &[], &[clip]));
+    nodes.push(node(
+        "xclip",
+        "Clip",
+        &["scaled", "xlo", "xhi"],
+        "h0",
+        vec![],
+    ));
     let last = mlp.layers.len().saturating_sub(1);
     for (i, l) in mlp.layers.iter().enumerate() {
         let (w, b) = (format!("w{i}"), format!("b{i}"));

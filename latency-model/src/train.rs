@@ -61,6 +61,13 @@ pub struct Mlp {
     pub clamp: (f32, f32),
 }
 
+/// Normalised features are clipped to `[-INPUT_CLIP, INPUT_CLIP]` standard
+/// deviations, in training and in the ONNX graph: a feature rare in training
+/// (VGG's conv bias among mostly bias-free convolutions) otherwise lands far
+/// out and the MLP extrapolates it wildly (held-out conv MAPE 21% -> 19%,
+/// mm 73% -> 63% in a side experiment).
+pub const INPUT_CLIP: f64 = 3.0;
+
 /// Predictions are clipped to the training targets' range widened by this
 /// much of `ln(ns)` (a factor of 4 either way): an MLP extrapolates
 /// exponentially badly, and a shape far outside the training set is better
@@ -135,7 +142,10 @@ fn fit(
     let y_lo = f64::from(ys.iter().copied().fold(f32::INFINITY, f32::min)) - CLAMP_MARGIN;
     let y_hi = f64::from(ys.iter().copied().fold(f32::NEG_INFINITY, f32::max)) + CLAMP_MARGIN;
     let y_std = y.f_std(false)?.f_double_value(&[])?.max(1e-3);
-    let xn = x.f_sub(&mean)?.f_div(&std)?;
+    let xn = x
+        .f_sub(&mean)?
+        .f_div(&std)?
+        .f_clamp(-INPUT_CLIP, INPUT_CLIP)?;
     let yn = y.f_sub_scalar(y_mean)?.f_div_scalar(y_std)?;
 
     let vs = nn::VarStore::new(Device::Cpu);
@@ -189,7 +199,10 @@ impl TrainedNet {
         let _guard = tch::no_grad_guard();
         let n = (features.len() / FEATURE_LEN) as i64;
         let x = Tensor::from_slice(features).f_view([n, FEATURE_LEN as i64])?;
-        let xn = x.f_sub(&self.mean)?.f_div(&self.std)?;
+        let xn = x
+            .f_sub(&self.mean)?
+            .f_div(&self.std)?
+            .f_clamp(-INPUT_CLIP, INPUT_CLIP)?;
         let y = run_layers(&self.layers, &xn)
             .f_mul_scalar(self.y_std)?
             .f_add_scalar(self.y_mean)?

@@ -56,13 +56,16 @@ pub(crate) struct ProfileArgs {
     #[arg(long, default_value_t = 64)]
     pub(crate) resolution: u64,
     /// Extra builds of every zoo model at a random batch and resolution.
-    #[arg(long, default_value_t = 6)]
+    #[arg(long, default_value_t = 8)]
     pub(crate) random_builds: usize,
+    /// Small random networks (conv blocks, MLPs) for shapes off the zoo.
+    #[arg(long, default_value_t = 300)]
+    pub(crate) random_nets: usize,
     /// Background load levels (other threads running kernels), comma separated.
     #[arg(long, default_value = "0,1")]
     pub(crate) loads: String,
     /// Timed runs per kernel (after warm-up); the median is kept.
-    #[arg(long, default_value_t = 7)]
+    #[arg(long, default_value_t = 5)]
     pub(crate) repeats: u32,
     /// Stop after this many seconds (rerun to resume).
     #[arg(long, default_value_t = 600)]

@@ -29,6 +29,7 @@ pub(crate) fn profile(a: &ProfileArgs) -> Result<()> {
         batches: list(&a.batches).context("--batches")?,
         resolution: (a.resolution > 0).then_some(a.resolution),
         random_builds: a.random_builds,
+        random_nets: a.random_nets,
         loads: list(&a.loads).context("--loads")?,
         repeats: a.repeats.max(1),
         time_limit: Duration::from_secs(a.max_seconds),

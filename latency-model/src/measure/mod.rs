@@ -1,7 +1,8 @@
 //! Profiling real kernels through tch: the grid of shapes (every kernel op of
 //! the zoo models at several batch sizes, plus the zoo architectures at
 //! random batch sizes and resolutions), deduplicated by op type and
-//! features, timed under several background-load levels with warm-up,
+//! features, plus small random networks (conv blocks and MLPs of random
+//! sizes) for shapes no zoo model has, timed under several background-load levels with warm-up,
 //! repeats and the median, appended to a JSON Lines file as measured, so an
 //! interrupted run resumes where it stopped.
 //!
@@ -20,8 +21,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use tch::{Device, Kind, Tensor};
-use tensile_graph::Graph;
+use tensile_graph::builder::{Builder, Optimizer};
 use tensile_graph::zoo::{self, ZooConfig};
+use tensile_graph::{DType, Graph};
 use thiserror::Error;
 
 pub use kernels::{KernelError, SUPPORTED, is_supported};
@@ -47,6 +49,9 @@ pub struct ProfileConfig {
     pub resolution: Option<u64>,
     /// Extra zoo builds at a random batch (1 to 4) and resolution.
     pub random_builds: usize,
+    /// Small random networks (a conv block, pooling and an MLP head, or an
+    /// MLP on a random number of rows): shapes no zoo model has.
+    pub random_nets: usize,
     /// Background load levels.
     pub loads: Vec<u32>,
     pub warmup: u32,
@@ -67,10 +72,11 @@ impl Default for ProfileConfig {
             device: BenchDevice::Cpu,
             batches: vec![1, 2, 4],
             resolution: Some(64),
-            random_builds: 6,
+            random_builds: 8,
+            random_nets: 300,
             loads: vec![0, 1],
             warmup: 2,
-            repeats: 7,
+            repeats: 5,
             slow_run: Duration::from_millis(100),
             time_limit: Duration::from_secs(600),
             threads: 1,
@@ -151,15 +157,23 @@ pub fn grid(config: &ProfileConfig) -> Result<Grid, ProfileError> {
             builds.push((m.name, batch, res));
         }
     }
-    let mut graphs = Vec::new();
-    let mut cases = Vec::new();
-    let mut seen = HashSet::new();
-    let mut skipped = Vec::new();
+    let mut built = Vec::new();
     for (name, batch, res) in builds {
         let source = format!("{name}@{batch}x{res}");
         let mut cfg = ZooConfig::new(batch);
         cfg.resolution = Some(res);
-        let g = match zoo::build(name, &cfg) {
+        built.push((source, zoo::build(name, &cfg).map_err(|e| e.to_string())));
+    }
+    for i in 0..config.random_nets {
+        let (source, g) = random_net(&mut rng, i);
+        built.push((source, g.map_err(|e| e.to_string())));
+    }
+    let mut graphs = Vec::new();
+    let mut cases = Vec::new();
+    let mut seen = HashSet::new();
+    let mut skipped = Vec::new();
+    for (source, g) in built {
+        let g = match g {
             Ok(g) => g,
             Err(e) => {
                 skipped.push(format!("{source}: {e}"));
@@ -363,6 +377,51 @@ impl Drop for Background {
             let _ = t.join();
         }
     }
+}
+
+/// A small random network: even `i`, a conv block (conv, batch norm, ReLU,
+/// max pooling) on a random image, global pooling and a two-layer MLP head;
+/// odd `i`, a two-layer MLP on a random number of rows.
+fn random_net(rng: &mut u64, i: usize) -> (String, Result<Graph, tensile_graph::GraphError>) {
+    let mut pick = |xs: &[u64]| xs[(next(rng) % xs.len() as u64) as usize];
+    let widths = [8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 384, 512];
+    let mut b = Builder::new(format!("random{i}"));
+    let (source, features, rows) = if i.is_multiple_of(2) {
+        let batch = pick(&[1, 2, 3, 4, 6, 8]);
+        let c = pick(&[3, 8, 16, 32, 64, 128, 256]);
+        let hw = pick(&[8, 12, 14, 16, 24, 28, 32, 48, 56, 64, 96]);
+        let k = pick(&[1, 3, 5, 7]);
+        let stride = pick(&[1, 1, 2]);
+        let out = pick(&widths);
+        let bias = pick(&[0, 1]) == 1;
+        let x = b.input("x", vec![batch, c, hw, hw], DType::F32);
+        let y = b.conv2d("conv", x, out, [k, k], [stride; 2], [k / 2; 2], 1, bias);
+        let y = b.batch_norm("bn", y, 1e-5);
+        let y = b.relu_("relu", y);
+        let y = b.max_pool2d("pool", y, pick(&[2, 3]), 2, 0, true);
+        let y = b.adaptive_avg_pool2d("gap", y, [1, 1]);
+        let y = b.flatten("flatten", y);
+        let source = format!("random-conv{i}@{batch}x{c}x{hw}k{k}s{stride}o{out}");
+        (source, y, batch)
+    } else {
+        let rows = pick(&[1, 2, 4, 8, 16, 32, 64, 128, 256, 512]);
+        let k = pick(&widths) * pick(&[1, 2, 4]);
+        let x = b.input("x", vec![rows, k], DType::F32);
+        (format!("random-mlp{i}@{rows}x{k}"), x, rows)
+    };
+    let hidden = pick(&widths) * pick(&[1, 2, 4, 8]);
+    let classes = pick(&[2, 10, 100, 1000]);
+    let h = b.linear("fc1", features, hidden, true);
+    let h = b.relu("act", h);
+    let logits = b.linear("fc2", h, classes, pick(&[0, 1]) == 1);
+    let target = b.input("target", vec![rows], DType::I64);
+    let loss = b.cross_entropy("loss", logits, target);
+    let opt = if pick(&[0, 1]) == 1 {
+        Optimizer::adam()
+    } else {
+        Optimizer::sgd()
+    };
+    (source, b.finish(loss, opt))
 }
 
 /// xorshift64: the grid's random builds, reproducible from the seed.
