@@ -290,3 +290,65 @@ fn sim_refuses_bad_input_with_a_reason() {
         assert!(err.contains(reason), "{args:?}: {err}");
     }
 }
+
+#[test]
+fn latency_eval_json_scores_the_shipped_models() {
+    let out = tensilectl(&["latency", "eval", "--json", "--batch", "2"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let per = v["per_op_type"].as_object().unwrap();
+    let conv = &per["aten::convolution"];
+    assert!(conv["samples"].as_u64().unwrap() > 0);
+    assert!(conv["mape"].as_f64().unwrap().is_finite());
+    assert_eq!(conv["source"], "model");
+    let ms = v["predict_ms_per_model"].as_object().unwrap();
+    assert!(ms["resnet50"].as_f64().unwrap() > 0.0);
+    assert!(
+        v["model_bytes"].as_u64().unwrap() < 10 << 20,
+        "shipped models under 10 MB"
+    );
+}
+
+#[test]
+fn latency_eval_without_onnx_runtime_is_a_clear_error() {
+    let out = tensilectl(&[
+        "latency",
+        "eval",
+        "--ort-lib",
+        "/nonexistent/libonnxruntime.so",
+    ]);
+    assert_rejected(
+        &out,
+        "ort",
+        "cannot load ONNX Runtime from /nonexistent/libonnxruntime.so",
+    );
+}
+
+#[test]
+fn latency_profile_on_cuda_without_a_gpu_is_a_clear_error() {
+    if std::path::Path::new("/dev/nvidia0").exists() {
+        return; // a GPU host profiles CUDA for real
+    }
+    let out_file = std::env::temp_dir().join(format!("tensile-cuda-{}.jsonl", std::process::id()));
+    let out = tensilectl(&[
+        "latency",
+        "profile",
+        "--device",
+        "cuda",
+        "--out",
+        out_file.to_str().unwrap(),
+        "--batches",
+        "1",
+        "--random-builds",
+        "0",
+        "--random-nets",
+        "0",
+    ]);
+    let _ = std::fs::remove_file(&out_file);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("no CUDA device"),
+        "{}",
+        text(&out.stderr)
+    );
+}
