@@ -140,6 +140,7 @@ pub fn simulate(
                         }
                     }
                     Ok(Next::WaitUntil(t)) => Run::Idle(t.max(now + u64::from(t <= now))),
+                    Ok(Next::IterationDone) => Run::Idle(now),
                     Ok(Next::Done) => Run::Done,
                     Err(e) => {
                         errors[j] = Some(e);
