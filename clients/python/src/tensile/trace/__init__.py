@@ -49,19 +49,23 @@ def trace_training_step(
     loss_fn: LossFn = classification_loss,
     optimizer_kwargs: dict[str, Any] | None = None,
     name: str = "model",
+    device: str = "cpu",
 ) -> dict[str, Any]:
     """Traces one training iteration and returns its graph as a JSON-ready dict.
 
     ``model`` is a module or, better, a function that builds one (it is then
     built under fake mode and allocates nothing). ``target`` defaults to class
-    indices, one per sample of the first input. Raises :class:`TraceError`
+    indices, one per sample of the first input. ``device`` (``cpu`` or
+    ``cuda``, which needs a CUDA device for autograd) is where a built
+    model's fake tensors live.
+    Raises :class:`TraceError`
     naming the module when the model cannot be traced.
     """
     if not inputs:
         raise TraceError("at least one input spec is needed")
     if target is None:
         target = InputSpec("target", (inputs[0].shape[0],), torch.int64)
-    captured = capture(model, optimizer, optimizer_kwargs, loss_fn, inputs, target, name)
+    captured = capture(model, optimizer, optimizer_kwargs, loss_fn, inputs, target, name, device)
     graph = to_graph(captured)
     produced = {t for op in graph["ops"] for t in op["outputs"]}
     traced = sum(

@@ -36,6 +36,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="per-sample input shape, comma-separated (default 3,R,R); e.g. 128 for 128 token ids",
     )
     p.add_argument("--input-dtype", choices=sorted(_DTYPES), default="f32")
+    p.add_argument(
+        "--device",
+        choices=["cuda", "cpu"],
+        default="cpu",
+        help="device whose ATen ops are recorded (default cpu; cuda needs a CUDA device for autograd, "
+        "but tensors stay fake and allocate nothing)",
+    )
     p.add_argument("--name", help="graph name (default MODEL_bB_OPTIMIZER)")
     p.add_argument("-o", "--output", help="output file (default: stdout)")
     p.add_argument("--compact", action="store_true", help="one-line JSON")
@@ -62,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
             opt_kwargs["lr"] = args.lr
         graph_name = args.name or f"{name}_b{args.batch}_{args.optimizer}"
         graph = trace_training_step(
-            factory, opt_cls, inputs, optimizer_kwargs=opt_kwargs, name=graph_name
+            factory, opt_cls, inputs, optimizer_kwargs=opt_kwargs, name=graph_name, device=args.device
         )
     except TraceError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -97,31 +97,69 @@ def capture(
     inputs: Sequence[InputSpec],
     target: InputSpec,
     name: str = "model",
+    device: str = "cpu",
 ) -> Captured:
     """Traces one iteration: ``loss_fn(model(*inputs), target)``, backward, step.
 
     ``model`` is either a factory (called under fake mode, so building even a
     large model allocates nothing) or a module, whose parameters and buffers
     are then replaced by fake copies for the duration of the trace.
+
+    ``device`` is where the fake tensors of a built model live. ``cpu`` (the
+    default) needs no GPU. ``cuda`` records the ATen ops a GPU runs, which
+    differ from the CPU's for a few layers (dropout is one fused op on CUDA, a
+    bernoulli mask and two products on the CPU); tensors stay fake, but
+    PyTorch's autograd engine needs a CUDA device to run the backward pass.
     """
     fake = FakeTensorMode()
-    with fake:
-        if isinstance(model, nn.Module):
-            module = model
-            swap = _fake_state(fake, module)
-        else:
+    if isinstance(model, nn.Module):
+        module = model
+        swap = _fake_state(fake, module)
+    else:
+        # Built on the meta device (no memory, and deepcopy inside builders
+        # works there), then given fake parameters and buffers of our mode.
+        with torch.device("meta"):
             module = model()
-            if not isinstance(module, nn.Module):
-                raise TraceError(f"the model factory returned {type(module).__name__}, not an nn.Module")
-            swap = {}
+        if not isinstance(module, nn.Module):
+            raise TraceError(f"the model factory returned {type(module).__name__}, not an nn.Module")
+        _materialize(fake, module, device)
+        swap = {}
     with torch.nn.utils.stateless._reparametrize_module(module, swap, tie_weights=True):
-        return _capture_module(fake, module, optimizer, optimizer_kwargs or {}, loss_fn, inputs, target, name)
+        dev = device if swap == {} else _device_of(module)
+        return _capture_module(fake, module, optimizer, optimizer_kwargs or {}, loss_fn, inputs, target, name, dev)
+
+
+def _device_of(module: nn.Module) -> str:
+    for t in module.parameters():
+        return str(t.device)
+    return "cpu"
+
+
+def _materialize(fake: FakeTensorMode, module: nn.Module, device: str) -> None:
+    """Replaces meta parameters and buffers by fake ones, keeping tied ones tied."""
+    memo: dict[int, torch.Tensor] = {}
+
+    def fresh(t: torch.Tensor) -> torch.Tensor:
+        if id(t) not in memo:
+            with fake:
+                new = torch.empty(t.shape, dtype=t.dtype, device=device)
+            memo[id(t)] = nn.Parameter(new, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else new
+        return memo[id(t)]
+
+    for m in module.modules():
+        for key, p in m._parameters.items():
+            if p is not None:
+                m._parameters[key] = fresh(p)
+        for key, b in m._buffers.items():
+            if b is not None:
+                m._buffers[key] = fresh(b)
 
 
 def _fake_state(fake: FakeTensorMode, module: nn.Module) -> dict[str, torch.Tensor]:
     state: dict[str, torch.Tensor] = {}
     for n, p in module.named_parameters():
-        t = fake.from_tensor(p.detach())
+        with torch.no_grad():
+            t = fake.from_tensor(p)
         state[n] = nn.Parameter(t, requires_grad=p.requires_grad)
     for n, b in module.named_buffers():
         state[n] = fake.from_tensor(b)
@@ -137,14 +175,15 @@ def _capture_module(
     inputs: Sequence[InputSpec],
     target: InputSpec,
     name: str,
+    device: str,
 ) -> Captured:
     module.train()
     named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
     if not named:
         raise TraceError(f"{type(module).__name__} has no trainable parameters")
     with fake:
-        batch = [torch.empty(s.shape, dtype=s.dtype) for s in inputs]
-        labels = torch.empty(target.shape, dtype=target.dtype)
+        batch = [torch.empty(s.shape, dtype=s.dtype, device=device) for s in inputs]
+        labels = torch.empty(target.shape, dtype=target.dtype, device=device)
         opt = _make_optimizer(optimizer_cls, [p for _, p in named], optimizer_kwargs)
         _init_optimizer_state(opt, [p for _, p in named])
 
@@ -234,6 +273,7 @@ class _ModuleTracker:
         self.phase = "forward pass"
         self.grad_fn: Any = None
         self.model_type = type(model).__name__
+        self.types = {path: type(m).__name__ for path, m in model.named_modules()}
         self.handles: list[Any] = []
         for path, m in model.named_modules():
             self.handles.append(m.register_forward_pre_hook(functools.partial(self._enter, path)))
@@ -306,12 +346,15 @@ class _ModuleTracker:
             where = f"the backward of {self.grad_fn.name()}"
             module = innermost_module(self.calls, self.grad_fn._sequence_nr())
             if module is not None:
-                where += f" (created in module {module or '<root>'!r})"
+                where += f" (created in module {module or '<root>'!r} ({self.types.get(module, '?')}))"
         elif self.stack:
             path, module, _ = self.stack[-1]
             where = f"module {path or '<root>'!r} ({type(module).__name__}) in the forward pass"
         else:
             where = f"the {self.phase} (outside any module of {self.model_type})"
+        function = _autograd_function_frame(e)
+        if function is not None:
+            where += f", in custom autograd function {function}"
         return f"cannot trace {where}: {why} [{reason}]"
 
 
@@ -323,6 +366,19 @@ def innermost_module(calls: list[tuple[int, int, str]], seq: int) -> str | None:
         if start <= seq < end and (best is None or start >= best[0]):
             best = (start, path)
     return None if best is None else best[1]
+
+
+def _autograd_function_frame(e: BaseException) -> str | None:
+    """``Class.forward`` or ``Class.backward`` of the innermost custom autograd
+    function the failure passed through (their methods take ``ctx``)."""
+    found = None
+    tb = e.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if code.co_name in ("forward", "backward", "setup_context") and "ctx" in code.co_varnames[:2]:
+            found = code.co_qualname
+        tb = tb.tb_next
+    return found
 
 
 def _is_data_dependent(e: BaseException) -> bool:

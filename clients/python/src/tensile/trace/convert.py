@@ -13,8 +13,9 @@ The rules follow ``graph/src/json.rs`` and ``graph/src/validate.rs``:
   the schema, and the phase the one its ``record_function`` mark opened.
 * Aliasing comes from the op schemas: a return annotated ``Tensor(a!)`` is an
   in-place output of the argument in alias set ``a``; ``Tensor(a)`` is a view.
-  An argument written in place but not returned (a batch norm's running
-  statistics) gets an extra in-place output, so that every mutation is a new
+  An argument written in place but not returned (``out=`` arguments, and a
+  batch norm's running statistics, which ``native_batch_norm``'s schema does
+  not even mark as written) gets an extra in-place output, so that every mutation is a new
   version of the tensor. Later reads go to the newest version, which is what
   the program reads and what validation demands (an overwritten version is
   never read again). Views and versions share their root's storage, so bytes
@@ -53,6 +54,13 @@ DTYPES: dict[torch.dtype, str] = {
 _PHASE_KIND = {"forward": "activation", "backward": "gradient", "optimizer": "workspace"}
 _PERSISTENT = ("parameter", "buffer", "optimizer_state")
 _SKIPPED = {"aten::_local_scalar_dense"}
+# Ops that write arguments their schema does not mark as written: batch norm
+# in training updates its running statistics in place.
+_UNANNOTATED_WRITES = {
+    "aten::native_batch_norm": ("running_mean", "running_var"),
+    "aten::cudnn_batch_norm": ("running_mean", "running_var"),
+    "aten::miopen_batch_norm": ("running_mean", "running_var"),
+}
 _MAX_ATTR_LEN = 4096
 
 
@@ -172,7 +180,7 @@ class _Converter:
         inputs: list[int] = []
         arg_inputs: dict[str, list[int]] = {}  # argument name -> input indices
         attrs: dict[str, Any] = {}
-        written: list[tuple[str, Any]] = []  # (alias set, argument) written in place
+        written: list[tuple[Any, str]] = []  # (alias info, argument) written in place
         for i, arg in enumerate(schema.arguments):
             if i < len(node.args):
                 value = node.args[i]
@@ -195,6 +203,8 @@ class _Converter:
             arg_inputs[arg.name] = idx
             if arg.alias_info is not None and arg.alias_info.is_write:
                 written.append((arg.alias_info, arg.name))
+        if attrs.get("training") is True:
+            written += [(None, a) for a in _UNANNOTATED_WRITES.get(schema.name, ()) if a in arg_inputs]
         if target._overloadname != "default":
             attrs["overload"] = target._overloadname
 
@@ -246,7 +256,7 @@ class _Converter:
             env.append(tid)
         # Arguments written in place but not returned get a new version too.
         for alias_info, arg_name in written:
-            if covered.intersection(alias_info.before_set):
+            if alias_info is not None and covered.intersection(alias_info.before_set):
                 continue
             for base_idx in arg_inputs.get(arg_name, []):
                 base = inputs[base_idx]
