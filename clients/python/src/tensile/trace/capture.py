@@ -76,8 +76,8 @@ class Captured:
     gm: torch.fx.GraphModule
     #: Initial tensors in graph order (inputs, parameters, buffers, state).
     initial: list[tuple[torch.Tensor, Role]]
-    #: ``(first sequence number, end, module path)`` of every module call.
-    module_calls: list[tuple[int, int, str]]
+    #: ``(first sequence number, end, depth, module path)`` of every module call.
+    module_calls: list[tuple[int, int, int, str]]
     #: Trainable parameter elements, ``sum(p.numel())``.
     param_count: int
 
@@ -269,7 +269,7 @@ class _ModuleTracker:
 
     def __init__(self, model: nn.Module) -> None:
         self.stack: list[tuple[str, nn.Module, int]] = []
-        self.calls: list[tuple[int, int, str]] = []
+        self.calls: list[tuple[int, int, int, str]] = []
         self.phase = "forward pass"
         self.grad_fn: Any = None
         self.model_type = type(model).__name__
@@ -287,7 +287,7 @@ class _ModuleTracker:
         if not self.stack or self.stack[-1][0] != path:
             return  # a module re-entered oddly; keep the stack we have
         _, _, start = self.stack.pop()
-        self.calls.append((start, torch.autograd._get_sequence_nr(), path))
+        self.calls.append((start, torch.autograd._get_sequence_nr(), len(self.stack), path))
         self._set_meta({"module": self.stack[-1][0]} if self.stack else {})
 
     def leave_model(self) -> None:
@@ -358,14 +358,15 @@ class _ModuleTracker:
         return f"cannot trace {where}: {why} [{reason}]"
 
 
-def innermost_module(calls: list[tuple[int, int, str]], seq: int) -> str | None:
+def innermost_module(calls: list[tuple[int, int, int, str]], seq: int) -> str | None:
     """The innermost module call whose sequence-number range holds ``seq``:
-    module calls nest, so it is the containing one that started last."""
-    best: tuple[int, str] | None = None
-    for start, end, path in calls:
-        if start <= seq < end and (best is None or start >= best[0]):
-            best = (start, path)
-    return None if best is None else best[1]
+    module calls nest, so it is the containing one that started last, and of
+    calls that started at the same number, the deepest."""
+    best: tuple[int, int, str] | None = None
+    for start, end, depth, path in calls:
+        if start <= seq < end and (best is None or (start, depth) > best[:2]):
+            best = (start, depth, path)
+    return None if best is None else best[2]
 
 
 def _autograd_function_frame(e: BaseException) -> str | None:
