@@ -324,6 +324,8 @@ class _Converter:
         if module is None and "seq" in custom:
             owner = self.c.module_of_seq(custom["seq"])
             module = f"{owner or 'model'}.backward" if owner is not None else "loss.backward"
+        if module is None and self.phase == "backward":
+            module = "backward"  # the seed, and gradients summed by the engine
         return f"{module}.{node.name}" if module else node.name
 
 
