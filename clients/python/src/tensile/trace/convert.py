@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 from torch.fx import Node
+from torch.utils._python_dispatch import get_alias_info
 
 from tensile.trace.capture import BACKWARD_MARK, OPTIMIZER_MARK, Captured, TraceError
 
@@ -180,7 +181,8 @@ class _Converter:
         inputs: list[int] = []
         arg_inputs: dict[str, list[int]] = {}  # argument name -> input indices
         attrs: dict[str, Any] = {}
-        written: list[tuple[Any, str]] = []  # (alias info, argument) written in place
+        written: list[tuple[set[str], str]] = []  # (alias set, argument) written in place
+        arg_alias, out_alias = _aliasing(target)
         for i, arg in enumerate(schema.arguments):
             if i < len(node.args):
                 value = node.args[i]
@@ -201,10 +203,10 @@ class _Converter:
                     inputs.append(tid)
                 idx.append(inputs.index(tid))
             arg_inputs[arg.name] = idx
-            if arg.alias_info is not None and arg.alias_info.is_write:
-                written.append((arg.alias_info, arg.name))
+            if arg_alias[arg.name].is_write:
+                written.append((arg_alias[arg.name].alias_set, arg.name))
         if attrs.get("training") is True:
-            written += [(None, a) for a in _UNANNOTATED_WRITES.get(schema.name, ()) if a in arg_inputs]
+            written += [(set(), a) for a in _UNANNOTATED_WRITES.get(schema.name, ()) if a in arg_inputs]
         if target._overloadname != "default":
             attrs["overload"] = target._overloadname
 
@@ -214,24 +216,23 @@ class _Converter:
         covered: set[str] = set()
         val = node.meta.get("val")
         returns = list(schema.returns)
-        if len(returns) == 1 and isinstance(val, (list, tuple)) and str(returns[0].type).endswith("[]"):
-            values = [(returns[0], v) for v in val]  # one Tensor[] return
+        if len(returns) == 1 and isinstance(returns[0].type, torch.ListType):
+            values = [(out_alias[0], v) for v in val]  # one Tensor[] return
             env_is_list = True
         elif len(returns) == 1:
-            values = [(returns[0], val)]
+            values = [(out_alias[0], val)]
             env_is_list = False
         else:
-            values = list(zip(returns, val if isinstance(val, (list, tuple)) else [val]))
+            values = list(zip(out_alias, val if isinstance(val, (list, tuple)) else [val]))
             env_is_list = True
         env: list[int | None] = []
         multi = sum(isinstance(v, torch.Tensor) for _, v in values) > 1
-        for k, (ret, v) in enumerate(values):
+        for k, (alias, v) in enumerate(values):
             if not isinstance(v, torch.Tensor):
                 env.append(None)
                 continue
             tname = f"{name}.{k}" if multi else name
-            alias = ret.alias_info
-            base_idx = self.aliased_input(alias, schema, arg_inputs) if alias is not None else None
+            base_idx = self.aliased_input(alias.alias_set, arg_alias, arg_inputs)
             if base_idx is None:
                 tid = self.new_tensor(tname, v, _PHASE_KIND[self.phase])
             else:
@@ -251,12 +252,12 @@ class _Converter:
                     aliases.append({"output": len(outputs), "input": base_idx, "kind": kind})
                     if in_place:
                         self.newer[base] = tid
-                        covered.update(alias.before_set)
+                        covered.update(alias.alias_set)
             outputs.append(tid)
             env.append(tid)
         # Arguments written in place but not returned get a new version too.
-        for alias_info, arg_name in written:
-            if alias_info is not None and covered.intersection(alias_info.before_set):
+        for alias_set, arg_name in written:
+            if covered.intersection(alias_set):
                 continue
             for base_idx in arg_inputs.get(arg_name, []):
                 base = inputs[base_idx]
@@ -297,12 +298,13 @@ class _Converter:
         return None
 
     @staticmethod
-    def aliased_input(alias: Any, schema: Any, arg_inputs: dict[str, list[int]]) -> int | None:
-        for arg in schema.arguments:
-            if arg.alias_info is not None and arg.alias_info.before_set & alias.before_set:
-                idx = arg_inputs.get(arg.name)
-                if idx:
-                    return idx[0]
+    def aliased_input(alias_set: set[str], arg_alias: dict[str, Any], arg_inputs: dict[str, list[int]]) -> int | None:
+        """The input index of the argument in the same alias set, if any."""
+        if not alias_set:
+            return None
+        for name, info in arg_alias.items():
+            if info.alias_set & alias_set and arg_inputs.get(name):
+                return arg_inputs[name][0]
         return None
 
     def version_name(self, base: int, fallback: str) -> str:
@@ -327,6 +329,20 @@ class _Converter:
         if module is None and self.phase == "backward":
             module = "backward"  # the seed, and gradients summed by the engine
         return f"{module}.{node.name}" if module else node.name
+
+
+_ALIASING: dict[torch._ops.OpOverload, tuple[dict[str, Any], list[Any]]] = {}
+
+
+def _aliasing(op: torch._ops.OpOverload) -> tuple[dict[str, Any], list[Any]]:
+    """Alias sets of an op's arguments (by name) and returns. PyTorch's own
+    parser (torchgen, via ``get_alias_info``) is used because the TorchScript
+    schema objects drop the alias set of a list return such as ``split``'s
+    ``Tensor(a)[]``."""
+    if op not in _ALIASING:
+        info = get_alias_info(op)
+        _ALIASING[op] = ({a.name: a for a in info.args}, list(info.outs))
+    return _ALIASING[op]
 
 
 def _attr(value: Any) -> Any:
