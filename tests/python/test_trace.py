@@ -167,6 +167,15 @@ def test_kinds_of_initial_tensors(traced):
         assert initial[f"conv1.weight.{state}"] == "optimizer_state"
     loss = [t for t in graph["tensors"] if t["kind"] == "output"]
     assert len(loss) == 1 and loss[0]["shape"] == []
+    # Each parameter's gradient, as the optimizer reads it, is named after it.
+    grads = {t["name"]: t for t in graph["tensors"] if t["name"].endswith(".grad")}
+    assert len(grads) == 161
+    assert grads["conv1.weight.grad"]["kind"] == "gradient"
+    assert grads["conv1.weight.grad"]["shape"] == [64, 3, 7, 7]
+    # Views of parameters are not parameters (as in the zoo); updates are.
+    fc_t = next(t for t in graph["tensors"] if t["name"] == "fc.t")
+    assert fc_t["kind"] == "activation"
+    assert next(t for t in graph["tensors"] if t["name"] == "fc.weight'")["kind"] == "parameter"
 
 
 def test_sgd_has_one_momentum_buffer_per_parameter(tmp_path):

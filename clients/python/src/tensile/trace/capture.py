@@ -41,9 +41,6 @@ from torch.fx.experimental.proxy_tensor import make_fx
 BACKWARD_MARK = "tensile::backward"
 OPTIMIZER_MARK = "tensile::optimizer"
 
-#: Tensor kinds of the graph format that exist when the iteration starts.
-INITIAL_KINDS = ("input", "parameter", "buffer", "optimizer_state")
-
 
 class TraceError(RuntimeError):
     """The model could not be traced; the message names the module at fault."""

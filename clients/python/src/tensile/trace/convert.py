@@ -7,7 +7,10 @@ The rules follow ``graph/src/json.rs`` and ``graph/src/validate.rs``:
   first, in the order of ``named_parameters()``; produced tensors are
   activations in the forward pass, gradients in the backward pass, and
   ``workspace`` in the optimizer step (its per-parameter temporaries such as
-  Adam's denominator). The loss is the ``output``.
+  Adam's denominator); new versions of parameters, buffers and optimizer
+  state keep their kind. The loss is the ``output``. Adam's ``step`` counter,
+  a host scalar in PyTorch's per-tensor form, is kept as a 4-byte
+  ``optimizer_state`` tensor.
 * Every ATen op becomes one op, its type the schema name (``aten::addcdiv_``),
   its tensor arguments the inputs, the other arguments attributes named as in
   the schema, and the phase the one its ``record_function`` mark opened.
@@ -15,8 +18,8 @@ The rules follow ``graph/src/json.rs`` and ``graph/src/validate.rs``:
   in-place output of the argument in alias set ``a``; ``Tensor(a)`` is a view.
   An argument written in place but not returned (``out=`` arguments, and a
   batch norm's running statistics, which ``native_batch_norm``'s schema does
-  not even mark as written) gets an extra in-place output, so that every mutation is a new
-  version of the tensor. Later reads go to the newest version, which is what
+  not even mark as written) gets an extra in-place output, so that every
+  mutation is a new version of the tensor. Later reads go to the newest version, which is what
   the program reads and what validation demands (an overwritten version is
   never read again). Views and versions share their root's storage, so bytes
   are never counted twice.
@@ -109,12 +112,12 @@ class _Converter:
             tid = self.newer[tid]
         return tid
 
-    def kind_of_alias(self, base: int) -> str:
+    def kind_of_alias(self, base: int, in_place: bool) -> str:
+        """A new version of persistent storage keeps its kind (``fc.weight'``
+        is a parameter); views, and versions of anything else, take the
+        phase's kind, as in the zoo."""
         kind = self.tensors[self.root[base]]["kind"]
-        if kind in _PERSISTENT:
-            return kind
-        own = self.tensors[base]["kind"]
-        return own if own in ("activation", "gradient", "workspace") else _PHASE_KIND[self.phase]
+        return kind if in_place and kind in _PERSISTENT else _PHASE_KIND[self.phase]
 
     # -- the walk --------------------------------------------------------
 
@@ -211,6 +214,11 @@ class _Converter:
             attrs["overload"] = target._overloadname
 
         name = self.op_name(node, inputs)
+        if self.phase == "optimizer" and self.updating is not None:
+            # The gradient an update reads is the parameter's .grad.
+            for t in inputs:
+                if self.tensors[t]["kind"] == "gradient" and not self.tensors[t]["name"].endswith(".grad"):
+                    self.tensors[t]["name"] = f"{self.updating}.grad"
         outputs: list[int] = []
         aliases: list[dict[str, Any]] = []
         covered: set[str] = set()
@@ -247,7 +255,7 @@ class _Converter:
                 else:
                     if in_place:
                         tname = self.version_name(base, tname)
-                    tid = self.new_tensor(tname, v, self.kind_of_alias(base), root=base)
+                    tid = self.new_tensor(tname, v, self.kind_of_alias(base, in_place), root=base)
                     kind = "in_place" if in_place else "view"
                     aliases.append({"output": len(outputs), "input": base_idx, "kind": kind})
                     if in_place:
@@ -264,7 +272,7 @@ class _Converter:
                 like = self.tensors[base]
                 tid = len(self.tensors)
                 self.tensors.append({**like, "id": tid, "name": self.version_name(base, f"{name}.{arg_name}"),
-                                     "kind": self.kind_of_alias(base)})
+                                     "kind": self.kind_of_alias(base, True)})
                 self.root.append(self.root[base])
                 aliases.append({"output": len(outputs), "input": base_idx, "kind": "in_place"})
                 outputs.append(tid)
