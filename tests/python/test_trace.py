@@ -27,6 +27,7 @@ PYTHON = sys.executable
 BATCH = 2
 
 ZOO_MODELS = ["resnet50", "vgg16", "densenet121", "inception_v3"]
+FACTORIES = {"aten::empty", "aten::zeros", "aten::ones", "aten::full", "aten::scalar_tensor"}
 RESOLUTION = {"inception_v3": 299}
 
 
@@ -109,6 +110,8 @@ def test_traced_graph_is_valid_and_holds_the_parameters(model, traced):
     updates = [op for op in graph["ops"] if op["type"] == "aten::addcdiv_"]
     assert len(updates) == len(reference)
     assert all(op["phase"] == "optimizer" for op in updates)
+    # Every op that is not a factory reads a tensor (none lost its inputs).
+    assert all(op["inputs"] or op["type"] in FACTORIES for op in graph["ops"])
 
 
 @pytest.mark.parametrize("model", ZOO_MODELS)
@@ -164,6 +167,15 @@ def test_kinds_of_initial_tensors(traced):
         assert initial[f"conv1.weight.{state}"] == "optimizer_state"
     loss = [t for t in graph["tensors"] if t["kind"] == "output"]
     assert len(loss) == 1 and loss[0]["shape"] == []
+    # Each parameter's gradient, as the optimizer reads it, is named after it.
+    grads = {t["name"]: t for t in graph["tensors"] if t["name"].endswith(".grad")}
+    assert len(grads) == 161
+    assert grads["conv1.weight.grad"]["kind"] == "gradient"
+    assert grads["conv1.weight.grad"]["shape"] == [64, 3, 7, 7]
+    # Views of parameters are not parameters (as in the zoo); updates are.
+    fc_t = next(t for t in graph["tensors"] if t["name"] == "fc.t")
+    assert fc_t["kind"] == "activation"
+    assert next(t for t in graph["tensors"] if t["name"] == "fc.weight'")["kind"] == "parameter"
 
 
 def test_sgd_has_one_momentum_buffer_per_parameter(tmp_path):
@@ -279,3 +291,43 @@ def test_the_command_writes_a_valid_graph(tmp_path):
     check = tensilectl("graph", "check", str(path))
     assert check.returncode == 0, check.stdout
     assert stats(str(path))["params"] == 25_557_032
+
+
+class _Tricky(torch.nn.Module):
+    """Views that are lists (chunk), an in-place write through a slice, tied
+    weights, and an LSTM."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(50, 16)
+        self.lstm = torch.nn.LSTM(16, 16, batch_first=True)
+        self.fc = torch.nn.Linear(16, 16)
+        self.head = torch.nn.Linear(16, 50, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h, _ = self.lstm(self.emb(tokens))
+        h = self.fc(h[:, -1])
+        a, b = h.chunk(2, dim=1)
+        h = torch.cat([a * 2, b], dim=1)
+        h[:, :3] *= 2
+        return self.head(h.relu())
+
+
+def test_list_views_slices_and_tied_weights(tmp_path):
+    graph = trace_training_step(_Tricky, torch.optim.Adam, [InputSpec("input", (4, 7), torch.int64)], name="tricky")
+    path = tmp_path / "tricky.json"
+    path.write_text(json.dumps(graph))
+    check = tensilectl("graph", "check", str(path))
+    assert check.returncode == 0, check.stdout
+    # The tied weight is one parameter, updated once.
+    names = [n for n, _ in initial_parameters(graph)]
+    assert names.count("emb.weight") == 1 and not any(n.startswith("head.") for n in names)
+    assert stats(str(path))["params"] == sum(p.numel() for p in _Tricky().parameters())
+    # chunk -> split: both parts are views of the linear layer's output.
+    split = next(op for op in graph["ops"] if op["type"] == "aten::split")
+    assert split["aliases"] == [
+        {"output": 0, "input": 0, "kind": "view"},
+        {"output": 1, "input": 0, "kind": "view"},
+    ]
+    assert all(op["inputs"] or op["type"] in FACTORIES for op in graph["ops"])

@@ -54,7 +54,8 @@ def trace_training_step(
     """Traces one training iteration and returns its graph as a JSON-ready dict.
 
     ``model`` is a module or, better, a function that builds one (it is then
-    built under fake mode and allocates nothing). ``target`` defaults to class
+    built on the meta device and allocates nothing); a module is traced on
+    fake copies of its parameters and left untouched. ``target`` defaults to class
     indices, one per sample of the first input. ``device`` (``cpu`` or
     ``cuda``, which needs a CUDA device for autograd) is where a built
     model's fake tensors live.

@@ -41,7 +41,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=["cuda", "cpu"],
         default="cpu",
         help="device whose ATen ops are recorded (default cpu; cuda needs a CUDA device for autograd, "
-        "but tensors stay fake and allocate nothing)",
+        "tensors stay fake and allocate nothing)",
     )
     p.add_argument("--name", help="graph name (default MODEL_bB_OPTIMIZER)")
     p.add_argument("-o", "--output", help="output file (default: stdout)")

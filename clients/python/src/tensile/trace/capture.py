@@ -41,9 +41,6 @@ from torch.fx.experimental.proxy_tensor import make_fx
 BACKWARD_MARK = "tensile::backward"
 OPTIMIZER_MARK = "tensile::optimizer"
 
-#: Tensor kinds of the graph format that exist when the iteration starts.
-INITIAL_KINDS = ("input", "parameter", "buffer", "optimizer_state")
-
 
 class TraceError(RuntimeError):
     """The model could not be traced; the message names the module at fault."""
@@ -101,9 +98,11 @@ def capture(
 ) -> Captured:
     """Traces one iteration: ``loss_fn(model(*inputs), target)``, backward, step.
 
-    ``model`` is either a factory (called under fake mode, so building even a
-    large model allocates nothing) or a module, whose parameters and buffers
-    are then replaced by fake copies for the duration of the trace.
+    ``model`` is either a factory (called on the meta device, so building even
+    a large model allocates nothing) or a module, whose parameters and buffers
+    are then replaced by fake copies for the duration of the trace (through
+    the mechanism of ``torch.func.functional_call``); the module itself is
+    left as it was.
 
     ``device`` is where the fake tensors of a built model live. ``cpu`` (the
     default) needs no GPU. ``cuda`` records the ATen ops a GPU runs, which
@@ -124,9 +123,13 @@ def capture(
             raise TraceError(f"the model factory returned {type(module).__name__}, not an nn.Module")
         _materialize(fake, module, device)
         swap = {}
-    with torch.nn.utils.stateless._reparametrize_module(module, swap, tie_weights=True):
-        dev = device if swap == {} else _device_of(module)
-        return _capture_module(fake, module, optimizer, optimizer_kwargs or {}, loss_fn, inputs, target, name, dev)
+    was_training = module.training
+    try:
+        with torch.nn.utils.stateless._reparametrize_module(module, swap, tie_weights=True):
+            dev = device if not swap else _device_of(module)
+            return _capture_module(fake, module, optimizer, optimizer_kwargs or {}, loss_fn, inputs, target, name, dev)
+    finally:
+        module.train(was_training)
 
 
 def _device_of(module: nn.Module) -> str:

@@ -7,7 +7,10 @@ The rules follow ``graph/src/json.rs`` and ``graph/src/validate.rs``:
   first, in the order of ``named_parameters()``; produced tensors are
   activations in the forward pass, gradients in the backward pass, and
   ``workspace`` in the optimizer step (its per-parameter temporaries such as
-  Adam's denominator). The loss is the ``output``.
+  Adam's denominator); new versions of parameters, buffers and optimizer
+  state keep their kind. The loss is the ``output``. Adam's ``step`` counter,
+  a host scalar in PyTorch's per-tensor form, is kept as a 4-byte
+  ``optimizer_state`` tensor.
 * Every ATen op becomes one op, its type the schema name (``aten::addcdiv_``),
   its tensor arguments the inputs, the other arguments attributes named as in
   the schema, and the phase the one its ``record_function`` mark opened.
@@ -15,8 +18,8 @@ The rules follow ``graph/src/json.rs`` and ``graph/src/validate.rs``:
   in-place output of the argument in alias set ``a``; ``Tensor(a)`` is a view.
   An argument written in place but not returned (``out=`` arguments, and a
   batch norm's running statistics, which ``native_batch_norm``'s schema does
-  not even mark as written) gets an extra in-place output, so that every mutation is a new
-  version of the tensor. Later reads go to the newest version, which is what
+  not even mark as written) gets an extra in-place output, so that every
+  mutation is a new version of the tensor. Later reads go to the newest version, which is what
   the program reads and what validation demands (an overwritten version is
   never read again). Views and versions share their root's storage, so bytes
   are never counted twice.
@@ -33,6 +36,7 @@ from typing import Any
 
 import torch
 from torch.fx import Node
+from torch.utils._python_dispatch import get_alias_info
 
 from tensile.trace.capture import BACKWARD_MARK, OPTIMIZER_MARK, Captured, TraceError
 
@@ -108,12 +112,12 @@ class _Converter:
             tid = self.newer[tid]
         return tid
 
-    def kind_of_alias(self, base: int) -> str:
+    def kind_of_alias(self, base: int, in_place: bool) -> str:
+        """A new version of persistent storage keeps its kind (``fc.weight'``
+        is a parameter); views, and versions of anything else, take the
+        phase's kind, as in the zoo."""
         kind = self.tensors[self.root[base]]["kind"]
-        if kind in _PERSISTENT:
-            return kind
-        own = self.tensors[base]["kind"]
-        return own if own in ("activation", "gradient", "workspace") else _PHASE_KIND[self.phase]
+        return kind if in_place and kind in _PERSISTENT else _PHASE_KIND[self.phase]
 
     # -- the walk --------------------------------------------------------
 
@@ -180,7 +184,8 @@ class _Converter:
         inputs: list[int] = []
         arg_inputs: dict[str, list[int]] = {}  # argument name -> input indices
         attrs: dict[str, Any] = {}
-        written: list[tuple[Any, str]] = []  # (alias info, argument) written in place
+        written: list[tuple[set[str], str]] = []  # (alias set, argument) written in place
+        arg_alias, out_alias = _aliasing(target)
         for i, arg in enumerate(schema.arguments):
             if i < len(node.args):
                 value = node.args[i]
@@ -201,37 +206,41 @@ class _Converter:
                     inputs.append(tid)
                 idx.append(inputs.index(tid))
             arg_inputs[arg.name] = idx
-            if arg.alias_info is not None and arg.alias_info.is_write:
-                written.append((arg.alias_info, arg.name))
+            if arg_alias[arg.name].is_write:
+                written.append((arg_alias[arg.name].alias_set, arg.name))
         if attrs.get("training") is True:
-            written += [(None, a) for a in _UNANNOTATED_WRITES.get(schema.name, ()) if a in arg_inputs]
+            written += [(set(), a) for a in _UNANNOTATED_WRITES.get(schema.name, ()) if a in arg_inputs]
         if target._overloadname != "default":
             attrs["overload"] = target._overloadname
 
         name = self.op_name(node, inputs)
+        if self.phase == "optimizer" and self.updating is not None:
+            # The gradient an update reads is the parameter's .grad.
+            for t in inputs:
+                if self.tensors[t]["kind"] == "gradient" and not self.tensors[t]["name"].endswith(".grad"):
+                    self.tensors[t]["name"] = f"{self.updating}.grad"
         outputs: list[int] = []
         aliases: list[dict[str, Any]] = []
         covered: set[str] = set()
         val = node.meta.get("val")
         returns = list(schema.returns)
-        if len(returns) == 1 and isinstance(val, (list, tuple)) and str(returns[0].type).endswith("[]"):
-            values = [(returns[0], v) for v in val]  # one Tensor[] return
+        if len(returns) == 1 and isinstance(returns[0].type, torch.ListType):
+            values = [(out_alias[0], v) for v in val]  # one Tensor[] return
             env_is_list = True
         elif len(returns) == 1:
-            values = [(returns[0], val)]
+            values = [(out_alias[0], val)]
             env_is_list = False
         else:
-            values = list(zip(returns, val if isinstance(val, (list, tuple)) else [val]))
+            values = list(zip(out_alias, val if isinstance(val, (list, tuple)) else [val]))
             env_is_list = True
         env: list[int | None] = []
         multi = sum(isinstance(v, torch.Tensor) for _, v in values) > 1
-        for k, (ret, v) in enumerate(values):
+        for k, (alias, v) in enumerate(values):
             if not isinstance(v, torch.Tensor):
                 env.append(None)
                 continue
             tname = f"{name}.{k}" if multi else name
-            alias = ret.alias_info
-            base_idx = self.aliased_input(alias, schema, arg_inputs) if alias is not None else None
+            base_idx = self.aliased_input(alias.alias_set, arg_alias, arg_inputs)
             if base_idx is None:
                 tid = self.new_tensor(tname, v, _PHASE_KIND[self.phase])
             else:
@@ -246,24 +255,24 @@ class _Converter:
                 else:
                     if in_place:
                         tname = self.version_name(base, tname)
-                    tid = self.new_tensor(tname, v, self.kind_of_alias(base), root=base)
+                    tid = self.new_tensor(tname, v, self.kind_of_alias(base, in_place), root=base)
                     kind = "in_place" if in_place else "view"
                     aliases.append({"output": len(outputs), "input": base_idx, "kind": kind})
                     if in_place:
                         self.newer[base] = tid
-                        covered.update(alias.before_set)
+                        covered.update(alias.alias_set)
             outputs.append(tid)
             env.append(tid)
         # Arguments written in place but not returned get a new version too.
-        for alias_info, arg_name in written:
-            if alias_info is not None and covered.intersection(alias_info.before_set):
+        for alias_set, arg_name in written:
+            if covered.intersection(alias_set):
                 continue
             for base_idx in arg_inputs.get(arg_name, []):
                 base = inputs[base_idx]
                 like = self.tensors[base]
                 tid = len(self.tensors)
                 self.tensors.append({**like, "id": tid, "name": self.version_name(base, f"{name}.{arg_name}"),
-                                     "kind": self.kind_of_alias(base)})
+                                     "kind": self.kind_of_alias(base, True)})
                 self.root.append(self.root[base])
                 aliases.append({"output": len(outputs), "input": base_idx, "kind": "in_place"})
                 outputs.append(tid)
@@ -297,12 +306,13 @@ class _Converter:
         return None
 
     @staticmethod
-    def aliased_input(alias: Any, schema: Any, arg_inputs: dict[str, list[int]]) -> int | None:
-        for arg in schema.arguments:
-            if arg.alias_info is not None and arg.alias_info.before_set & alias.before_set:
-                idx = arg_inputs.get(arg.name)
-                if idx:
-                    return idx[0]
+    def aliased_input(alias_set: set[str], arg_alias: dict[str, Any], arg_inputs: dict[str, list[int]]) -> int | None:
+        """The input index of the argument in the same alias set, if any."""
+        if not alias_set:
+            return None
+        for name, info in arg_alias.items():
+            if info.alias_set & alias_set and arg_inputs.get(name):
+                return arg_inputs[name][0]
         return None
 
     def version_name(self, base: int, fallback: str) -> str:
@@ -324,7 +334,23 @@ class _Converter:
         if module is None and "seq" in custom:
             owner = self.c.module_of_seq(custom["seq"])
             module = f"{owner or 'model'}.backward" if owner is not None else "loss.backward"
+        if module is None and self.phase == "backward":
+            module = "backward"  # the seed, and gradients summed by the engine
         return f"{module}.{node.name}" if module else node.name
+
+
+_ALIASING: dict[torch._ops.OpOverload, tuple[dict[str, Any], list[Any]]] = {}
+
+
+def _aliasing(op: torch._ops.OpOverload) -> tuple[dict[str, Any], list[Any]]:
+    """Alias sets of an op's arguments (by name) and returns. PyTorch's own
+    parser (torchgen, via ``get_alias_info``) is used because the TorchScript
+    schema objects drop the alias set of a list return such as ``split``'s
+    ``Tensor(a)[]``."""
+    if op not in _ALIASING:
+        info = get_alias_info(op)
+        _ALIASING[op] = ({a.name: a for a in info.args}, list(info.outs))
+    return _ALIASING[op]
 
 
 def _attr(value: Any) -> Any:
