@@ -33,6 +33,25 @@ pub enum ExecError {
     Lost { op: u32, name: String, tensor: u32 },
 }
 
+/// How the executor runs copies and memory, beyond what the plan says. The
+/// defaults are TENSILE's executor; the other settings model baselines
+/// (SPEC §10) in the same state machine.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ExecOptions {
+    /// The compute stream waits for every swap-out to end before it runs
+    /// the next op (PyTorch's `save_on_cpu`: a synchronous copy to host).
+    pub sync_swap_out: bool,
+    /// At most this many swap-outs in flight; an op that would start one
+    /// more first waits for the oldest to end (torchtune's
+    /// OffloadActivations keeps a small stash of tensors in flight).
+    pub max_swap_outs_in_flight: Option<usize>,
+    /// Capuchin's passive mode: when an allocation would take the job's
+    /// memory over this, evict resident non-persistent storages that the
+    /// current op does not use, least recently accessed first, to the host
+    /// (the op waits for the copies), and swap them back on demand.
+    pub evict_budget_bytes: Option<u64>,
+}
+
 /// Per-iteration measurements.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct IterationStats {
@@ -118,6 +137,7 @@ pub struct Executor<'g> {
     graph: &'g Graph,
     live: &'g Liveness,
     schedule: Schedule,
+    options: ExecOptions,
     next_plan: Option<Plan>,
     plan_version: u64,
     iterations: usize,
@@ -154,6 +174,7 @@ impl<'g> Executor<'g> {
             graph,
             live,
             schedule: Schedule::new(plan, live, n),
+            options: ExecOptions::default(),
             next_plan: None,
             plan_version: plan.version,
             iterations,
@@ -188,6 +209,11 @@ impl<'g> Executor<'g> {
     /// Switches to `plan` at the next iteration boundary.
     pub fn set_plan(&mut self, plan: Plan) {
         self.next_plan = Some(plan);
+    }
+
+    /// Sets how copies and memory are run (see [`ExecOptions`]).
+    pub fn set_options(&mut self, options: ExecOptions) {
+        self.options = options;
     }
 
     /// Fixed memory of the job (context, workspaces), held throughout.

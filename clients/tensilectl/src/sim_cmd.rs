@@ -6,8 +6,10 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
+use tensile_baselines::{BaselineInput, Capuchin, Policy, static_plan};
+use tensile_executor::ExecOptions;
 use tensile_executor::replan::EwmaReplanner;
-use tensile_executor::sim::{JobResult, SimConfig, SimJob, SimResult, simulate};
+use tensile_executor::sim::{FixedPlans, JobResult, SimConfig, SimJob, SimResult, simulate};
 use tensile_graph::zoo::{self, ZooConfig};
 use tensile_graph::{Graph, Liveness};
 use tensile_latency_model::{DeviceProfile, estimate_latencies, true_latencies};
@@ -50,21 +52,17 @@ fn planner_config(p: &DeviceProfile, d: &DeviceArgs) -> PlannerConfig {
     c
 }
 
-fn settings(policy: &str, p: &DeviceProfile) -> Result<JobSettings> {
+fn settings(policy: Policy, p: &DeviceProfile) -> JobSettings {
     let mut s = JobSettings {
         base_bytes: p.base_bytes,
         ..JobSettings::default()
     };
-    match policy {
-        "tensile" => {}
-        "vanilla" => {
-            s.swap = false;
-            s.recompute = false;
-            s.across_iteration = false;
-        }
-        other => bail!("unknown policy {other:?}; known: vanilla, tensile"),
+    if policy == Policy::Vanilla {
+        s.swap = false;
+        s.recompute = false;
+        s.across_iteration = false;
     }
-    Ok(s)
+    s
 }
 
 #[derive(Serialize)]
@@ -96,7 +94,7 @@ pub(crate) fn plan(a: &PlanArgs) -> Result<()> {
         estimate_latencies(&graph, &profile)
     };
     let cfg = planner_config(&profile, &a.device);
-    let input = tensile_planner::JobInput::new(&graph, lat, settings("tensile", &profile)?);
+    let input = tensile_planner::JobInput::new(&graph, lat, settings(Policy::Tensile, &profile));
     let t = Instant::now();
     let mp = tensile_planner::plan(&[input], &cfg)?;
     let plan_ms = t.elapsed().as_secs_f64() * 1e3;
@@ -249,15 +247,17 @@ struct Run {
     predicted_peaks: Vec<u64>,
 }
 
+/// Runs `policy` on `graphs`. `budgets`: each job's memory budget, for
+/// Capuchin (ours is given the same limit only through `--budget-mb`).
 fn run_policy(
     graphs: &[Graph],
     lives: &[Liveness],
-    policy: &str,
+    policy: Policy,
     profile: &DeviceProfile,
     a: &SimArgs,
+    budgets: Option<&[u64]>,
 ) -> Result<Run> {
     let cfg = planner_config(profile, &a.device);
-    let s = settings(policy, profile)?;
     let truth: Vec<Vec<u64>> = graphs
         .iter()
         .enumerate()
@@ -271,32 +271,6 @@ fn run_policy(
             .map(|g| estimate_latencies(g, profile))
             .collect()
     };
-    let mut replanner = EwmaReplanner::new(
-        graphs.iter().collect(),
-        predicted,
-        vec![s; graphs.len()],
-        cfg,
-    );
-    replanner.enabled = policy != "vanilla";
-    let first = replanner.plan_all()?;
-    let predicted_peaks = first
-        .plans
-        .iter()
-        .map(|p| p.prediction.planned_peak_bytes)
-        .collect();
-    let jobs: Vec<SimJob<'_>> = graphs
-        .iter()
-        .zip(lives)
-        .zip(first.plans)
-        .zip(truth)
-        .map(|(((graph, live), plan), true_ns)| SimJob {
-            graph,
-            live,
-            plan,
-            true_ns,
-            start_ns: 0,
-        })
-        .collect();
     let sim = SimConfig {
         iterations: a.iterations,
         sharing_slowdown: if a.no_sharing {
@@ -307,21 +281,120 @@ fn run_policy(
         copy: copy_model(profile),
         base_bytes: profile.base_bytes,
     };
-    let result = simulate(jobs, &sim, &mut replanner);
-    for (j, r) in result.jobs.iter().enumerate() {
+    let jobs = |plans: Vec<tensile_planner::Plan>, options: &dyn Fn(usize) -> ExecOptions| {
+        graphs
+            .iter()
+            .zip(lives)
+            .zip(plans)
+            .zip(truth.clone())
+            .enumerate()
+            .map(|(j, (((graph, live), plan), true_ns))| SimJob {
+                options: options(j),
+                ..SimJob::new(graph, live, plan, true_ns)
+            })
+            .collect::<Vec<SimJob<'_>>>()
+    };
+    let mut run = match policy {
+        Policy::Vanilla | Policy::Tensile => {
+            let s = settings(policy, profile);
+            let mut replanner = EwmaReplanner::new(
+                graphs.iter().collect(),
+                predicted,
+                vec![s; graphs.len()],
+                cfg,
+            );
+            replanner.enabled = policy != Policy::Vanilla;
+            let first = replanner.plan_all()?;
+            let predicted_peaks = first
+                .plans
+                .iter()
+                .map(|p| p.prediction.planned_peak_bytes)
+                .collect();
+            let result = simulate(
+                jobs(first.plans, &|_| ExecOptions::default()),
+                &sim,
+                &mut replanner,
+            );
+            Run {
+                result,
+                plan_ms: replanner.plan_ns.iter().sum::<u64>() as f64 / 1e6,
+                plan_runs_ms: replanner.plan_ns.iter().map(|&n| n as f64 / 1e6).collect(),
+                replans: replanner.replans,
+                predicted: (first.sum_of_peaks_bytes, first.aligned_peak_bytes),
+                predicted_peaks,
+            }
+        }
+        Policy::Capuchin => {
+            let budgets = budgets
+                .context("capuchin needs a memory budget per job")?
+                .to_vec();
+            let mut cap = Capuchin::new(
+                graphs.iter().collect(),
+                lives.iter().collect(),
+                budgets,
+                cfg.copy,
+            );
+            let plans = cap.initial_plans();
+            let options: Vec<ExecOptions> =
+                (0..graphs.len()).map(|j| cap.exec_options(j)).collect();
+            let result = simulate(jobs(plans, &|j| options[j]), &sim, &mut cap);
+            Run::measured(result)
+        }
+        _ => {
+            let t = Instant::now();
+            let plans = graphs
+                .iter()
+                .zip(lives)
+                .zip(&predicted)
+                .map(|((graph, live), lat)| {
+                    static_plan(
+                        policy,
+                        &BaselineInput {
+                            graph,
+                            live,
+                            latency_ns: lat,
+                            copy: cfg.copy,
+                            activation_budget: a.activation_budget,
+                        },
+                    )
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let plan_ms = t.elapsed().as_secs_f64() * 1e3;
+            let result = simulate(
+                jobs(plans, &|_| policy.exec_options()),
+                &sim,
+                &mut FixedPlans,
+            );
+            Run {
+                plan_ms,
+                plan_runs_ms: vec![plan_ms],
+                ..Run::measured(result)
+            }
+        }
+    };
+    for (j, r) in run.result.jobs.iter().enumerate() {
         if let Some(e) = &r.error {
-            bail!("job {j} ({}): {e}", graphs[j].name());
+            bail!("{}: job {j} ({}): {e}", policy.name(), graphs[j].name());
         }
     }
-    let plan_ms = replanner.plan_ns.iter().sum::<u64>() as f64 / 1e6;
-    Ok(Run {
-        result,
-        plan_ms,
-        plan_runs_ms: replanner.plan_ns.iter().map(|&n| n as f64 / 1e6).collect(),
-        replans: replanner.replans,
-        predicted: (first.sum_of_peaks_bytes, first.aligned_peak_bytes),
-        predicted_peaks,
-    })
+    if run.predicted_peaks.is_empty() {
+        run.predicted_peaks = vec![0; graphs.len()];
+    }
+    Ok(run)
+}
+
+impl Run {
+    /// A run whose policy predicts nothing.
+    fn measured(result: SimResult) -> Run {
+        Run {
+            result,
+            plan_ms: 0.0,
+            plan_runs_ms: Vec::new(),
+            replans: 0,
+            predicted: (0, 0),
+            predicted_peaks: Vec::new(),
+        }
+    }
 }
 
 fn parse_jobs(spec: &str, a: &SimArgs) -> Result<Vec<Graph>> {
@@ -351,10 +424,39 @@ pub(crate) fn sim(a: &SimArgs) -> Result<()> {
     let profile = device(&a.device.device)?;
     let graphs = parse_jobs(&a.jobs, a)?;
     let lives: Vec<Liveness> = graphs.iter().map(Liveness::analyze).collect();
+    let policy = Policy::parse(&a.policy)?;
+    if !(0.0..=1.0).contains(&a.activation_budget) {
+        bail!(
+            "--activation-budget must be in [0, 1], got {}",
+            a.activation_budget
+        );
+    }
     eprintln!("simulating {} jobs: vanilla ...", graphs.len());
-    let vanilla = run_policy(&graphs, &lives, "vanilla", &profile, a)?;
+    let vanilla = run_policy(&graphs, &lives, Policy::Vanilla, &profile, a, None)?;
+    let budgets: Option<Vec<u64>> = if policy != Policy::Capuchin {
+        None
+    } else if let Some(mb) = a.device.budget_mb {
+        // The device budget split over the jobs by their vanilla peaks.
+        let total: u64 = vanilla.result.jobs.iter().map(|j| j.peak_bytes()).sum();
+        Some(
+            vanilla
+                .result
+                .jobs
+                .iter()
+                .map(|j| (mb as f64 * 1e6 * j.peak_bytes() as f64 / total.max(1) as f64) as u64)
+                .collect(),
+        )
+    } else {
+        // The same budget as ours: each job's peak under TENSILE.
+        eprintln!(
+            "simulating {} jobs: tensile, for capuchin's budgets ...",
+            graphs.len()
+        );
+        let ours = run_policy(&graphs, &lives, Policy::Tensile, &profile, a, None)?;
+        Some(ours.result.jobs.iter().map(|j| j.peak_bytes()).collect())
+    };
     eprintln!("simulating {} jobs: {} ...", graphs.len(), a.policy);
-    let run = run_policy(&graphs, &lives, &a.policy, &profile, a)?;
+    let run = run_policy(&graphs, &lives, policy, &profile, a, budgets.as_deref())?;
     let mut jobs = Vec::new();
     for (j, g) in graphs.iter().enumerate() {
         let (v, r) = (&vanilla.result.jobs[j], &run.result.jobs[j]);
@@ -407,7 +509,7 @@ pub(crate) fn sim(a: &SimArgs) -> Result<()> {
         predicted_sum_of_peaks_bytes: run.predicted.0,
         predicted_aligned_peak_bytes: run.predicted.1,
         first_plan_ms: run.plan_runs_ms.first().copied().unwrap_or(0.0),
-        replan_mean_ms: replans.iter().sum::<f64>() / replans.len().max(1) as f64,
+        replan_mean_ms: replans.iter().fold(0.0, |s, x| s + x) / replans.len().max(1) as f64,
         replan_max_ms: replans.iter().copied().fold(0.0, f64::max),
     };
     if let Some(path) = &a.plot {

@@ -63,13 +63,7 @@ pub(crate) fn check_with(graphs: &[Graph], lat: &[Vec<u64>], budget: Option<u64>
         .zip(&lives)
         .zip(&mp.plans)
         .zip(lat)
-        .map(|(((g, live), p), l)| SimJob {
-            graph: g,
-            live,
-            plan: p.clone(),
-            true_ns: l.clone(),
-            start_ns: 0,
-        })
+        .map(|(((g, live), p), l)| SimJob::new(g, live, p.clone(), l.clone()))
         .collect();
     let sim = SimConfig {
         iterations: 3,
@@ -175,13 +169,7 @@ fn late_prefetches_are_fixed_by_replanning() {
         PlannerConfig::new(copy),
     );
     let first = rp.plan_all().unwrap();
-    let jobs = vec![SimJob {
-        graph: &g,
-        live: &live,
-        plan: first.plans[0].clone(),
-        true_ns: truth,
-        start_ns: 0,
-    }];
+    let jobs = vec![SimJob::new(&g, &live, first.plans[0].clone(), truth)];
     let sim = SimConfig {
         iterations: 8,
         sharing_slowdown: 0.0,
