@@ -15,4 +15,4 @@ pub mod replan;
 pub mod sim;
 
 pub use copy::{Channels, Dir};
-pub use machine::{ExecError, Executor, IterationStats, Next};
+pub use machine::{ExecError, ExecOptions, Executor, IterationStats, Next};

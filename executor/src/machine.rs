@@ -7,7 +7,7 @@
 //! exactly the model the planner predicts with: with exact latencies the
 //! measured peak equals the predicted one.
 
-use tensile_graph::{Graph, Liveness, OpId, StorageId};
+use tensile_graph::{Graph, Liveness, OpId, StorageId, TensorId};
 use tensile_planner::{Event, EventKind, Plan, Trigger};
 
 use crate::copy::{Channels, Dir};
@@ -19,6 +19,10 @@ pub enum Next {
     Kernel { op: OpId },
     /// Nothing to do before this time; call [`Executor::step`] then.
     WaitUntil(u64),
+    /// An iteration has just ended; call [`Executor::step`] again at the
+    /// same time. A plan handed over now (after looking at the finished
+    /// iteration's measurements) applies to the very next iteration.
+    IterationDone,
     /// All iterations are done.
     Done,
 }
@@ -27,6 +31,25 @@ pub enum Next {
 pub enum ExecError {
     #[error("op {op} ({name}) needs tensor {tensor} but the plan dropped it with no host copy")]
     Lost { op: u32, name: String, tensor: u32 },
+}
+
+/// How the executor runs copies and memory, beyond what the plan says. The
+/// defaults are TENSILE's executor; the other settings model baselines
+/// (SPEC §10) in the same state machine.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ExecOptions {
+    /// The compute stream waits for every swap-out to end before it runs
+    /// the next op (PyTorch's `save_on_cpu`: a synchronous copy to host).
+    pub sync_swap_out: bool,
+    /// At most this many swap-outs in flight; an op that would start one
+    /// more first waits for the oldest to end (torchtune's
+    /// OffloadActivations keeps a small stash of tensors in flight).
+    pub max_swap_outs_in_flight: Option<usize>,
+    /// Capuchin's passive mode: when an allocation would take the job's
+    /// memory over this, evict resident non-persistent storages that the
+    /// current op does not use, least recently accessed first, to the host
+    /// (the op waits for the copies), and swap them back on demand.
+    pub evict_budget_bytes: Option<u64>,
 }
 
 /// Per-iteration measurements.
@@ -41,6 +64,9 @@ pub struct IterationStats {
     pub recomputed_ops: usize,
     /// Measured latency of every op, indexed by op id (recomputes excluded).
     pub op_ns: Vec<u64>,
+    /// Planned prefetches that arrived late: (storage root, how long the
+    /// op waited for it).
+    pub late_prefetches: Vec<(TensorId, u64)>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -111,6 +137,7 @@ pub struct Executor<'g> {
     graph: &'g Graph,
     live: &'g Liveness,
     schedule: Schedule,
+    options: ExecOptions,
     next_plan: Option<Plan>,
     plan_version: u64,
     iterations: usize,
@@ -126,6 +153,8 @@ pub struct Executor<'g> {
     timers: Vec<(u64, u64, Event)>,
     timer_seq: u64,
     kernel_start: u64,
+    /// Late prefetches the next kernel waits on: (storage, since when).
+    late_since: Vec<(StorageId, u64)>,
     cur: IterationStats,
     done: Vec<IterationStats>,
     /// (time, bytes) at every change, for plots.
@@ -145,6 +174,7 @@ impl<'g> Executor<'g> {
             graph,
             live,
             schedule: Schedule::new(plan, live, n),
+            options: ExecOptions::default(),
             next_plan: None,
             plan_version: plan.version,
             iterations,
@@ -169,6 +199,7 @@ impl<'g> Executor<'g> {
             timers: Vec::new(),
             timer_seq: 0,
             kernel_start: 0,
+            late_since: Vec::new(),
             cur: IterationStats::default(),
             done: Vec::new(),
             trace: Vec::new(),
@@ -178,6 +209,11 @@ impl<'g> Executor<'g> {
     /// Switches to `plan` at the next iteration boundary.
     pub fn set_plan(&mut self, plan: Plan) {
         self.next_plan = Some(plan);
+    }
+
+    /// Sets how copies and memory are run (see [`ExecOptions`]).
+    pub fn set_options(&mut self, options: ExecOptions) {
+        self.options = options;
     }
 
     /// Fixed memory of the job (context, workspaces), held throughout.
@@ -334,6 +370,9 @@ impl<'g> Executor<'g> {
             match slot.loc {
                 Loc::Device if slot.ready_at <= now => {}
                 Loc::Device => {
+                    if !self.late_since.iter().any(|l| l.0 == s) {
+                        self.late_since.push((s, now));
+                    }
                     if slot.ready_at == u64::MAX {
                         // Allocated for a prefetch whose timer has not run.
                         let pending = self.timers.iter().map(|x| x.0).min().unwrap_or(now);
@@ -359,6 +398,16 @@ impl<'g> Executor<'g> {
             }
         }
         Ok(wait)
+    }
+
+    /// When the last swap-out in flight of a storage that `op` writes ends.
+    fn outputs_copying(&self, op: OpId) -> Option<u64> {
+        self.graph
+            .op(op)
+            .outputs
+            .iter()
+            .filter_map(|t| self.slots[self.live.storage_of[t.index()].index()].out_done)
+            .max()
     }
 
     /// Advances until the next kernel, wait or the end.
@@ -402,7 +451,7 @@ impl<'g> Executor<'g> {
                         self.before_idx += 1;
                         self.alloc(s, now);
                         self.slots[s.index()].ready_at = now;
-                        self.kernel_start = now;
+                        self.start_kernel(now);
                         self.cur.recomputed_ops += 1;
                         self.phase = Phase::Running {
                             op: p,
@@ -414,6 +463,11 @@ impl<'g> Executor<'g> {
                         self.cur.stall_ns += w - now;
                         return Ok(Next::WaitUntil(w));
                     }
+                    // Never write a storage while a copy of it is in flight.
+                    if let Some(w) = self.outputs_copying(op) {
+                        self.cur.stall_ns += w - now;
+                        return Ok(Next::WaitUntil(w));
+                    }
                     for i in 0..self.graph.op(op).outputs.len() {
                         let t = self.graph.op(op).outputs[i];
                         let s = self.live.storage_of[t.index()];
@@ -422,7 +476,7 @@ impl<'g> Executor<'g> {
                         slot.host_valid = false;
                         slot.ready_at = now;
                     }
-                    self.kernel_start = now;
+                    self.start_kernel(now);
                     self.phase = Phase::Running {
                         op,
                         recompute: false,
@@ -431,11 +485,33 @@ impl<'g> Executor<'g> {
                 }
                 Phase::Running { .. } => return Ok(Next::WaitUntil(now)),
                 Phase::End => {
+                    // Swap-outs of persistent storage may run on into the
+                    // next iteration (across-iteration swaps): start those
+                    // still waiting for their delay now, and wait for none.
+                    let mut early = false;
+                    let live = self.live;
+                    let persistent =
+                        |t: TensorId| live.storages[live.storage_of[t.index()].index()].persistent;
+                    for t in &mut self.timers {
+                        if t.2.kind == EventKind::SwapOut && persistent(t.2.tensor) {
+                            t.0 = t.0.min(now);
+                            early = true;
+                        }
+                    }
+                    if early {
+                        self.run_timers(now);
+                    }
                     let last = self
                         .timers
                         .iter()
                         .map(|t| t.0)
-                        .chain(self.slots.iter().filter_map(|s| s.out_done))
+                        .chain(
+                            self.slots
+                                .iter()
+                                .zip(&live.storages)
+                                .filter(|(_, st)| !st.persistent)
+                                .filter_map(|(s, _)| s.out_done),
+                        )
                         .chain(
                             self.slots
                                 .iter()
@@ -450,8 +526,18 @@ impl<'g> Executor<'g> {
                     }
                     self.boundary_frees(now);
                     self.end_iteration(now);
+                    return Ok(Next::IterationDone);
                 }
             }
+        }
+    }
+
+    /// Notes the start of a kernel and how long it waited for late prefetches.
+    fn start_kernel(&mut self, now: u64) {
+        self.kernel_start = now;
+        for (s, since) in std::mem::take(&mut self.late_since) {
+            let root = self.live.storages[s.index()].root;
+            self.cur.late_prefetches.push((root, now - since));
         }
     }
 
@@ -497,7 +583,11 @@ impl<'g> Executor<'g> {
             if st.persistent && self.iteration == 0 && on_host {
                 self.slots[i].loc = Loc::Host;
                 self.slots[i].host_valid = true;
-            } else if st.persistent && on_host && self.slots[i].loc == Loc::Device {
+            } else if st.persistent
+                && on_host
+                && self.slots[i].loc == Loc::Device
+                && self.slots[i].out_done.is_none()
+            {
                 // A new plan wants it on the host: copy it out now.
                 let end = self.chans.submit(Dir::ToHost, st.bytes, now);
                 self.slots[i].out_done = Some(end);

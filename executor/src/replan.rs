@@ -1,11 +1,16 @@
 //! Plan updating (SPEC §4.7): an EWMA of every op's measured latency, and a
 //! re-plan of all jobs when a job's total changes by more than a threshold
-//! since its last plan. New plans carry a higher version; executors switch
+//! since its last plan, when a job reports its first measurements (the
+//! cold-start plan was made from predictions only), or when a planned
+//! prefetch arrived late: that tensor's swap-in then gets a lead of the
+//! measured lateness plus 5%, growing by 5% at every further miss
+//! (Capuchin's feedback). New plans carry a higher version; executors switch
 //! at their next iteration boundary.
 
+use std::collections::BTreeMap;
 use std::time::Instant;
 
-use tensile_graph::Graph;
+use tensile_graph::{Graph, TensorId};
 use tensile_planner::{JobInput, JobSettings, MultiPlan, Plan, PlanError, PlannerConfig, plan};
 
 use crate::machine::IterationStats;
@@ -22,6 +27,10 @@ pub struct EwmaReplanner<'g> {
     pub threshold: f64,
     estimates: Vec<Vec<f64>>,
     at_plan: Vec<f64>,
+    /// Whether the job has reported measurements yet.
+    measured: Vec<bool>,
+    /// Per job, the prefetch lead of tensors whose swap-in came late.
+    leads: Vec<BTreeMap<TensorId, u64>>,
     version: u64,
     /// Wall time of every planning run, ns.
     pub plan_ns: Vec<u64>,
@@ -44,6 +53,8 @@ impl<'g> EwmaReplanner<'g> {
             .collect();
         EwmaReplanner {
             at_plan: estimates.iter().map(|e| e.iter().sum()).collect(),
+            measured: vec![false; graphs.len()],
+            leads: vec![BTreeMap::new(); graphs.len()],
             graphs,
             settings,
             config,
@@ -64,10 +75,10 @@ impl<'g> EwmaReplanner<'g> {
             .iter()
             .zip(&self.estimates)
             .zip(&self.settings)
-            .map(|((g, e), s)| JobInput {
-                graph: g,
-                latency_ns: e.iter().map(|&x| x.round() as u64).collect(),
-                settings: *s,
+            .zip(&self.leads)
+            .map(|(((g, e), s), leads)| JobInput {
+                prefetch_lead_ns: leads.clone(),
+                ..JobInput::new(g, e.iter().map(|&x| x.round() as u64).collect(), *s)
             })
             .collect();
         let t = Instant::now();
@@ -90,7 +101,13 @@ impl Replanner for EwmaReplanner<'_> {
         }
         let now: f64 = self.estimates[job].iter().sum();
         let base = self.at_plan[job].max(1.0);
-        if !self.enabled || (now - base).abs() / base <= self.threshold {
+        let first = !std::mem::replace(&mut self.measured[job], true);
+        for &(t, wait) in &stats.late_prefetches {
+            let lead = self.leads[job].entry(t).or_insert(0);
+            *lead = ((*lead + wait) as f64 * 1.05).ceil() as u64;
+        }
+        let drift = (now - base).abs() / base > self.threshold;
+        if !self.enabled || !(first || drift || !stats.late_prefetches.is_empty()) {
             return Vec::new();
         }
         self.replans += 1;

@@ -8,7 +8,7 @@ use tensile_graph::{Graph, Liveness};
 use tensile_planner::{CopyModel, Plan};
 
 use crate::copy::Channels;
-use crate::machine::{ExecError, Executor, IterationStats, Next};
+use crate::machine::{ExecError, ExecOptions, Executor, IterationStats, Next};
 
 #[derive(Debug)]
 pub struct SimJob<'g> {
@@ -19,6 +19,22 @@ pub struct SimJob<'g> {
     pub true_ns: Vec<u64>,
     /// When the job starts.
     pub start_ns: u64,
+    /// How the job's executor runs copies (defaults: TENSILE's).
+    pub options: ExecOptions,
+}
+
+impl<'g> SimJob<'g> {
+    /// A job that starts at 0 with TENSILE's executor options.
+    pub fn new(graph: &'g Graph, live: &'g Liveness, plan: Plan, true_ns: Vec<u64>) -> SimJob<'g> {
+        SimJob {
+            graph,
+            live,
+            plan,
+            true_ns,
+            start_ns: 0,
+            options: ExecOptions::default(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -107,6 +123,7 @@ pub fn simulate(
                 config.iterations,
             );
             e.set_base_bytes(config.base_bytes);
+            e.set_options(j.options);
             e
         })
         .collect();
@@ -140,6 +157,7 @@ pub fn simulate(
                         }
                     }
                     Ok(Next::WaitUntil(t)) => Run::Idle(t.max(now + u64::from(t <= now))),
+                    Ok(Next::IterationDone) => Run::Idle(now),
                     Ok(Next::Done) => Run::Done,
                     Err(e) => {
                         errors[j] = Some(e);

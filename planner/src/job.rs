@@ -62,6 +62,17 @@ pub(crate) struct Gap {
     pub(crate) inn: Option<Copy>,
 }
 
+impl Gap {
+    /// An across-iteration gap whose swap-out comes at the head of the
+    /// iteration (before the first access) rather than after the last one.
+    pub(crate) fn head_out(&self) -> bool {
+        self.wrap
+            && self
+                .out
+                .is_some_and(|c| c.trigger.is_none_or(|t| t < self.after))
+    }
+}
+
 #[derive(Debug, Clone)]
 pub(crate) struct StorageState {
     pub(crate) root: TensorId,
@@ -75,6 +86,8 @@ pub(crate) struct StorageState {
     pub(crate) gaps: Vec<Gap>,
     /// Extra residency `[from, to)` for recomputations of dead inputs.
     pub(crate) revivals: Vec<(usize, usize)>,
+    /// A swap-in must end this long before the access that needs it.
+    pub(crate) lead: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -95,6 +108,11 @@ pub(crate) struct Job<'g> {
     pub(crate) h2d_bytes_per_s: f64,
     pub(crate) copy: CopyModel,
     pub(crate) swap_outs: usize,
+    /// Across-iteration gaps may be placed. They are held back until the
+    /// within-iteration swaps stall: their windows are long and flexible,
+    /// and placed first they would take the channel time that the tightly
+    /// bounded swaps of activations need.
+    pub(crate) wrap_allowed: bool,
 }
 
 pub(crate) const OUT: usize = 0;
@@ -128,6 +146,7 @@ impl<'g> Job<'g> {
                 accesses: Vec::new(),
                 gaps: Vec::new(),
                 revivals: Vec::new(),
+                lead: 0,
             })
             .collect();
         for op in graph.ops() {
@@ -161,6 +180,7 @@ impl<'g> Job<'g> {
             h2d_bytes_per_s: copy.h2d_bytes_per_s * link_share,
             copy,
             swap_outs: 0,
+            wrap_allowed: false,
         };
         job.rebuild();
         job
@@ -193,24 +213,60 @@ impl<'g> Job<'g> {
     }
 
     /// Steps `[from, to)` (twice for a wrapping gap) during which the storage
-    /// of `gap` is absent.
+    /// of `gap` is absent. An across-iteration swap-out may run past the
+    /// iteration's end: its buffer is then held into the next iteration, up
+    /// to the first boundary after the copy (on the periodic time line).
     pub(crate) fn absent(&self, gap: &Gap) -> [(usize, usize); 2] {
         let n = self.n();
-        let from = match gap.out {
-            Some(c) => self
-                .boundary_at_or_after(c.end(&self.times))
-                .max(gap.after + 1),
-            None => gap.after + 1,
-        };
         let to = match gap.inn {
             Some(c) => c.trigger.map_or(0, |t| t + 1),
             None => gap.before,
+        };
+        let end = gap.out.map(|c| c.end(&self.times));
+        if gap.wrap
+            && let Some(out) = gap.out
+        {
+            let end = out.end(&self.times);
+            let from = if gap.head_out() {
+                self.boundary_at_or_after(end)
+            } else if end > self.iteration_ns() {
+                self.boundary_at_or_after(end - self.iteration_ns())
+            } else {
+                let from = self.boundary_at_or_after(end).max(gap.after + 1);
+                return [(from.min(n), n), (0, to)];
+            };
+            return [(n, n), (from, to.max(from))];
+        }
+        let from = match end {
+            Some(end) => self.boundary_at_or_after(end).max(gap.after + 1),
+            None => gap.after + 1,
         };
         if gap.wrap {
             [(from.min(n), n), (0, to)]
         } else {
             [(from, to.max(from)), (0, 0)]
         }
+    }
+
+    /// A copy's busy time on its channel, on the periodic time line: a copy
+    /// running past the iteration's end wraps to its start.
+    pub(crate) fn spans(&self, c: &Copy) -> [(u64, u64); 2] {
+        let (a, b) = (c.start(&self.times), c.end(&self.times));
+        let period = self.iteration_ns();
+        if b > period && a < period {
+            [(a, period), (0, b - period)]
+        } else {
+            [(a, b), (0, 0)]
+        }
+    }
+
+    /// Marks a copy busy on channel `ch`; false if it overlaps another.
+    pub(crate) fn occupy(&mut self, ch: usize, c: &Copy) -> bool {
+        let spans = self.spans(c);
+        if !spans.iter().all(|&(a, b)| self.chans[ch].is_free(a, b)) {
+            return false;
+        }
+        spans.iter().all(|&(a, b)| self.chans[ch].insert(a, b))
     }
 
     /// Steps `[from, to)` of the storage's life without any plan.
@@ -306,10 +362,9 @@ impl<'g> Job<'g> {
             }
         }
         for (ch, c) in copies {
-            let (a, b) = (c.start(&self.times), c.end(&self.times));
             // Shifting anchors by inserted steps never creates an overlap
             // (see `insert_step`); a failure here is a planner bug.
-            let ok = self.chans[ch].insert(a, b);
+            let ok = self.occupy(ch, &c);
             debug_assert!(ok, "copy channel overlap after rebuild");
         }
     }
@@ -322,11 +377,11 @@ impl<'g> Job<'g> {
         }
         let in_chan = self.in_chan();
         if let Some(c) = gap.out {
-            self.chans[OUT].insert(c.start(&self.times), c.end(&self.times));
+            self.occupy(OUT, &c);
             self.swap_outs += 1;
         }
         if let Some(c) = gap.inn {
-            self.chans[in_chan].insert(c.start(&self.times), c.end(&self.times));
+            self.occupy(in_chan, &c);
         }
         self.st[s.index()].gaps.push(gap);
     }
@@ -334,7 +389,8 @@ impl<'g> Job<'g> {
     /// Inserts `step` at index `at`; every stored index at or after `at`
     /// moves one on. Copies anchored after `at` shift later with their
     /// trigger, copies anchored before keep their times, so channel
-    /// intervals stay disjoint.
+    /// intervals stay disjoint (the wrapped tail of a copy running past the
+    /// iteration's end keeps its length or shrinks, as the end moves on).
     pub(crate) fn insert_step(&mut self, at: usize, step: Step) {
         let bump = |i: &mut usize| {
             if *i >= at {

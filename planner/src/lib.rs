@@ -23,9 +23,9 @@ mod plan;
 mod recompute;
 mod swap;
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 
-use tensile_graph::{Graph, Liveness, StorageId};
+use tensile_graph::{Graph, Liveness, StorageId, TensorId};
 
 pub use config::{CopyModel, JobSettings, PlannerConfig};
 pub use intervals::IntervalSet;
@@ -40,6 +40,21 @@ pub struct JobInput<'g> {
     /// Predicted (or measured) latency of every op, ns, indexed by op id.
     pub latency_ns: Vec<u64>,
     pub settings: JobSettings,
+    /// Extra lead for the prefetch of these tensors' storages: a swap-in
+    /// must end this long before the access that needs it (Capuchin's
+    /// feedback for prefetches that arrived late).
+    pub prefetch_lead_ns: BTreeMap<TensorId, u64>,
+}
+
+impl<'g> JobInput<'g> {
+    pub fn new(graph: &'g Graph, latency_ns: Vec<u64>, settings: JobSettings) -> JobInput<'g> {
+        JobInput {
+            graph,
+            latency_ns,
+            settings,
+            prefetch_lead_ns: BTreeMap::new(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -48,6 +63,8 @@ pub enum PlanError {
     LatencyCount { job: usize, got: usize, ops: usize },
     #[error("job {job}: max_swap_rate {rate} is not in [0, 1]")]
     SwapRate { job: usize, rate: f64 },
+    #[error("job {job}: prefetch lead for tensor {tensor}, which the graph does not have")]
+    LeadTensor { job: usize, tensor: u32 },
     #[error("copy bandwidths must be positive and finite (h2d {h2d}, d2h {d2h})")]
     Bandwidth { h2d: f64, d2h: f64 },
 }
@@ -71,6 +88,17 @@ pub fn plan(jobs: &[JobInput<'_>], config: &PlannerConfig) -> Result<MultiPlan, 
                 ops: input.graph.ops().len(),
             });
         }
+        let tensors = input.graph.tensors().len();
+        if let Some((t, _)) = input
+            .prefetch_lead_ns
+            .iter()
+            .find(|(t, _)| t.index() >= tensors)
+        {
+            return Err(PlanError::LeadTensor {
+                job: j,
+                tensor: t.0,
+            });
+        }
         let rate = input.settings.max_swap_rate;
         if !(0.0..=1.0).contains(&rate) {
             return Err(PlanError::SwapRate { job: j, rate });
@@ -86,14 +114,19 @@ pub fn plan(jobs: &[JobInput<'_>], config: &PlannerConfig) -> Result<MultiPlan, 
         .iter()
         .zip(&lives)
         .map(|(input, live)| {
-            Job::new(
+            let mut job = Job::new(
                 input.graph,
                 live,
                 input.latency_ns.clone(),
                 input.settings,
                 *c,
                 share,
-            )
+            );
+            for (&t, &lead) in &input.prefetch_lead_ns {
+                let s = live.storage_of[t.index()].index();
+                job.st[s].lead = job.st[s].lead.max(lead);
+            }
+            job
         })
         .collect();
     type Curve = (u64, u64, Vec<(u64, u64)>);
@@ -115,6 +148,12 @@ pub fn plan(jobs: &[JobInput<'_>], config: &PlannerConfig) -> Result<MultiPlan, 
             break;
         }
         if swap_round(&mut state, &mut failed) > 0 {
+            continue;
+        }
+        if state.iter().any(|j| !j.wrap_allowed) {
+            for j in &mut state {
+                j.wrap_allowed = true;
+            }
             continue;
         }
         let total: u64 = state.iter().map(|j| j.peak().0).sum();
@@ -290,7 +329,7 @@ fn emit(job: &Job<'_>) -> Plan {
             push(pos, tr, 0, EventKind::Release, i);
         }
         for g in &st.gaps {
-            if g.wrap {
+            if g.wrap && !g.head_out() {
                 start_on_host.push(st.root);
             }
             match g.out {

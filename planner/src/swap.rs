@@ -14,7 +14,8 @@ pub(crate) fn gap_around(job: &Job<'_>, s: StorageId, step: usize) -> Option<(us
     let i = acc.partition_point(|a| a.step < step);
     let (after, before, wrap) = if i > 0 && i < acc.len() {
         (acc[i - 1].step, acc[i].step, false)
-    } else if st.persistent && job.settings.across_iteration && !acc.is_empty() {
+    } else if st.persistent && job.settings.across_iteration && job.wrap_allowed && !acc.is_empty()
+    {
         (acc[acc.len() - 1].step, acc[0].step, true)
     } else {
         return None;
@@ -48,10 +49,13 @@ fn host_copy_valid(job: &Job<'_>, s: StorageId, after: usize) -> bool {
     })
 }
 
-/// The latest swap-in of `bytes` ending by `by` and starting at or after
-/// `lo`, whose buffer is allocated at a real op boundary after `min_alloc`.
-fn place_in(job: &Job<'_>, bytes: u64, lo: u64, by: u64, min_alloc: usize) -> Option<Copy> {
-    let dur = job.in_dur(bytes);
+/// The latest swap-in of `s` ending by `by` (less the storage's lead) and
+/// starting at or after `lo`, whose buffer is allocated at a real op
+/// boundary after `min_alloc`.
+fn place_in(job: &Job<'_>, s: StorageId, lo: u64, by: u64, min_alloc: usize) -> Option<Copy> {
+    let st = &job.st[s.index()];
+    let by = by.checked_sub(st.lead)?;
+    let dur = job.in_dur(st.bytes);
     let start = job.chans[job.in_chan()].latest_fit(lo, by, dur)?;
     let mut k = job.boundary_at_or_before(start);
     while k > 0 && job.steps[k - 1].rebuilds.is_some() {
@@ -73,6 +77,53 @@ fn place_in(job: &Job<'_>, bytes: u64, lo: u64, by: u64, min_alloc: usize) -> Op
 fn place_out(job: &Job<'_>, bytes: u64, lo: u64, hi: u64, after: usize) -> Option<Copy> {
     let dur = job.out_dur(bytes);
     let start = job.chans[OUT].earliest_fit(lo, hi, dur)?;
+    anchor_out(job, start, dur, after)
+}
+
+/// The earliest swap-out starting in `[lo, iteration end)` that may run on
+/// into the next iteration (wrapping on the channel's periodic time line).
+fn place_out_wrapping(job: &Job<'_>, bytes: u64, lo: u64, after: usize) -> Option<Copy> {
+    let dur = job.out_dur(bytes);
+    let period = job.iteration_ns();
+    let chan = &job.chans[OUT];
+    if dur >= period {
+        return None;
+    }
+    if let Some(start) = chan.earliest_fit(lo, period, dur) {
+        return anchor_out(job, start, dur, after);
+    }
+    // Start as early as the tail of the iteration is free up to its end,
+    // then continue at the next iteration's start.
+    let busy = chan.busy();
+    let tail_from = busy.last().map_or(0, |&(_, e)| e).max(lo);
+    if tail_from >= period || !chan.is_free(0, tail_from + dur - period) {
+        return None;
+    }
+    anchor_out(job, tail_from, dur, after)
+}
+
+/// The earliest swap-out of a persistent storage at the head of the
+/// iteration, ending by `hi`, anchored before the storage's first access.
+fn place_out_head(job: &Job<'_>, bytes: u64, hi: u64, first: usize) -> Option<Copy> {
+    let dur = job.out_dur(bytes);
+    let start = job.chans[OUT].earliest_fit(0, hi, dur)?;
+    let mut k = job.boundary_at_or_before(start);
+    while k > 0 && job.steps[k - 1].rebuilds.is_some() {
+        k -= 1;
+    }
+    if k > first {
+        return None;
+    }
+    Some(Copy {
+        trigger: k.checked_sub(1),
+        delay: start - job.times[k],
+        dur,
+    })
+}
+
+/// A swap-out starting at `start`, anchored to the last real op that ends
+/// by then (never before `after`).
+fn anchor_out(job: &Job<'_>, start: u64, dur: u64, after: usize) -> Option<Copy> {
     let mut j = job.boundary_at_or_before(start).checked_sub(1)?;
     while job.steps[j].rebuilds.is_some() {
         j = j.checked_sub(1)?;
@@ -94,19 +145,34 @@ pub(crate) fn place(job: &Job<'_>, s: StorageId, peak: usize) -> Option<Gap> {
     let t = &job.times;
     let n = job.n();
     if wrap {
-        let out = place_out(job, bytes, t[after + 1], t[n], after)?;
-        if peak > after && job.boundary_at_or_after(out.end(t)) > peak {
-            return None;
-        }
+        // The swap-out either follows the last access (the update), running
+        // on into the next iteration if need be, or it comes at the head of
+        // the next iteration, before the peak: the data is final either way.
         let min_alloc = if peak < before { peak + 1 } else { 0 };
-        let inn = place_in(job, bytes, 0, t[before], min_alloc)?;
-        return Some(Gap {
-            after,
-            before,
-            wrap,
-            out: Some(out),
-            inn: Some(inn),
-        });
+        let try_out = |out: Copy| {
+            let lo = out.end(t).saturating_sub(t[n]);
+            let inn = place_in(job, s, lo, t[before], min_alloc)?;
+            let gap = Gap {
+                after,
+                before,
+                wrap,
+                out: Some(out),
+                inn: Some(inn),
+            };
+            let clears = job
+                .absent(&gap)
+                .iter()
+                .any(|&(a, b)| (a..b).contains(&peak));
+            clears.then_some(gap)
+        };
+        let tail = place_out_wrapping(job, bytes, t[after + 1], after).and_then(try_out);
+        let head = || {
+            (peak < before)
+                .then(|| place_out_head(job, bytes, t[peak], before))
+                .flatten()
+                .and_then(try_out)
+        };
+        return tail.or_else(head);
     }
     let (out, in_lo) = if host_copy_valid(job, s, after) {
         (None, t[after + 1])
@@ -114,7 +180,7 @@ pub(crate) fn place(job: &Job<'_>, s: StorageId, peak: usize) -> Option<Gap> {
         let out = place_out(job, bytes, t[after + 1], t[peak], after)?;
         (Some(out), out.end(t))
     };
-    let inn = place_in(job, bytes, in_lo, t[before], peak + 1)?;
+    let inn = place_in(job, s, in_lo, t[before], peak + 1)?;
     Some(Gap {
         after,
         before,
@@ -129,7 +195,6 @@ pub(crate) fn place(job: &Job<'_>, s: StorageId, peak: usize) -> Option<Gap> {
 pub(crate) fn reuse_host_copy(job: &mut Job<'_>, s: StorageId, from: usize) -> usize {
     let mut placed = 0;
     let acc = job.st[s.index()].accesses.clone();
-    let bytes = job.st[s.index()].bytes;
     for w in acc.windows(2) {
         let (x, y) = (w[0], w[1]);
         if x.step < from {
@@ -144,7 +209,7 @@ pub(crate) fn reuse_host_copy(job: &mut Job<'_>, s: StorageId, from: usize) -> u
             continue;
         }
         let t = &job.times;
-        if let Some(inn) = place_in(job, bytes, t[x.step + 1], t[y.step], x.step + 2) {
+        if let Some(inn) = place_in(job, s, t[x.step + 1], t[y.step], x.step + 2) {
             job.apply_gap(
                 s,
                 Gap {

@@ -154,9 +154,18 @@ pub(crate) struct SimArgs {
     /// Jobs as MODEL:BATCH, comma separated (e.g. resnet50:16,vgg16:2).
     #[arg(long, default_value = "resnet50:2,vgg16:2,inception_v3:2")]
     pub(crate) jobs: String,
-    /// `vanilla` (free after last use) or `tensile`.
+    /// `tensile` (ours), `vanilla` (free after last use), or a baseline:
+    /// `vdnn-conv`, `capuchin`, `save-on-cpu`, `offload-stream`,
+    /// `checkpoint-blocks`, `knapsack`. Capuchin's budget: `--budget-mb`
+    /// split over the jobs by their vanilla peaks, else each job's peak
+    /// under ours.
     #[arg(long, default_value = "tensile")]
     pub(crate) policy: String,
+    /// The knapsack policy's activation budget: the fraction of the saved
+    /// activations' bytes it may keep (torch.compile's
+    /// `activation_memory_budget`).
+    #[arg(long, default_value_t = 0.5)]
+    pub(crate) activation_budget: f64,
     #[command(flatten)]
     pub(crate) device: DeviceArgs,
     /// Iterations per job.

@@ -6,8 +6,10 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
+use tensile_baselines::{BaselineInput, Capuchin, Policy, static_plan};
+use tensile_executor::ExecOptions;
 use tensile_executor::replan::EwmaReplanner;
-use tensile_executor::sim::{JobResult, SimConfig, SimJob, SimResult, simulate};
+use tensile_executor::sim::{FixedPlans, JobResult, SimConfig, SimJob, SimResult, simulate};
 use tensile_graph::zoo::{self, ZooConfig};
 use tensile_graph::{Graph, Liveness};
 use tensile_latency_model::{DeviceProfile, estimate_latencies, true_latencies};
@@ -50,21 +52,17 @@ fn planner_config(p: &DeviceProfile, d: &DeviceArgs) -> PlannerConfig {
     c
 }
 
-fn settings(policy: &str, p: &DeviceProfile) -> Result<JobSettings> {
+fn settings(policy: Policy, p: &DeviceProfile) -> JobSettings {
     let mut s = JobSettings {
         base_bytes: p.base_bytes,
         ..JobSettings::default()
     };
-    match policy {
-        "tensile" => {}
-        "vanilla" => {
-            s.swap = false;
-            s.recompute = false;
-            s.across_iteration = false;
-        }
-        other => bail!("unknown policy {other:?}; known: vanilla, tensile"),
+    if policy == Policy::Vanilla {
+        s.swap = false;
+        s.recompute = false;
+        s.across_iteration = false;
     }
-    Ok(s)
+    s
 }
 
 #[derive(Serialize)]
@@ -96,11 +94,7 @@ pub(crate) fn plan(a: &PlanArgs) -> Result<()> {
         estimate_latencies(&graph, &profile)
     };
     let cfg = planner_config(&profile, &a.device);
-    let input = tensile_planner::JobInput {
-        graph: &graph,
-        latency_ns: lat,
-        settings: settings("tensile", &profile)?,
-    };
+    let input = tensile_planner::JobInput::new(&graph, lat, settings(Policy::Tensile, &profile));
     let t = Instant::now();
     let mp = tensile_planner::plan(&[input], &cfg)?;
     let plan_ms = t.elapsed().as_secs_f64() * 1e3;
@@ -197,11 +191,17 @@ struct Metrics {
     recomputed_ops: usize,
     plan_ms: f64,
     replans: usize,
+    /// What no plan can go under: for a job, the largest working set of any
+    /// one op plus the base; for the system, the sum over jobs.
+    lower_bound_bytes: u64,
+    /// The saving at the lower bound: how far any plan could go.
+    msr_max: f64,
 }
 
 impl Metrics {
     fn finish(&mut self, keepall: u64) {
         self.msr = 1.0 - self.peak_bytes as f64 / self.peak_vanilla_bytes.max(1) as f64;
+        self.msr_max = 1.0 - self.lower_bound_bytes as f64 / self.peak_vanilla_bytes.max(1) as f64;
         self.msr_vs_keepall = 1.0 - self.peak_bytes as f64 / keepall.max(1) as f64;
         self.eor = self.time_s / self.time_vanilla_s.max(1e-12) - 1.0;
         self.cbr = (self.eor > 1e-9).then(|| self.msr / self.eor);
@@ -218,6 +218,11 @@ struct SimReport {
     system: Metrics,
     predicted_sum_of_peaks_bytes: u64,
     predicted_aligned_peak_bytes: u64,
+    /// Wall time of the first (cold-start) plan of all jobs together.
+    first_plan_ms: f64,
+    /// Mean and worst wall time of a re-plan of all jobs.
+    replan_mean_ms: f64,
+    replan_max_ms: f64,
 }
 
 /// Mean iteration time after the first (cold-start) iteration.
@@ -234,21 +239,25 @@ fn steady_time_s(r: &JobResult) -> f64 {
 struct Run {
     result: SimResult,
     plan_ms: f64,
+    /// Every planning run's wall time, ms; the first is the cold start.
+    plan_runs_ms: Vec<f64>,
     replans: usize,
     predicted: (u64, u64),
     /// Each job's predicted peak under its first plan.
     predicted_peaks: Vec<u64>,
 }
 
+/// Runs `policy` on `graphs`. `budgets`: each job's memory budget, for
+/// Capuchin (ours is given the same limit only through `--budget-mb`).
 fn run_policy(
     graphs: &[Graph],
     lives: &[Liveness],
-    policy: &str,
+    policy: Policy,
     profile: &DeviceProfile,
     a: &SimArgs,
+    budgets: Option<&[u64]>,
 ) -> Result<Run> {
     let cfg = planner_config(profile, &a.device);
-    let s = settings(policy, profile)?;
     let truth: Vec<Vec<u64>> = graphs
         .iter()
         .enumerate()
@@ -262,32 +271,6 @@ fn run_policy(
             .map(|g| estimate_latencies(g, profile))
             .collect()
     };
-    let mut replanner = EwmaReplanner::new(
-        graphs.iter().collect(),
-        predicted,
-        vec![s; graphs.len()],
-        cfg,
-    );
-    replanner.enabled = policy != "vanilla";
-    let first = replanner.plan_all()?;
-    let predicted_peaks = first
-        .plans
-        .iter()
-        .map(|p| p.prediction.planned_peak_bytes)
-        .collect();
-    let jobs: Vec<SimJob<'_>> = graphs
-        .iter()
-        .zip(lives)
-        .zip(first.plans)
-        .zip(truth)
-        .map(|(((graph, live), plan), true_ns)| SimJob {
-            graph,
-            live,
-            plan,
-            true_ns,
-            start_ns: 0,
-        })
-        .collect();
     let sim = SimConfig {
         iterations: a.iterations,
         sharing_slowdown: if a.no_sharing {
@@ -298,20 +281,120 @@ fn run_policy(
         copy: copy_model(profile),
         base_bytes: profile.base_bytes,
     };
-    let result = simulate(jobs, &sim, &mut replanner);
-    for (j, r) in result.jobs.iter().enumerate() {
+    let jobs = |plans: Vec<tensile_planner::Plan>, options: &dyn Fn(usize) -> ExecOptions| {
+        graphs
+            .iter()
+            .zip(lives)
+            .zip(plans)
+            .zip(truth.clone())
+            .enumerate()
+            .map(|(j, (((graph, live), plan), true_ns))| SimJob {
+                options: options(j),
+                ..SimJob::new(graph, live, plan, true_ns)
+            })
+            .collect::<Vec<SimJob<'_>>>()
+    };
+    let mut run = match policy {
+        Policy::Vanilla | Policy::Tensile => {
+            let s = settings(policy, profile);
+            let mut replanner = EwmaReplanner::new(
+                graphs.iter().collect(),
+                predicted,
+                vec![s; graphs.len()],
+                cfg,
+            );
+            replanner.enabled = policy != Policy::Vanilla;
+            let first = replanner.plan_all()?;
+            let predicted_peaks = first
+                .plans
+                .iter()
+                .map(|p| p.prediction.planned_peak_bytes)
+                .collect();
+            let result = simulate(
+                jobs(first.plans, &|_| ExecOptions::default()),
+                &sim,
+                &mut replanner,
+            );
+            Run {
+                result,
+                plan_ms: replanner.plan_ns.iter().sum::<u64>() as f64 / 1e6,
+                plan_runs_ms: replanner.plan_ns.iter().map(|&n| n as f64 / 1e6).collect(),
+                replans: replanner.replans,
+                predicted: (first.sum_of_peaks_bytes, first.aligned_peak_bytes),
+                predicted_peaks,
+            }
+        }
+        Policy::Capuchin => {
+            let budgets = budgets
+                .context("capuchin needs a memory budget per job")?
+                .to_vec();
+            let mut cap = Capuchin::new(
+                graphs.iter().collect(),
+                lives.iter().collect(),
+                budgets,
+                cfg.copy,
+            );
+            let plans = cap.initial_plans();
+            let options: Vec<ExecOptions> =
+                (0..graphs.len()).map(|j| cap.exec_options(j)).collect();
+            let result = simulate(jobs(plans, &|j| options[j]), &sim, &mut cap);
+            Run::measured(result)
+        }
+        _ => {
+            let t = Instant::now();
+            let plans = graphs
+                .iter()
+                .zip(lives)
+                .zip(&predicted)
+                .map(|((graph, live), lat)| {
+                    static_plan(
+                        policy,
+                        &BaselineInput {
+                            graph,
+                            live,
+                            latency_ns: lat,
+                            copy: cfg.copy,
+                            activation_budget: a.activation_budget,
+                        },
+                    )
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let plan_ms = t.elapsed().as_secs_f64() * 1e3;
+            let result = simulate(
+                jobs(plans, &|_| policy.exec_options()),
+                &sim,
+                &mut FixedPlans,
+            );
+            Run {
+                plan_ms,
+                plan_runs_ms: vec![plan_ms],
+                ..Run::measured(result)
+            }
+        }
+    };
+    for (j, r) in run.result.jobs.iter().enumerate() {
         if let Some(e) = &r.error {
-            bail!("job {j} ({}): {e}", graphs[j].name());
+            bail!("{}: job {j} ({}): {e}", policy.name(), graphs[j].name());
         }
     }
-    let plan_ms = replanner.plan_ns.iter().sum::<u64>() as f64 / 1e6;
-    Ok(Run {
-        result,
-        plan_ms,
-        replans: replanner.replans,
-        predicted: (first.sum_of_peaks_bytes, first.aligned_peak_bytes),
-        predicted_peaks,
-    })
+    if run.predicted_peaks.is_empty() {
+        run.predicted_peaks = vec![0; graphs.len()];
+    }
+    Ok(run)
+}
+
+impl Run {
+    /// A run whose policy predicts nothing.
+    fn measured(result: SimResult) -> Run {
+        Run {
+            result,
+            plan_ms: 0.0,
+            plan_runs_ms: Vec::new(),
+            replans: 0,
+            predicted: (0, 0),
+            predicted_peaks: Vec::new(),
+        }
+    }
 }
 
 fn parse_jobs(spec: &str, a: &SimArgs) -> Result<Vec<Graph>> {
@@ -341,10 +424,39 @@ pub(crate) fn sim(a: &SimArgs) -> Result<()> {
     let profile = device(&a.device.device)?;
     let graphs = parse_jobs(&a.jobs, a)?;
     let lives: Vec<Liveness> = graphs.iter().map(Liveness::analyze).collect();
+    let policy = Policy::parse(&a.policy)?;
+    if !(0.0..=1.0).contains(&a.activation_budget) {
+        bail!(
+            "--activation-budget must be in [0, 1], got {}",
+            a.activation_budget
+        );
+    }
     eprintln!("simulating {} jobs: vanilla ...", graphs.len());
-    let vanilla = run_policy(&graphs, &lives, "vanilla", &profile, a)?;
+    let vanilla = run_policy(&graphs, &lives, Policy::Vanilla, &profile, a, None)?;
+    let budgets: Option<Vec<u64>> = if policy != Policy::Capuchin {
+        None
+    } else if let Some(mb) = a.device.budget_mb {
+        // The device budget split over the jobs by their vanilla peaks.
+        let total: u64 = vanilla.result.jobs.iter().map(|j| j.peak_bytes()).sum();
+        Some(
+            vanilla
+                .result
+                .jobs
+                .iter()
+                .map(|j| (mb as f64 * 1e6 * j.peak_bytes() as f64 / total.max(1) as f64) as u64)
+                .collect(),
+        )
+    } else {
+        // The same budget as ours: each job's peak under TENSILE.
+        eprintln!(
+            "simulating {} jobs: tensile, for capuchin's budgets ...",
+            graphs.len()
+        );
+        let ours = run_policy(&graphs, &lives, Policy::Tensile, &profile, a, None)?;
+        Some(ours.result.jobs.iter().map(|j| j.peak_bytes()).collect())
+    };
     eprintln!("simulating {} jobs: {} ...", graphs.len(), a.policy);
-    let run = run_policy(&graphs, &lives, &a.policy, &profile, a)?;
+    let run = run_policy(&graphs, &lives, policy, &profile, a, budgets.as_deref())?;
     let mut jobs = Vec::new();
     for (j, g) in graphs.iter().enumerate() {
         let (v, r) = (&vanilla.result.jobs[j], &run.result.jobs[j]);
@@ -360,6 +472,7 @@ pub(crate) fn sim(a: &SimArgs) -> Result<()> {
             passive_swaps: r.iterations.iter().map(|i| i.passive_swaps).sum(),
             swapped_bytes: last.map_or(0, |i| i.swapped_bytes),
             recomputed_ops: last.map_or(0, |i| i.recomputed_ops),
+            lower_bound_bytes: lower_bound(g) + profile.base_bytes,
             ..Metrics::default()
         };
         m.finish(lives[j].keep_all_footprint().peak + profile.base_bytes);
@@ -381,9 +494,11 @@ pub(crate) fn sim(a: &SimArgs) -> Result<()> {
         recomputed_ops: jobs.iter().map(|m| m.recomputed_ops).sum(),
         plan_ms: run.plan_ms,
         replans: run.replans,
+        lower_bound_bytes: jobs.iter().map(|m| m.lower_bound_bytes).sum(),
         ..Metrics::default()
     };
     system.finish(keepall);
+    let replans = run.plan_runs_ms.get(1..).unwrap_or_default();
     let report = SimReport {
         device: profile.name.clone(),
         policy: a.policy.clone(),
@@ -393,6 +508,9 @@ pub(crate) fn sim(a: &SimArgs) -> Result<()> {
         system,
         predicted_sum_of_peaks_bytes: run.predicted.0,
         predicted_aligned_peak_bytes: run.predicted.1,
+        first_plan_ms: run.plan_runs_ms.first().copied().unwrap_or(0.0),
+        replan_mean_ms: replans.iter().fold(0.0, |s, x| s + x) / replans.len().max(1) as f64,
+        replan_max_ms: replans.iter().copied().fold(0.0, f64::max),
     };
     if let Some(path) = &a.plot {
         let svg = render_svg(&chart(&graphs, &vanilla.result, &run.result, &report));
@@ -417,12 +535,13 @@ fn print_table(r: &SimReport) {
         r.seed
     );
     println!(
-        "{:<28} {:>11} {:>11} {:>7} {:>7} {:>10} {:>10} {:>8} {:>8} {:>7} {:>7}",
+        "{:<28} {:>11} {:>11} {:>7} {:>7} {:>7} {:>10} {:>10} {:>8} {:>8} {:>7} {:>7}",
         "job",
         "vanilla pk",
         "peak",
         "msr",
         "msr/ka",
+        "msr max",
         "t vanilla",
         "t",
         "eor",
@@ -432,12 +551,13 @@ fn print_table(r: &SimReport) {
     );
     for m in r.jobs.iter().chain(std::iter::once(&r.system)) {
         println!(
-            "{:<28} {:>11} {:>11} {:>7.3} {:>7.3} {:>9.2}ms {:>8.2}ms {:>8.4} {:>8} {:>7.4} {:>7}",
+            "{:<28} {:>11} {:>11} {:>7.3} {:>7.3} {:>7.3} {:>9.2}ms {:>8.2}ms {:>8.4} {:>8} {:>7.4} {:>7}",
             m.name,
             bytes(m.peak_vanilla_bytes),
             bytes(m.peak_bytes),
             m.msr,
             m.msr_vs_keepall,
+            m.msr_max,
             m.time_vanilla_s * 1e3,
             m.time_s * 1e3,
             m.eor,
@@ -447,9 +567,11 @@ fn print_table(r: &SimReport) {
         );
     }
     println!(
-        "planning: {:.2} ms in all, {} re-plans; predicted global peak: sum of peaks {}, aligned {}",
-        r.system.plan_ms,
-        r.system.replans,
+        "planning: {:.2} ms in all; first plan {:.2} ms; {} re-plans, {:.2} ms mean, {:.2} ms worst",
+        r.system.plan_ms, r.first_plan_ms, r.system.replans, r.replan_mean_ms, r.replan_max_ms
+    );
+    println!(
+        "msr max: the saving at the lower bound (largest working set of one op + base); predicted global peak: sum of peaks {}, aligned {}",
         bytes(r.predicted_sum_of_peaks_bytes),
         bytes(r.predicted_aligned_peak_bytes)
     );

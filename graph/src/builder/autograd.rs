@@ -6,8 +6,13 @@ use crate::builder::layers::GradFn;
 use crate::builder::{Builder, attrs, ints};
 use crate::ir::{Alias, AliasKind, AttrValue, DType, Phase, TensorId, TensorKind};
 
-/// The optimizer of the iteration, one update op per parameter
-/// (PyTorch's per-tensor form: `foreach=False`).
+/// The optimizer of the iteration, one fused update op per parameter (the
+/// granularity of PyTorch's per-tensor form, `foreach=False`, with the memory
+/// of a fused kernel: no temporaries). PyTorch's unfused per-tensor Adam,
+/// which the tracer records, also holds one parameter-sized temporary
+/// (`sqrt(exp_avg_sq) / bias_correction2_sqrt`) during each update, so where
+/// the optimizer step holds the peak its peak is higher by up to the largest
+/// parameter (VGG-16 at batch 2: 411 MB, +9.4%).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Optimizer {
     /// `torch.optim.Adam`: two moment buffers per parameter.
