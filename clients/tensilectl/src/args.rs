@@ -27,6 +27,54 @@ pub(crate) enum Command {
     /// The learned op-latency predictor: profile kernels, train, evaluate.
     #[command(subcommand)]
     Latency(LatencyCommand),
+    /// Benchmarks that print figures side by side.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum BenchCommand {
+    /// The TENSILE paper's experiments (Tables I, III, IV; Figs. 6, 7) for
+    /// ours and every baseline, on simulated devices, with the paper's
+    /// figures beside ours.
+    Paper(BenchPaperArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct BenchPaperArgs {
+    /// Device profiles, comma separated (a6000, h100, paper, cpu or files).
+    #[arg(long, default_value = "a6000,h100,paper")]
+    pub(crate) device: String,
+    /// Policies besides vanilla, comma separated (ours always runs).
+    #[arg(
+        long,
+        default_value = "tensile,vdnn-conv,capuchin,save-on-cpu,offload-stream,checkpoint-blocks,knapsack"
+    )]
+    pub(crate) policies: String,
+    /// Iterations per run: the first is the cold start, the rest are
+    /// averaged.
+    #[arg(long, default_value_t = 6)]
+    pub(crate) iterations: usize,
+    /// Seed of the devices' latency bias and of the mixed workload's order.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) seed: u64,
+    /// The knapsack policy's activation budget.
+    #[arg(long, default_value_t = 0.5)]
+    pub(crate) activation_budget: f64,
+    #[command(flatten)]
+    pub(crate) opt: OptimizerArg,
+    /// Only ResNet-50 (and the mixed five) at fewer batch sizes: a smoke run.
+    #[arg(long)]
+    pub(crate) quick: bool,
+    /// Simulations run in parallel on at most this many threads.
+    #[arg(long, default_value_t = 4)]
+    pub(crate) jobs: usize,
+    /// Print JSON.
+    #[arg(long)]
+    pub(crate) json: bool,
+    /// Write the figures as SVG files into this directory.
+    #[arg(long)]
+    pub(crate) plot: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -135,7 +183,8 @@ pub(crate) struct PlanArgs {
 
 #[derive(Debug, Args)]
 pub(crate) struct DeviceArgs {
-    /// Device profile: a6000, h100, paper, or a JSON profile file.
+    /// Device profile: a6000, h100, paper, cpu (the CPU the shipped latency
+    /// models were measured on), or a JSON profile file.
     #[arg(long, default_value = "a6000")]
     pub(crate) device: String,
     /// Recompute while the jobs' planned peaks add up to more than this (MB).
@@ -147,6 +196,12 @@ pub(crate) struct DeviceArgs {
     /// Plan from the true latencies instead of the cold-start estimate.
     #[arg(long)]
     pub(crate) exact: bool,
+    /// Where ours takes its cold-start latencies from: `auto` (the learned
+    /// models trained for this device, if any: the shipped ones are for
+    /// `--device cpu`; else the roofline estimate), `roofline`, or a model
+    /// directory (`tensilectl latency train --out DIR`).
+    #[arg(long, default_value = "auto")]
+    pub(crate) latency_models: String,
 }
 
 #[derive(Debug, Args)]

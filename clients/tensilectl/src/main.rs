@@ -4,6 +4,7 @@
 //! exit codes (1: the command failed or the input is invalid; 2: bad usage).
 
 mod args;
+mod bench_cmd;
 mod graph_cmd;
 mod input;
 mod latency_cmd;
@@ -16,7 +17,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-use crate::args::{Cli, Command, GraphCommand, LatencyCommand};
+use crate::args::{BenchCommand, Cli, Command, GraphCommand, LatencyCommand};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -30,6 +31,7 @@ fn main() -> ExitCode {
         Command::Latency(LatencyCommand::Profile(a)) => latency_cmd::profile(&a),
         Command::Latency(LatencyCommand::Train(a)) => latency_cmd::train(&a),
         Command::Latency(LatencyCommand::Eval(a)) => latency_cmd::eval(&a),
+        Command::Bench(BenchCommand::Paper(a)) => bench_cmd::paper(&a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

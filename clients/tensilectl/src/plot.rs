@@ -187,6 +187,129 @@ pub(crate) fn render_svg(chart: &Chart) -> String {
     s
 }
 
+/// A grouped bar chart: one group per label, one bar per series in each;
+/// a missing value (`None`: the run failed) is drawn as an empty slot with
+/// a cross.
+pub(crate) struct Bars {
+    pub(crate) title: String,
+    pub(crate) y_label: String,
+    pub(crate) groups: Vec<String>,
+    pub(crate) series: Vec<(String, Vec<Option<f64>>)>,
+}
+
+pub(crate) fn render_bars(b: &Bars) -> String {
+    let vals = || b.series.iter().flat_map(|s| s.1.iter().flatten().copied());
+    let y_max = vals()
+        .filter(|v| v.is_finite())
+        .fold(0.0, f64::max)
+        .max(1e-9)
+        * 1.08;
+    let y_min = vals().filter(|v| v.is_finite()).fold(0.0, f64::min) * 1.08;
+    let (pw, ph) = (W - LEFT - RIGHT, H - TOP - BOTTOM - 30.0);
+    let y = |v: f64| TOP + ph - (v - y_min) / (y_max - y_min) * ph;
+    let groups = b.groups.len().max(1) as f64;
+    let gw = pw / groups;
+    let bw = gw * 0.8 / b.series.len().max(1) as f64;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">"#
+    );
+    let _ = writeln!(s, r#"<rect width="{W}" height="{H}" fill="white"/>"#);
+    let _ = writeln!(
+        s,
+        r#"<text x="{}" y="22" text-anchor="middle" font-size="15">{}</text>"#,
+        LEFT + pw / 2.0,
+        escape(&b.title)
+    );
+    let _ = writeln!(
+        s,
+        r#"<text x="16" y="{}" transform="rotate(-90 16 {})" text-anchor="middle">{}</text>"#,
+        TOP + ph / 2.0,
+        TOP + ph / 2.0,
+        escape(&b.y_label)
+    );
+    let step = tick_step(y_max - y_min);
+    let mut v = (y_min / step).ceil() * step;
+    while v <= y_max {
+        let _ = writeln!(
+            s,
+            r##"<line x1="{LEFT}" x2="{}" y1="{yv:.1}" y2="{yv:.1}" stroke="#ddd"/><text x="{}" y="{:.1}" text-anchor="end">{}</text>"##,
+            LEFT + pw,
+            LEFT - 6.0,
+            y(v) + 4.0,
+            fmt_value(v, step),
+            yv = y(v)
+        );
+        v += step;
+    }
+    for (g, label) in b.groups.iter().enumerate() {
+        let gx = LEFT + gw * g as f64 + gw * 0.1;
+        for (i, (_, values)) in b.series.iter().enumerate() {
+            let color = PALETTE[i % PALETTE.len()];
+            let x = gx + bw * i as f64;
+            match values.get(g).copied().flatten().filter(|v| v.is_finite()) {
+                Some(v) => {
+                    let (top, bottom) = (y(v.max(0.0)), y(v.min(0.0)));
+                    let _ = writeln!(
+                        s,
+                        r#"<rect x="{x:.1}" y="{top:.1}" width="{:.1}" height="{:.1}" fill="{color}"><title>{}: {v:.4}</title></rect>"#,
+                        (bw - 1.0).max(0.5),
+                        (bottom - top).max(0.5),
+                        escape(&b.series[i].0)
+                    );
+                }
+                None => {
+                    let y0 = y(0.0);
+                    let _ = writeln!(
+                        s,
+                        r#"<path d="M{x:.1},{:.1} l{:.1},-8 M{x:.1},{:.1} l{:.1},8" stroke="{color}"/>"#,
+                        y0,
+                        bw - 1.0,
+                        y0 - 8.0,
+                        bw - 1.0
+                    );
+                }
+            }
+        }
+        let lx = LEFT + gw * (g as f64 + 0.5);
+        let ly = TOP + ph + 14.0;
+        let _ = writeln!(
+            s,
+            r#"<text x="{lx:.1}" y="{ly:.1}" text-anchor="end" transform="rotate(-30 {lx:.1} {ly:.1})">{}</text>"#,
+            escape(label)
+        );
+    }
+    let _ = writeln!(
+        s,
+        r#"<rect x="{LEFT}" y="{TOP}" width="{pw}" height="{ph}" fill="none" stroke="black"/>"#
+    );
+    for (i, (label, _)) in b.series.iter().enumerate() {
+        let ly = TOP + 14.0 + 18.0 * i as f64;
+        let _ = writeln!(
+            s,
+            r#"<rect x="{}" y="{}" width="18" height="10" fill="{}"/><text x="{}" y="{}">{}</text>"#,
+            W - RIGHT + 15.0,
+            ly - 5.0,
+            PALETTE[i % PALETTE.len()],
+            W - RIGHT + 40.0,
+            ly + 4.0,
+            escape(label)
+        );
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+fn fmt_value(v: f64, step: f64) -> String {
+    if step >= 1.0 {
+        format!("{v:.0}")
+    } else {
+        let digits = (-step.log10()).ceil().max(0.0) as usize;
+        format!("{v:.digits$}")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -209,6 +332,26 @@ mod tests {
         let reduced = reduce(&points, |t| t * 100.0);
         assert!(reduced.len() < 2000);
         assert!(reduced.iter().any(|p| p.1 == 9e8));
+    }
+
+    #[test]
+    fn bars_draw_every_value_and_mark_missing_ones() {
+        let b = Bars {
+            title: "MSR <single>".into(),
+            y_label: "MSR".into(),
+            groups: vec!["vgg16".into(), "resnet50".into()],
+            series: vec![
+                ("tensile".into(), vec![Some(0.4), Some(0.3)]),
+                ("vdnn".into(), vec![Some(-0.1), None]),
+            ],
+        };
+        let svg = render_bars(&b);
+        assert!(svg.starts_with("<svg") && svg.ends_with("</svg>\n"));
+        assert_eq!(svg.matches("<title>").count(), 3, "{svg}");
+        assert!(svg.contains("tensile: 0.4000") && svg.contains("vdnn: -0.1000"));
+        assert!(svg.contains("MSR &lt;single&gt;"));
+        // The missing value is a cross, not a bar.
+        assert_eq!(svg.matches(" l").count(), 2, "{svg}");
     }
 
     #[test]

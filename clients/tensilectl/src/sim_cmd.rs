@@ -1,7 +1,7 @@
 //! `tensilectl plan` and `tensilectl sim`: plan zoo jobs, and simulate them
 //! sharing one GPU, side by side with vanilla (free after last use).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
@@ -12,27 +12,114 @@ use tensile_executor::replan::EwmaReplanner;
 use tensile_executor::sim::{FixedPlans, JobResult, SimConfig, SimJob, SimResult, simulate};
 use tensile_graph::zoo::{self, ZooConfig};
 use tensile_graph::{Graph, Liveness};
-use tensile_latency_model::{DeviceProfile, estimate_latencies, true_latencies};
+use tensile_latency_model::predict::shipped_cpu_models;
+use tensile_latency_model::{DeviceProfile, Predictor, Source, estimate_latencies, true_latencies};
 use tensile_planner::{CopyModel, EventKind, JobSettings, PlannerConfig};
 
-use crate::args::{DeviceArgs, PlanArgs, SimArgs};
+use crate::args::{PlanArgs, SimArgs};
 use crate::input;
 use crate::plot::{Chart, Series, render_svg};
 use crate::report::bytes;
 
-fn device(arg: &str) -> Result<DeviceProfile> {
+pub(crate) fn device(arg: &str) -> Result<DeviceProfile> {
     if DeviceProfile::builtin_names().contains(&arg) {
         return Ok(DeviceProfile::builtin(arg)?);
+    }
+    if arg == "cpu" {
+        // The CPU the shipped latency models were measured on: its roofline
+        // calibrated on the same measurements.
+        let path = shipped_cpu_models().join("roofline.json");
+        return DeviceProfile::from_file(&path).with_context(|| path.display().to_string());
     }
     let path = Path::new(arg);
     if !path.exists() {
         bail!(
-            "unknown device {arg:?}: not a built-in profile ({}) and no such file",
+            "unknown device {arg:?}: not a built-in profile ({}, cpu) and no such file",
             DeviceProfile::builtin_names().join(", ")
         );
     }
     let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {arg}"))?;
     DeviceProfile::from_json(&text).with_context(|| arg.to_string())
+}
+
+/// Where the planner's cold-start latencies come from.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum ColdStart {
+    /// The learned models trained for this device if there are any (the
+    /// shipped ones are for `cpu`), else the roofline estimate.
+    Auto,
+    /// The roofline estimate.
+    Roofline,
+    /// The learned models in this directory.
+    Models(PathBuf),
+}
+
+impl ColdStart {
+    pub(crate) fn parse(s: &str) -> ColdStart {
+        match s {
+            "auto" => ColdStart::Auto,
+            "roofline" => ColdStart::Roofline,
+            dir => ColdStart::Models(PathBuf::from(dir)),
+        }
+    }
+}
+
+/// The cold-start latencies of every job, and where they came from.
+fn cold_start(
+    graphs: &[Graph],
+    profile: &DeviceProfile,
+    how: &ColdStart,
+) -> Result<(Vec<Vec<u64>>, String)> {
+    let dir = match how {
+        ColdStart::Roofline => None,
+        ColdStart::Models(dir) => Some(dir.clone()),
+        ColdStart::Auto => {
+            let dir = shipped_cpu_models();
+            let manifest = std::fs::read_to_string(dir.join("manifest.json")).ok();
+            let device = manifest
+                .and_then(|m| serde_json::from_str::<serde_json::Value>(&m).ok())
+                .and_then(|m| m["device"].as_str().map(str::to_owned));
+            (device.as_deref() == Some(profile.name.as_str())).then_some(dir)
+        }
+    };
+    let Some(dir) = dir else {
+        let lat = graphs
+            .iter()
+            .map(|g| estimate_latencies(g, profile))
+            .collect();
+        return Ok((lat, "roofline estimate".into()));
+    };
+    let predictor = Predictor::load(&dir)
+        .with_context(|| format!("cold-start latency models {}", dir.display()))?;
+    if predictor.manifest().device != profile.name {
+        eprintln!(
+            "note: the latency models in {} were trained on {:?}, the device is {:?}",
+            dir.display(),
+            predictor.manifest().device,
+            profile.name
+        );
+    }
+    let (mut model, mut roofline) = (0, 0);
+    let mut out = Vec::new();
+    for g in graphs {
+        let p = predictor.predict_graph(g, 0.0)?;
+        model += p
+            .source_per_op
+            .iter()
+            .filter(|s| **s == Source::Model)
+            .count();
+        roofline += p
+            .source_per_op
+            .iter()
+            .filter(|s| **s == Source::Roofline)
+            .count();
+        out.push(p.ns_per_op);
+    }
+    let what = format!(
+        "learned models ({}): {model} ops by a model, {roofline} by the roofline",
+        dir.display()
+    );
+    Ok((out, what))
 }
 
 fn copy_model(p: &DeviceProfile) -> CopyModel {
@@ -46,10 +133,40 @@ fn copy_model(p: &DeviceProfile) -> CopyModel {
     }
 }
 
-fn planner_config(p: &DeviceProfile, d: &DeviceArgs) -> PlannerConfig {
+fn planner_config(p: &DeviceProfile, budget_mb: Option<u64>) -> PlannerConfig {
     let mut c = PlannerConfig::new(copy_model(p));
-    c.budget_bytes = d.budget_mb.map(|mb| mb * 1_000_000);
+    c.budget_bytes = budget_mb.map(|mb| mb * 1_000_000);
     c
+}
+
+/// How a workload is simulated (from `sim`'s flags, or set by `bench`).
+#[derive(Debug, Clone)]
+pub(crate) struct SimOptions {
+    pub(crate) iterations: usize,
+    pub(crate) seed: u64,
+    /// Plan from the true latencies instead of the cold-start estimate.
+    pub(crate) exact: bool,
+    pub(crate) no_sharing: bool,
+    pub(crate) budget_mb: Option<u64>,
+    pub(crate) activation_budget: f64,
+    /// When each job starts, ns (empty: all at 0).
+    pub(crate) starts: Vec<u64>,
+    pub(crate) cold_start: ColdStart,
+}
+
+impl SimOptions {
+    fn from_args(a: &SimArgs) -> SimOptions {
+        SimOptions {
+            iterations: a.iterations,
+            seed: a.device.seed,
+            exact: a.device.exact,
+            no_sharing: a.no_sharing,
+            budget_mb: a.device.budget_mb,
+            activation_budget: a.activation_budget,
+            starts: Vec::new(),
+            cold_start: ColdStart::parse(&a.device.latency_models),
+        }
+    }
 }
 
 fn settings(policy: Policy, p: &DeviceProfile) -> JobSettings {
@@ -91,9 +208,11 @@ pub(crate) fn plan(a: &PlanArgs) -> Result<()> {
     let lat = if a.device.exact {
         true_latencies(&graph, &profile, a.device.seed)
     } else {
-        estimate_latencies(&graph, &profile)
+        let how = ColdStart::parse(&a.device.latency_models);
+        let (mut lat, _) = cold_start(std::slice::from_ref(&graph), &profile, &how)?;
+        lat.pop().unwrap_or_default()
     };
-    let cfg = planner_config(&profile, &a.device);
+    let cfg = planner_config(&profile, a.device.budget_mb);
     let input = tensile_planner::JobInput::new(&graph, lat, settings(Policy::Tensile, &profile));
     let t = Instant::now();
     let mp = tensile_planner::plan(&[input], &cfg)?;
@@ -171,31 +290,31 @@ fn lower_bound(g: &Graph) -> u64 {
         .unwrap_or(0)
 }
 
-#[derive(Serialize, Default)]
-struct Metrics {
-    name: String,
-    peak_vanilla_bytes: u64,
-    peak_bytes: u64,
+#[derive(Serialize, Default, Clone)]
+pub(crate) struct Metrics {
+    pub(crate) name: String,
+    pub(crate) peak_vanilla_bytes: u64,
+    pub(crate) peak_bytes: u64,
     /// What the planner predicted under its first plan.
-    predicted_peak_bytes: u64,
-    msr: f64,
-    msr_vs_keepall: f64,
-    time_vanilla_s: f64,
-    time_s: f64,
-    eor: f64,
+    pub(crate) predicted_peak_bytes: u64,
+    pub(crate) msr: f64,
+    pub(crate) msr_vs_keepall: f64,
+    pub(crate) time_vanilla_s: f64,
+    pub(crate) time_s: f64,
+    pub(crate) eor: f64,
     /// `null` stands for infinity (no overhead).
-    cbr: Option<f64>,
-    stall_s: f64,
-    passive_swaps: usize,
-    swapped_bytes: u64,
-    recomputed_ops: usize,
-    plan_ms: f64,
-    replans: usize,
+    pub(crate) cbr: Option<f64>,
+    pub(crate) stall_s: f64,
+    pub(crate) passive_swaps: usize,
+    pub(crate) swapped_bytes: u64,
+    pub(crate) recomputed_ops: usize,
+    pub(crate) plan_ms: f64,
+    pub(crate) replans: usize,
     /// What no plan can go under: for a job, the largest working set of any
     /// one op plus the base; for the system, the sum over jobs.
-    lower_bound_bytes: u64,
+    pub(crate) lower_bound_bytes: u64,
     /// The saving at the lower bound: how far any plan could go.
-    msr_max: f64,
+    pub(crate) msr_max: f64,
 }
 
 impl Metrics {
@@ -208,21 +327,25 @@ impl Metrics {
     }
 }
 
-#[derive(Serialize)]
-struct SimReport {
-    device: String,
-    policy: String,
-    iterations: usize,
-    seed: u64,
-    jobs: Vec<Metrics>,
-    system: Metrics,
-    predicted_sum_of_peaks_bytes: u64,
-    predicted_aligned_peak_bytes: u64,
+#[derive(Serialize, Clone)]
+pub(crate) struct SimReport {
+    pub(crate) device: String,
+    pub(crate) policy: String,
+    pub(crate) iterations: usize,
+    pub(crate) seed: u64,
+    pub(crate) jobs: Vec<Metrics>,
+    pub(crate) system: Metrics,
+    pub(crate) predicted_sum_of_peaks_bytes: u64,
+    pub(crate) predicted_aligned_peak_bytes: u64,
     /// Wall time of the first (cold-start) plan of all jobs together.
-    first_plan_ms: f64,
+    pub(crate) first_plan_ms: f64,
     /// Mean and worst wall time of a re-plan of all jobs.
-    replan_mean_ms: f64,
-    replan_max_ms: f64,
+    pub(crate) replan_mean_ms: f64,
+    pub(crate) replan_max_ms: f64,
+    /// Where the cold-start latencies came from, and their error against
+    /// the simulated device's true latencies (Σ|p − t| / Σ t).
+    pub(crate) cold_start_latencies: String,
+    pub(crate) cold_start_error: f64,
 }
 
 /// Mean iteration time after the first (cold-start) iteration.
@@ -236,40 +359,57 @@ fn steady_time_s(r: &JobResult) -> f64 {
     total as f64 / its.len().max(1) as f64 / 1e9
 }
 
-struct Run {
-    result: SimResult,
-    plan_ms: f64,
+pub(crate) struct Run {
+    pub(crate) result: SimResult,
+    pub(crate) plan_ms: f64,
     /// Every planning run's wall time, ms; the first is the cold start.
-    plan_runs_ms: Vec<f64>,
-    replans: usize,
-    predicted: (u64, u64),
+    pub(crate) plan_runs_ms: Vec<f64>,
+    pub(crate) replans: usize,
+    pub(crate) predicted: (u64, u64),
     /// Each job's predicted peak under its first plan.
-    predicted_peaks: Vec<u64>,
+    pub(crate) predicted_peaks: Vec<u64>,
+    /// Where the latencies the first plan was made from came from.
+    pub(crate) predicted_from: String,
+    /// Σ|predicted − true| / Σ true over every op of every job.
+    pub(crate) cold_start_error: f64,
 }
 
 /// Runs `policy` on `graphs`. `budgets`: each job's memory budget, for
 /// Capuchin (ours is given the same limit only through `--budget-mb`).
-fn run_policy(
+pub(crate) fn run_policy(
     graphs: &[Graph],
     lives: &[Liveness],
     policy: Policy,
     profile: &DeviceProfile,
-    a: &SimArgs,
+    a: &SimOptions,
     budgets: Option<&[u64]>,
 ) -> Result<Run> {
-    let cfg = planner_config(profile, &a.device);
+    let cfg = planner_config(profile, a.budget_mb);
     let truth: Vec<Vec<u64>> = graphs
         .iter()
         .enumerate()
-        .map(|(j, g)| true_latencies(g, profile, a.device.seed.wrapping_add(j as u64)))
+        .map(|(j, g)| true_latencies(g, profile, a.seed.wrapping_add(j as u64)))
         .collect();
-    let predicted: Vec<Vec<u64>> = if a.device.exact {
-        truth.clone()
+    let (predicted, predicted_from) = if a.exact {
+        (truth.clone(), "the true latencies (--exact)".to_string())
+    } else if policy == Policy::Tensile {
+        cold_start(graphs, profile, &a.cold_start)?
     } else {
-        graphs
+        let lat = graphs
             .iter()
             .map(|g| estimate_latencies(g, profile))
-            .collect()
+            .collect();
+        (lat, "roofline estimate".to_string())
+    };
+    let cold_start_error = {
+        let (mut err, mut total) = (0.0, 0.0);
+        for (p, t) in predicted.iter().zip(&truth) {
+            for (&p, &t) in p.iter().zip(t) {
+                err += (p as f64 - t as f64).abs();
+                total += t as f64;
+            }
+        }
+        err / total.max(1.0)
     };
     let sim = SimConfig {
         iterations: a.iterations,
@@ -290,6 +430,7 @@ fn run_policy(
             .enumerate()
             .map(|(j, (((graph, live), plan), true_ns))| SimJob {
                 options: options(j),
+                start_ns: a.starts.get(j).copied().unwrap_or(0),
                 ..SimJob::new(graph, live, plan, true_ns)
             })
             .collect::<Vec<SimJob<'_>>>()
@@ -322,6 +463,8 @@ fn run_policy(
                 replans: replanner.replans,
                 predicted: (first.sum_of_peaks_bytes, first.aligned_peak_bytes),
                 predicted_peaks,
+                predicted_from: String::new(),
+                cold_start_error: 0.0,
             }
         }
         Policy::Capuchin => {
@@ -380,6 +523,8 @@ fn run_policy(
     if run.predicted_peaks.is_empty() {
         run.predicted_peaks = vec![0; graphs.len()];
     }
+    run.predicted_from = predicted_from;
+    run.cold_start_error = cold_start_error;
     Ok(run)
 }
 
@@ -393,11 +538,13 @@ impl Run {
             replans: 0,
             predicted: (0, 0),
             predicted_peaks: Vec::new(),
+            predicted_from: String::new(),
+            cold_start_error: 0.0,
         }
     }
 }
 
-fn parse_jobs(spec: &str, a: &SimArgs) -> Result<Vec<Graph>> {
+pub(crate) fn parse_jobs(spec: &str, a: &SimArgs) -> Result<Vec<Graph>> {
     let optimizer = input::optimizer(&a.opt)?;
     let mut out = Vec::new();
     for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
@@ -417,46 +564,34 @@ fn parse_jobs(spec: &str, a: &SimArgs) -> Result<Vec<Graph>> {
     Ok(out)
 }
 
-pub(crate) fn sim(a: &SimArgs) -> Result<()> {
-    if a.iterations == 0 || a.iterations > 10_000 {
-        bail!("--iterations must be in 1..=10000, got {}", a.iterations);
+/// Capuchin's memory budget per job: `--budget-mb` split over the jobs by
+/// their vanilla peaks, else each job's peak under ours (`ours`), as the
+/// TENSILE paper set it.
+pub(crate) fn capuchin_budgets(opts: &SimOptions, vanilla: &Run, ours: Option<&Run>) -> Vec<u64> {
+    let peaks = |r: &Run| -> Vec<u64> { r.result.jobs.iter().map(|j| j.peak_bytes()).collect() };
+    match (opts.budget_mb, ours) {
+        (Some(_), _) | (None, None) => {
+            let v = peaks(vanilla);
+            let total: u64 = v.iter().sum();
+            let mb = opts.budget_mb.unwrap_or(total / 1_000_000);
+            v.iter()
+                .map(|&p| (mb as f64 * 1e6 * p as f64 / total.max(1) as f64) as u64)
+                .collect()
+        }
+        (None, Some(ours)) => peaks(ours),
     }
-    let profile = device(&a.device.device)?;
-    let graphs = parse_jobs(&a.jobs, a)?;
-    let lives: Vec<Liveness> = graphs.iter().map(Liveness::analyze).collect();
-    let policy = Policy::parse(&a.policy)?;
-    if !(0.0..=1.0).contains(&a.activation_budget) {
-        bail!(
-            "--activation-budget must be in [0, 1], got {}",
-            a.activation_budget
-        );
-    }
-    eprintln!("simulating {} jobs: vanilla ...", graphs.len());
-    let vanilla = run_policy(&graphs, &lives, Policy::Vanilla, &profile, a, None)?;
-    let budgets: Option<Vec<u64>> = if policy != Policy::Capuchin {
-        None
-    } else if let Some(mb) = a.device.budget_mb {
-        // The device budget split over the jobs by their vanilla peaks.
-        let total: u64 = vanilla.result.jobs.iter().map(|j| j.peak_bytes()).sum();
-        Some(
-            vanilla
-                .result
-                .jobs
-                .iter()
-                .map(|j| (mb as f64 * 1e6 * j.peak_bytes() as f64 / total.max(1) as f64) as u64)
-                .collect(),
-        )
-    } else {
-        // The same budget as ours: each job's peak under TENSILE.
-        eprintln!(
-            "simulating {} jobs: tensile, for capuchin's budgets ...",
-            graphs.len()
-        );
-        let ours = run_policy(&graphs, &lives, Policy::Tensile, &profile, a, None)?;
-        Some(ours.result.jobs.iter().map(|j| j.peak_bytes()).collect())
-    };
-    eprintln!("simulating {} jobs: {} ...", graphs.len(), a.policy);
-    let run = run_policy(&graphs, &lives, policy, &profile, a, budgets.as_deref())?;
+}
+
+/// The metrics of `run` against `vanilla`, per job and for the system.
+pub(crate) fn report(
+    graphs: &[Graph],
+    lives: &[Liveness],
+    profile: &DeviceProfile,
+    opts: &SimOptions,
+    policy: Policy,
+    vanilla: &Run,
+    run: &Run,
+) -> SimReport {
     let mut jobs = Vec::new();
     for (j, g) in graphs.iter().enumerate() {
         let (v, r) = (&vanilla.result.jobs[j], &run.result.jobs[j]);
@@ -499,11 +634,11 @@ pub(crate) fn sim(a: &SimArgs) -> Result<()> {
     };
     system.finish(keepall);
     let replans = run.plan_runs_ms.get(1..).unwrap_or_default();
-    let report = SimReport {
+    SimReport {
         device: profile.name.clone(),
-        policy: a.policy.clone(),
-        iterations: a.iterations,
-        seed: a.device.seed,
+        policy: policy.name().to_string(),
+        iterations: opts.iterations,
+        seed: opts.seed,
         jobs,
         system,
         predicted_sum_of_peaks_bytes: run.predicted.0,
@@ -511,7 +646,43 @@ pub(crate) fn sim(a: &SimArgs) -> Result<()> {
         first_plan_ms: run.plan_runs_ms.first().copied().unwrap_or(0.0),
         replan_mean_ms: replans.iter().fold(0.0, |s, x| s + x) / replans.len().max(1) as f64,
         replan_max_ms: replans.iter().copied().fold(0.0, f64::max),
+        cold_start_latencies: run.predicted_from.clone(),
+        cold_start_error: run.cold_start_error,
+    }
+}
+
+pub(crate) fn sim(a: &SimArgs) -> Result<()> {
+    if a.iterations == 0 || a.iterations > 10_000 {
+        bail!("--iterations must be in 1..=10000, got {}", a.iterations);
+    }
+    let profile = device(&a.device.device)?;
+    let graphs = parse_jobs(&a.jobs, a)?;
+    let lives: Vec<Liveness> = graphs.iter().map(Liveness::analyze).collect();
+    let policy = Policy::parse(&a.policy)?;
+    if !(0.0..=1.0).contains(&a.activation_budget) {
+        bail!(
+            "--activation-budget must be in [0, 1], got {}",
+            a.activation_budget
+        );
+    }
+    let opts = SimOptions::from_args(a);
+    eprintln!("simulating {} jobs: vanilla ...", graphs.len());
+    let vanilla = run_policy(&graphs, &lives, Policy::Vanilla, &profile, &opts, None)?;
+    let budgets = if policy != Policy::Capuchin {
+        None
+    } else if opts.budget_mb.is_some() {
+        Some(capuchin_budgets(&opts, &vanilla, None))
+    } else {
+        eprintln!(
+            "simulating {} jobs: tensile, for capuchin's budgets ...",
+            graphs.len()
+        );
+        let ours = run_policy(&graphs, &lives, Policy::Tensile, &profile, &opts, None)?;
+        Some(capuchin_budgets(&opts, &vanilla, Some(&ours)))
     };
+    eprintln!("simulating {} jobs: {} ...", graphs.len(), a.policy);
+    let run = run_policy(&graphs, &lives, policy, &profile, &opts, budgets.as_deref())?;
+    let report = report(&graphs, &lives, &profile, &opts, policy, &vanilla, &run);
     if let Some(path) = &a.plot {
         let svg = render_svg(&chart(&graphs, &vanilla.result, &run.result, &report));
         std::fs::write(path, svg).with_context(|| format!("cannot write {}", path.display()))?;
@@ -569,6 +740,11 @@ fn print_table(r: &SimReport) {
     println!(
         "planning: {:.2} ms in all; first plan {:.2} ms; {} re-plans, {:.2} ms mean, {:.2} ms worst",
         r.system.plan_ms, r.first_plan_ms, r.system.replans, r.replan_mean_ms, r.replan_max_ms
+    );
+    println!(
+        "cold start: {} (error vs the true latencies {:.1}%)",
+        r.cold_start_latencies,
+        r.cold_start_error * 100.0
     );
     println!(
         "msr max: the saving at the lower bound (largest working set of one op + base); predicted global peak: sum of peaks {}, aligned {}",
