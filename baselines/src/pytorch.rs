@@ -24,17 +24,27 @@
 //!   tensor is kept in a stash until its copy is done. Before offloading
 //!   tensor `n`, the compute stream waits for the copies of stashed tensors
 //!   `n - 5` and older and drops them: at most five offloads are in flight.
-//! - Backward: when autograd unpacks an offloaded tensor, the copy back is
-//!   issued on the side stream and the compute stream waits for it; there is
-//!   no prefetch of later tensors. Unpacked tensors are freed once the
-//!   node that used them has run (the side stream waits on an event).
+//! - Backward: when autograd unpacks an offloaded tensor for a node, the
+//!   copy back is issued on the side stream and the compute stream waits
+//!   for it before the node runs. There is no explicit prefetch, but the
+//!   copies run ahead of compute on their own: the CPU launches backward
+//!   nodes ahead of the GPU, and the side stream only waits (through an
+//!   event recorded after each node) for the node before the previous one
+//!   to finish before its next copy, so the copy for node `k` overlaps the
+//!   compute of node `k - 1`. The maintainers call this implicit
+//!   prefetching (torchtune issue #1905). Unpacked tensors are freed once
+//!   the node that used them has run.
 //!
 //! Modelled as an asynchronous swap-out of every saved activation of at
 //! least [`MIN_OFFLOAD_BYTES`] after its last forward use, run with
 //! [`ExecOptions::max_swap_outs_in_flight`](tensile_executor::ExecOptions)
-//! at [`OFFLOAD_STASH`] (an op waits while more copies are in flight), no
-//! swap-in (the executor fetches on demand and waits, as torchtune's compute
-//! stream does), and the vanilla release after the last backward use.
+//! at [`OFFLOAD_STASH`] (an op waits while more copies are in flight), and a
+//! swap-in one node ahead: the "nodes" are the backward ops that first read
+//! an offloaded storage, in order, and the storages node `k` needs are
+//! swapped in after node `k - 2` ends (as backward starts for the first
+//! two), so that their copies overlap node `k - 1`. A copy that is late
+//! stalls the op, as torchtune's compute stream waits. Releases are the
+//! vanilla ones, after the last backward use.
 //!
 //! # What the model leaves out
 //! Both hooks pack once per *save*, not per storage: a tensor that two
@@ -47,15 +57,23 @@
 //! (weights), which stay on the device anyway; here they do not move.
 //! torchtune's stash counts every packed tensor (small ones and parameters
 //! too) and keeps a device tensor until five later packs, not only until
-//! its copy ends. Copies from pageable memory (`pin_memory=False`) are
-//! slower than pinned ones on real hardware; the copy model has one
-//! bandwidth. So both models copy less and more quickly than the real hooks
-//! and free at least as early: they understate time and memory, not
-//! overstate them.
+//! its copy ends, and the last few tensors packed are used from the stash
+//! in backward without a round trip. Its implicit prefetch needs the CPU to
+//! run ahead of the GPU, and its one side stream orders copies of both
+//! directions in one queue; the copy model has a lane per direction. Our
+//! backward ops are finer than autograd nodes (a linear layer's backward
+//! is three ops here, one node there). Copies from pageable memory
+//! (`pin_memory=False`) are slower than pinned ones on real hardware; the
+//! copy model has one bandwidth. So both models move fewer bytes, and more
+//! quickly, than the real hooks: they understate the time these policies
+//! cost. Memory can differ either way: the stash frees later, a tensor
+//! fetched twice is on the device for less time.
 
+use tensile_graph::{OpId, Phase};
 use tensile_planner::{Event, EventKind, Plan, Trigger};
 
-use crate::{BaselineError, BaselineInput, common};
+use crate::common::{self, Saved};
+use crate::{BaselineError, BaselineInput};
 
 /// How many offloads torchtune's OffloadActivations keeps in flight
 /// (`max_fwd_stash_size`).
@@ -65,30 +83,60 @@ pub(crate) const OFFLOAD_STASH: usize = 5;
 pub(crate) const MIN_OFFLOAD_BYTES: u64 = 1024;
 
 pub(crate) fn save_on_cpu(input: &BaselineInput<'_>) -> Result<Plan, BaselineError> {
-    Ok(offload_saved(input, 0))
+    // No swap-in: each op fetches what it needs on demand.
+    Ok(common::assemble(swap_outs(input, &offloaded(input, 0))))
 }
 
 pub(crate) fn offload_stream(input: &BaselineInput<'_>) -> Result<Plan, BaselineError> {
-    Ok(offload_saved(input, MIN_OFFLOAD_BYTES))
-}
-
-/// The vanilla releases plus a swap-out of every saved activation of at
-/// least `min_bytes` after its last forward use; no swap-in: backward
-/// fetches on demand. How the copies block is up to the executor options.
-fn offload_saved(input: &BaselineInput<'_>, min_bytes: u64) -> Plan {
-    let live = input.live;
-    let mut events = common::release_events(live);
-    for s in common::saved_activations(input.graph, live) {
-        let st = &live.storages[s.storage.index()];
-        if st.bytes < min_bytes {
-            continue;
-        }
+    let (g, live) = (input.graph, input.live);
+    let offloaded = offloaded(input, MIN_OFFLOAD_BYTES);
+    // The nodes that fetch, in backward order (op ids are execution order).
+    let mut nodes: Vec<OpId> = offloaded.iter().map(|s| s.first_backward).collect();
+    nodes.sort_unstable();
+    nodes.dedup();
+    let bw_start = g
+        .ops()
+        .iter()
+        .find(|o| o.phase == Phase::Backward)
+        .map_or(OpId(0), |o| o.id);
+    let before_bw = OpId(bw_start.0.saturating_sub(1));
+    let mut events = swap_outs(input, &offloaded);
+    for s in &offloaded {
+        let k = nodes.partition_point(|&n| n < s.first_backward);
+        let issue = match k {
+            0 | 1 => before_bw,
+            k => nodes[k - 2],
+        };
         events.push(Event {
-            trigger: Trigger::After(s.last_forward),
+            // Never before the swap-out (a graph whose phases interleave).
+            trigger: Trigger::After(issue.max(s.last_forward)),
             delay_ns: 0,
-            kind: EventKind::SwapOut,
-            tensor: st.root,
+            kind: EventKind::SwapIn,
+            tensor: live.storages[s.storage.index()].root,
         });
     }
-    common::assemble(events)
+    Ok(common::assemble(events))
+}
+
+/// The saved activations of at least `min_bytes`.
+fn offloaded(input: &BaselineInput<'_>, min_bytes: u64) -> Vec<Saved> {
+    let live = input.live;
+    common::saved_activations(input.graph, live)
+        .into_iter()
+        .filter(|s| live.storages[s.storage.index()].bytes >= min_bytes)
+        .collect()
+}
+
+/// The vanilla releases plus a swap-out of each of `saved` after its last
+/// forward use. How the copies block is up to the executor options.
+fn swap_outs(input: &BaselineInput<'_>, saved: &[Saved]) -> Vec<Event> {
+    let live = input.live;
+    let mut events = common::release_events(live);
+    events.extend(saved.iter().map(|s| Event {
+        trigger: Trigger::After(s.last_forward),
+        delay_ns: 0,
+        kind: EventKind::SwapOut,
+        tensor: live.storages[s.storage.index()].root,
+    }));
+    events
 }

@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 
 use tensile_baselines::Policy;
 use tensile_executor::ExecOptions;
-use tensile_graph::{Graph, Liveness, Phase, StorageId};
+use tensile_graph::{Graph, Liveness, OpId, Phase, StorageId};
 use tensile_planner::{CopyModel, EventKind, Trigger};
 
 use crate::{convnet, fast_link, in_flight_at_kernels, latencies, moved, plan_of, run, uses};
@@ -86,8 +86,56 @@ fn offload_stream_offloads_saved_activations_of_at_least_1_kib() {
     for &(s, trigger) in &outs {
         assert_eq!(trigger, Trigger::After(u.last_forward[s.index()].unwrap()));
     }
-    // torchtune does not prefetch in backward.
-    assert_eq!(plan.count(EventKind::SwapIn), 0);
+}
+
+#[test]
+fn offload_stream_fetches_one_node_ahead() {
+    let g = convnet();
+    let live = Liveness::analyze(&g);
+    let lat = latencies(&g);
+    let plan = plan_of(Policy::OffloadStream, &g, &live, &lat, fast_link());
+    let u = uses(&g, &live);
+    let outs = moved(&plan, &live, EventKind::SwapOut);
+    let ins = moved(&plan, &live, EventKind::SwapIn);
+    assert_eq!(
+        ins.iter().map(|x| x.0).collect::<Vec<_>>(),
+        outs.iter().map(|x| x.0).collect::<Vec<_>>(),
+        "each offloaded storage comes back once"
+    );
+    // The backward ops that fetch something, in order.
+    let mut nodes: Vec<OpId> = outs
+        .iter()
+        .map(|&(s, _)| u.first_backward[s.index()].unwrap())
+        .collect();
+    nodes.sort_unstable();
+    nodes.dedup();
+    assert!(nodes.len() >= 6, "{nodes:?}");
+    let bw_start = g
+        .ops()
+        .iter()
+        .find(|op| op.phase == Phase::Backward)
+        .unwrap()
+        .id;
+    for &(s, trigger) in &ins {
+        let need = u.first_backward[s.index()].unwrap();
+        let k = nodes.iter().position(|&n| n == need).unwrap();
+        // Issued as the node before the previous one ends, so that the copy
+        // runs while the previous node computes; the first two nodes' as
+        // backward starts.
+        let want = if k >= 2 {
+            nodes[k - 2]
+        } else {
+            OpId(bw_start.0 - 1)
+        };
+        assert_eq!(trigger, Trigger::After(want), "node {k}");
+    }
+    // Copies back that overlap compute: with a link fast enough, no op
+    // waits for one, and none is fetched on demand.
+    let r = run(Policy::OffloadStream, &g, &lat, fast_link());
+    for it in &r.iterations {
+        assert_eq!(it.passive_swaps, 0);
+        assert!(it.late_prefetches.is_empty(), "{:?}", it.late_prefetches);
+    }
 }
 
 #[test]
