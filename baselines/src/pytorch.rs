@@ -1,6 +1,6 @@
 //! Modern PyTorch offloading practice as fixed plans: activations saved for
-//! backward go to host memory in forward and come back on demand in
-//! backward. Both policies are built on saved-tensor hooks, which see every
+//! backward go to host memory in forward and come back in backward, when
+//! needed (`save_on_cpu`) or a little ahead (torchtune). Both policies are built on saved-tensor hooks, which see every
 //! tensor autograd saves; here a "saved activation" is a non-persistent
 //! storage made in forward and read in backward ([`common::saved_activations`]).
 //!

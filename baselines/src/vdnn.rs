@@ -2,9 +2,10 @@
 //! Scalable, Memory-Efficient Neural Network Design", MICRO 2016), the
 //! variant that offloads only convolution layers' inputs, as a fixed plan.
 //!
-//! vDNN offloads a layer's input feature map (its `X`) to host memory once
-//! forward no longer needs it, and prefetches it during backward while the
-//! layer above it computes, so that the copy overlaps compute; its conv
+//! vDNN copies a layer's input feature map (its `X`) to host memory during
+//! the layer's forward and frees it on the device once the layer is done,
+//! and prefetches it during backward while the layer above it computes, so
+//! that the copies overlap compute; its conv
 //! variant does this only for convolution layers, which hold most of a CNN's
 //! activations and are slow enough to hide a copy. Here:
 //!
@@ -27,6 +28,12 @@
 //! - Releases: every storage is freed after its last access (the vanilla
 //!   releases); an offloaded one thus leaves the device again after its
 //!   last backward use.
+//!
+//! vDNN starts a layer's offload with the layer's forward, so that the copy
+//! overlaps that layer; here it starts after the last forward access, one
+//! op later, because the executor frees a swapped-out buffer at the first
+//! op boundary after its copy ends, which must not come before the last
+//! forward reader has run.
 
 use tensile_graph::{OpId, Phase};
 use tensile_planner::{Event, EventKind, Plan, Trigger};
