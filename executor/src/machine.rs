@@ -41,9 +41,12 @@ pub struct ExecOptions {
     /// The compute stream waits for every swap-out to end before it runs
     /// the next op (PyTorch's `save_on_cpu`: a synchronous copy to host).
     pub sync_swap_out: bool,
-    /// At most this many swap-outs in flight; an op that would start one
-    /// more first waits for the oldest to end (torchtune's
-    /// OffloadActivations keeps a small stash of tensors in flight).
+    /// At most this many swap-outs in flight when an op starts: when the
+    /// events after an op leave more in flight, the next op first waits for
+    /// the oldest to end (torchtune's OffloadActivations keeps a small stash
+    /// of tensors in flight). The extra copies are queued at once: the copy
+    /// lane is FIFO, so queueing them early moves no copy, only compute
+    /// waits.
     pub max_swap_outs_in_flight: Option<usize>,
     /// Capuchin's passive mode: when an allocation would take the job's
     /// memory over this, evict resident non-persistent storages that the
@@ -214,6 +217,11 @@ impl<'g> Executor<'g> {
     /// Sets how copies and memory are run (see [`ExecOptions`]).
     pub fn set_options(&mut self, options: ExecOptions) {
         self.options = options;
+    }
+
+    /// The job's copy channels, whose log shows every copy (for checks).
+    pub fn channels(&self) -> &Channels {
+        &self.chans
     }
 
     /// Fixed memory of the job (context, workspaces), held throughout.
@@ -410,6 +418,26 @@ impl<'g> Executor<'g> {
             .max()
     }
 
+    /// Until when the compute stream waits for swap-outs in flight under
+    /// [`ExecOptions::sync_swap_out`] (none may remain) or
+    /// [`ExecOptions::max_swap_outs_in_flight`]: the end of the copy that
+    /// brings their number down to what is allowed; `None`: go on now.
+    fn swap_out_gate(&self, now: u64) -> Option<u64> {
+        let allowed = if self.options.sync_swap_out {
+            0
+        } else {
+            self.options.max_swap_outs_in_flight?
+        };
+        let mut ends: Vec<u64> = self
+            .slots
+            .iter()
+            .filter_map(|s| s.out_done)
+            .filter(|&d| d > now)
+            .collect();
+        let excess = ends.len().checked_sub(allowed.saturating_add(1))?;
+        Some(*ends.select_nth_unstable(excess).1)
+    }
+
     /// Advances until the next kernel, wait or the end.
     pub fn step(&mut self, now: u64) -> Result<Next, ExecError> {
         loop {
@@ -429,6 +457,10 @@ impl<'g> Executor<'g> {
                     }
                     let op = OpId(self.pc as u32);
                     self.boundary_frees(now);
+                    if let Some(w) = self.swap_out_gate(now) {
+                        self.cur.stall_ns += w - now;
+                        return Ok(Next::WaitUntil(w));
+                    }
                     // Recomputations and their releases, in order.
                     while self.before_idx < self.schedule.before[self.pc].len() {
                         let e = self.schedule.before[self.pc][self.before_idx];
