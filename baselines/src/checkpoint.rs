@@ -300,40 +300,42 @@ fn block_work(
                 })
         })
         .collect();
-    // One run per op: a small side output stays from forward when a larger
+    // One run per op: a small side output stays from forward when another
     // output of the same op is rebuilt anyway.
     let mut keep_small = Vec::new();
     for &op in &block.forward {
-        let outs = &live.allocs[op.index()];
-        let mine: Vec<StorageId> = outs
+        let bytes = |s: StorageId| live.storages[s.index()].bytes;
+        let mine: Vec<StorageId> = live.allocs[op.index()]
             .iter()
             .copied()
             .filter(|s| dropped.contains(s))
             .collect();
-        let bytes = |s: StorageId| live.storages[s.index()].bytes;
-        let Some(&carrier) = mine
-            .iter()
-            .max_by_key(|&&s| (bytes(s), std::cmp::Reverse(s)))
+        let Some(&carrier) = mine.iter().max_by_key(|&&s| (bytes(s), std::cmp::Reverse(s)))
         else {
             continue;
         };
-        let largest = outs.iter().map(|&s| bytes(s)).max().unwrap_or(0);
         keep_small.extend(
             mine.iter()
                 .copied()
-                .filter(|&s| s != carrier && bytes(s) * SMALL_SIBLING_DIVISOR <= largest),
+                .filter(|&s| s != carrier && is_small_side_output(live, s)),
         );
     }
     dropped.retain(|s| !keep_small.contains(s));
 
-    // Early stop: the re-run ends with the last op that makes something the
-    // block's backward reads.
-    let saved_here = |s: StorageId| acc[s.index()].iter().any(|&o| own_backward(o));
-    let end = born
-        .iter()
-        .filter(|&&s| dropped.contains(&s) || saved_here(s))
-        .filter_map(|s| live.storages[s.index()].born)
-        .max()?;
+    // Early stop: the re-run ends with the last op that saves something for
+    // the block's backward (an input, such as a linear layer's, counts: its
+    // unpacking is what triggers the re-run).
+    let saved_here = |s: StorageId| {
+        !live.storages[s.index()].persistent && acc[s.index()].iter().any(|&o| own_backward(o))
+    };
+    let saves = |op: OpId| {
+        let o = graph.op(op);
+        o.inputs
+            .iter()
+            .chain(&o.outputs)
+            .any(|t| saved_here(live.storage_of[t.index()]))
+    };
+    let end = block.forward.iter().copied().filter(|&o| saves(o)).max()?;
     let mut targets = Vec::new();
     for &op in block.forward.iter().filter(|&&o| o <= end) {
         let outs: Vec<StorageId> = live.allocs[op.index()]
@@ -390,6 +392,21 @@ fn block_work(
         inputs,
         targets,
     })
+}
+
+/// Whether `s` is a small side output of the op that makes it (at most
+/// 1/16 of that op's largest output: batch-norm and layer-norm statistics).
+/// The executor re-runs an op once per output it rebuilds, so the
+/// recomputation baselines keep these from forward rather than pay a whole
+/// extra run of the op for a few bytes.
+pub(crate) fn is_small_side_output(live: &Liveness, s: StorageId) -> bool {
+    let Some(op) = live.storages[s.index()].born else {
+        return false;
+    };
+    let outs = &live.allocs[op.index()];
+    let bytes = |s: StorageId| live.storages[s.index()].bytes;
+    let largest = outs.iter().map(|&o| bytes(o)).max().unwrap_or(0);
+    outs.len() > 1 && bytes(s) * SMALL_SIBLING_DIVISOR <= largest
 }
 
 /// Whether `op` writes storage `s` (an output in it).

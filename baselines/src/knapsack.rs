@@ -33,9 +33,12 @@
 //! repaired on exact bytes (drop the kept items worth least per byte while
 //! over the budget, then add left-out ones best per byte while they fit),
 //! so the budget always holds exactly. At budget 1 everything fits and the
-//! plan is vanilla's; at budget 0 every saved activation that can be
-//! rebuilt is. Storages never freed in an iteration (the loss) are not
-//! items and count as kept.
+//! plan is vanilla's; at budget 0 every saved activation that is an item is
+//! rebuilt. Not items, kept and counted against the budget: storages never
+//! freed in an iteration (the loss), and small side outputs (batch-norm and
+//! layer-norm statistics, at most 1/16 of their op's largest output), which
+//! the executor could only rebuild by one more run of the whole op (see
+//! `checkpoint::is_small_side_output`).
 //!
 //! The plan releases each dropped activation after its last forward use and
 //! rebuilds it right before its first backward use; a rebuilt value stays
@@ -50,16 +53,16 @@
 //! items are priced one node at a time.
 //!
 //! Executor limits are those of `checkpoint`: in-place updates of a rebuilt
-//! storage are not re-run, and an op whose several outputs are all dropped
-//! re-runs once per output (each such output is an item priced at the op's
-//! full latency, so the knapsack pays for it too).
+//! storage are not re-run, and an op with several large outputs that are
+//! all dropped (a dropout's output and mask) re-runs once per output; each
+//! is an item priced at the op's full latency, so the knapsack pays for it.
 
 use std::collections::{BTreeMap, HashSet};
 
 use tensile_graph::{Graph, Liveness, OpId, Phase, StorageId};
 use tensile_planner::Plan;
 
-use crate::checkpoint::{Rebuilder, Target};
+use crate::checkpoint::{Rebuilder, Target, is_small_side_output};
 use crate::common::{self, Saved};
 use crate::{BaselineError, BaselineInput};
 
@@ -81,9 +84,12 @@ pub(crate) fn plan(input: &BaselineInput<'_>) -> Result<Plan, BaselineError> {
     let saved = common::saved_activations(graph, live);
     let bytes = |s: StorageId| live.storages[s.index()].bytes;
     let total: u64 = saved.iter().map(|x| bytes(x.storage)).sum();
-    let (items, fixed): (Vec<Saved>, Vec<Saved>) = saved
-        .iter()
-        .partition(|x| live.storages[x.storage.index()].freed_after.is_some());
+    // Never freed (the loss), or a small side output whose op would re-run
+    // once more to rebuild it: kept, and counted against the budget.
+    let (items, fixed): (Vec<Saved>, Vec<Saved>) = saved.iter().partition(|x| {
+        live.storages[x.storage.index()].freed_after.is_some()
+            && !is_small_side_output(live, x.storage)
+    });
     let fixed_bytes: u64 = fixed.iter().map(|x| bytes(x.storage)).sum();
     let cap = ((budget * total as f64).floor() as u64).saturating_sub(fixed_bytes);
 
