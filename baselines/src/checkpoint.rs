@@ -310,7 +310,9 @@ fn block_work(
             .copied()
             .filter(|s| dropped.contains(s))
             .collect();
-        let Some(&carrier) = mine.iter().max_by_key(|&&s| (bytes(s), std::cmp::Reverse(s)))
+        let Some(&carrier) = mine
+            .iter()
+            .max_by_key(|&&s| (bytes(s), std::cmp::Reverse(s)))
         else {
             continue;
         };
