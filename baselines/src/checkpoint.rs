@@ -26,16 +26,17 @@
 //! no group is found is refused.
 //!
 //! # What the plan does
-//! In forward a block keeps what goes in (its inputs, which stay alive until
-//! its recomputation even where vanilla would free them earlier) and what
-//! comes out to later forward ops or to other blocks' backward; every
-//! storage it makes that only its own backward reads is released after its
-//! last forward use. Right before the block's first backward op, its forward
-//! is re-run in order up to the last op that makes something its backward
-//! reads (the early stop): a `Recompute` for each storage to rebuild, in
-//! producer order, with the releases of intermediates that backward does not
-//! read right after their last reader. The rebuilt storages are freed at
-//! their last backward use, as vanilla frees them.
+//! In forward a block keeps its inputs (alive until its recomputation, even
+//! where vanilla would free them earlier) and whatever a later block or a
+//! backward op before its own reads (its output, which the next block
+//! holds); every other storage it makes that backward reads is released
+//! after its last forward use. Right before the block's first backward op,
+//! its forward is re-run in order up to the last op that saves something
+//! for the block's backward, an output or an input (the early stop): a
+//! `Recompute` for each storage to rebuild, in producer order, with the
+//! release of each intermediate that backward does not read right after
+//! its last reader. The rebuilt storages are freed at their last backward
+//! use, as vanilla frees them.
 //!
 //! # How faithful the time is
 //! The executor re-runs a producer to rebuild one storage that is absent.
@@ -50,9 +51,10 @@
 //! - an op with several outputs that backward reads is re-run once per
 //!   output to rebuild. Small side outputs (at most 1/16 of the op's largest
 //!   output: batch-norm and layer-norm statistics) are therefore kept from
-//!   forward instead of being rebuilt, so that the op runs once; large ones
-//!   (a dropout mask, max-pool indices next to a needed output) cost one
-//!   extra run of the op.
+//!   forward when another output of the op is rebuilt anyway, so that the op
+//!   runs once (memory overstated by a few bytes per channel); large ones (a
+//!   dropout's mask next to its needed output) cost one extra run of the op
+//!   (time overstated by that op's latency).
 //!
 //! # Shared with the knapsack policy
 //! [`Rebuilder`] turns "release these in forward, rebuild those before that

@@ -72,6 +72,11 @@ const POLICY: &str = "knapsack";
 /// fraction of all items' bytes (torch quantizes its budget range the same).
 const RESOLUTION: u64 = 10_000;
 
+/// At most this many cells in the program's decision table (32 MiB of
+/// bits): graphs with very many items get a coarser resolution instead of
+/// more memory and time; the exact-byte repair keeps the budget either way.
+const MAX_CELLS: usize = 1 << 28;
+
 pub(crate) fn plan(input: &BaselineInput<'_>) -> Result<Plan, BaselineError> {
     let budget = input.activation_budget;
     if !(0.0..=1.0).contains(&budget) {
@@ -175,7 +180,8 @@ fn choose(weights: &[u64], values: &[u64], cap: u64) -> Vec<bool> {
     if sum <= cap {
         return vec![true; n];
     }
-    let unit = sum.div_ceil(RESOLUTION).max(1);
+    let resolution = RESOLUTION.min((MAX_CELLS / n.max(1)) as u64).max(1);
+    let unit = sum.div_ceil(resolution).max(1);
     let q: Vec<usize> = weights
         .iter()
         .map(|&w| ((w + unit / 2) / unit) as usize)
