@@ -168,12 +168,25 @@ impl<'g> Capuchin<'g> {
         Some(self.emit(job))
     }
 
-    /// The plan of job `job`'s current choices, with a new version.
+    /// A new version of job `job`'s plan, to hand out.
     fn emit(&mut self, job: usize) -> Plan {
-        let live = self.lives[job];
         let st = &mut self.jobs[job];
+        st.version += 1;
+        let plan = self.plan(job).unwrap_or_default();
+        self.jobs[job].report.predicted_peak_bytes = plan.prediction.planned_peak_bytes;
+        plan
+    }
+
+    /// Job `job`'s current plan: the passive iteration's until it has been
+    /// measured.
+    pub fn plan(&self, job: usize) -> Option<Plan> {
+        let live = *self.lives.get(job)?;
+        let st = self.jobs.get(job)?;
         let Some(m) = &st.model else {
-            return common::vanilla(live);
+            return Some(Plan {
+                version: st.version,
+                ..common::vanilla(live)
+            });
         };
         let c = &st.choices;
         let root = |s: StorageId| live.storages[s.index()].root;
@@ -220,8 +233,6 @@ impl<'g> Capuchin<'g> {
         }
         let pr = predict(m, c);
         let vanilla = predict(m, &Choices::default());
-        st.version += 1;
-        st.report.predicted_peak_bytes = pr.peak;
         let mut plan = common::assemble(events);
         plan.version = st.version;
         let p = &mut plan.prediction;
@@ -239,7 +250,7 @@ impl<'g> Capuchin<'g> {
             .map(|s| m.bytes(s))
             .sum();
         p.recomputed_ops = c.recomputes.len();
-        plan
+        Some(plan)
     }
 }
 
