@@ -48,7 +48,8 @@ pub struct ExecOptions {
     /// Capuchin's passive mode: when an allocation would take the job's
     /// memory over this, evict resident non-persistent storages that the
     /// current op does not use, least recently accessed first, to the host
-    /// (the op waits for the copies), and swap them back on demand.
+    /// (the op waits for the copies), and swap them back on demand. A
+    /// planned prefetch that would not fit is left to its op to fetch.
     pub evict_budget_bytes: Option<u64>,
 }
 
@@ -77,7 +78,7 @@ pub struct IterationStats {
     pub evictions: Vec<(TensorId, OpId)>,
     /// How far the job's memory went over `evict_budget_bytes` at most
     /// (0: the budget held): when evicting everything evictable could not
-    /// make room, the op ran anyway; a planned prefetch may also take it over.
+    /// make room, the op ran anyway.
     pub over_budget_bytes: u64,
 }
 
@@ -366,6 +367,12 @@ impl<'g> Executor<'g> {
                 // The buffer exists from the trigger on; the copy waits for
                 // its delay.
                 if self.slots[s.index()].loc != Loc::Device {
+                    // Under a budget, a prefetch that does not fit is not
+                    // started: its op fetches it, making room first.
+                    let bytes = self.bytes(s);
+                    if (self.options.evict_budget_bytes).is_some_and(|b| self.mem + bytes > b) {
+                        return;
+                    }
                     self.alloc(s, now);
                     self.slots[s.index()].ready_at = u64::MAX;
                 }

@@ -157,6 +157,46 @@ fn a_victim_with_a_valid_host_copy_is_dropped_without_copying() {
     assert_eq!(it.swapped_bytes, xb + yb + xb, "{names:?}");
 }
 
+/// A planned prefetch that would take the job over the budget is not
+/// started: the op that needs the tensor fetches it on demand, after making
+/// room, so the budget holds.
+#[test]
+fn a_prefetch_that_does_not_fit_is_left_to_its_op() {
+    let g = mlp(4096, 256, 4);
+    let live = Liveness::analyze(&g);
+    let op = |name: &str| g.ops().iter().find(|o| o.name == name).unwrap().id;
+    let act1 = g.tensors().iter().find(|t| t.name == "act1").unwrap().id;
+    // act1 goes out after fc2 and comes back far too early, right after
+    // fc4, while the forward pass still builds up.
+    let mut plan = vanilla(&live);
+    for (after, kind) in [("fc2", EventKind::SwapOut), ("fc4", EventKind::SwapIn)] {
+        plan.events.push(Event {
+            trigger: Trigger::After(op(after)),
+            delay_ns: 0,
+            kind,
+            tensor: act1,
+        });
+    }
+    // The budget leaves 2 MB beside what fc4 runs with: not enough for
+    // act1's 4 MiB.
+    let free = run(&g, &live, plan.clone(), ExecOptions::default());
+    let fc4_starts = u64::from(op("fc4").0) * 100_000;
+    let at_fc4 = free.jobs[0]
+        .trace
+        .iter()
+        .rfind(|&&(t, _)| t <= fc4_starts)
+        .unwrap()
+        .1;
+    let b = at_fc4 + 2_000_000;
+    let r = run(&g, &live, plan, budget(b));
+    assert_eq!(r.jobs[0].error, None);
+    for it in &r.jobs[0].iterations {
+        assert!(it.peak_bytes <= b, "peak {} over {b}", it.peak_bytes);
+        assert_eq!(it.over_budget_bytes, 0);
+        assert!(it.passive_swaps > 0);
+    }
+}
+
 /// Copies slower than the ops: the op that needs room waits until enough
 /// evictions have landed on the host, and the budget still holds.
 #[test]
