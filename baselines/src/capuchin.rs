@@ -8,9 +8,11 @@
 //!   measured (Capuchin's tensor access tracking).
 //! - After it, from the measured latencies: the hybrid policy
 //!   (`policy`): swaps by free time where they can be hidden, otherwise
-//!   recomputation by MSPS, until the predicted peak is within the budget.
-//!   Every job is planned alone (Capuchin has no view of other jobs), on
-//!   its part of the link as the copy model defines it.
+//!   recomputation by MSPS or a swap fetched on demand, whichever costs
+//!   less time, until the predicted peak is within the budget (`timeline`
+//!   predicts memory and copies by the executor's own rules). Every job is
+//!   planned alone (Capuchin has no view of other jobs), on its part of the
+//!   link as the copy model defines it.
 //! - Later iterations: a swap-in that arrived late moves earlier (its lead
 //!   grows by 5% per miss) and the job gets the updated plan. The plan
 //!   itself is not made again: Capuchin decides once, from its one

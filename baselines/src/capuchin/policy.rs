@@ -5,11 +5,14 @@
 //! largest free time (FT: from the end of its swap-out right after its last
 //! forward access to the latest start of a swap-in that ends before its
 //! first backward access) whose swap can be hidden, its copies fitting the
-//! job's copy engines with no stall; if none can, recompute the one with
-//! the largest MSPS (bytes saved per ns of recomputation) whose producer's
-//! inputs are still on the device when it re-runs. The swap-in's trigger is
-//! the latest op end that lets the copy finish before the access (Capuchin's
-//! in-trigger is a tensor access, so there is no delay after it).
+//! job's copy engines with no stall. The swap-in's trigger is the latest op
+//! end that lets the copy finish before the access (Capuchin's in-trigger
+//! is a tensor access, so there is no delay after it). When no swap can be
+//! hidden, Capuchin weighs the overheads: recompute the tensor with the
+//! largest MSPS (bytes saved per ns of recomputation) whose producer's
+//! inputs are still on the device when it re-runs, or swap one out and let
+//! its backward op fetch it on demand, whichever the prediction says adds
+//! less time to the iteration.
 //!
 //! Feedback: a swap-in that arrived late gets a lead 5% longer (the time
 //! from its start to the access it serves), so each miss moves it earlier.
