@@ -51,7 +51,8 @@ pub struct ExecOptions {
     /// Capuchin's passive mode: when an allocation would take the job's
     /// memory over this, evict resident non-persistent storages that the
     /// current op does not use, least recently accessed first, to the host
-    /// (the op waits for the copies), and swap them back on demand.
+    /// (the op waits for the copies), and swap them back on demand. A
+    /// planned prefetch that would not fit is left to its op to fetch.
     pub evict_budget_bytes: Option<u64>,
 }
 
@@ -70,6 +71,18 @@ pub struct IterationStats {
     /// Planned prefetches that arrived late: (storage root, how long the
     /// op waited for it).
     pub late_prefetches: Vec<(TensorId, u64)>,
+    /// Device memory when the iteration began (base, persistent storage,
+    /// inputs), as an allocator reports it before the first op: a planner
+    /// that is not told the job's base can derive it from this.
+    pub start_bytes: u64,
+    /// Passive evictions under [`ExecOptions::evict_budget_bytes`], in
+    /// order: (storage root, the op that needed the room). What Capuchin's
+    /// passive mode observes besides `op_ns`: which tensors did not fit.
+    pub evictions: Vec<(TensorId, OpId)>,
+    /// How far the job's memory went over `evict_budget_bytes` at most
+    /// (0: the budget held): when evicting everything evictable could not
+    /// make room, the op ran anyway.
+    pub over_budget_bytes: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -162,6 +175,9 @@ pub struct Executor<'g> {
     done: Vec<IterationStats>,
     /// (time, bytes) at every change, for plots.
     pub trace: Vec<(u64, u64)>,
+    /// When each storage was last allocated or used by an op, for the
+    /// passive eviction's least-recently-used order.
+    last_use: Vec<u64>,
 }
 
 impl<'g> Executor<'g> {
@@ -206,6 +222,7 @@ impl<'g> Executor<'g> {
             cur: IterationStats::default(),
             done: Vec::new(),
             trace: Vec::new(),
+            last_use: vec![0; live.storages.len()],
         }
     }
 
@@ -259,6 +276,11 @@ impl<'g> Executor<'g> {
             self.slots[s.index()].loc = Loc::Device;
             self.mem += self.bytes(s);
             self.cur.peak_bytes = self.cur.peak_bytes.max(self.mem);
+            self.last_use[s.index()] = now;
+            if let Some(b) = self.options.evict_budget_bytes {
+                let over = self.mem.saturating_sub(b);
+                self.cur.over_budget_bytes = self.cur.over_budget_bytes.max(over);
+            }
             self.trace.push((now, self.mem));
         }
     }
@@ -353,6 +375,12 @@ impl<'g> Executor<'g> {
                 // The buffer exists from the trigger on; the copy waits for
                 // its delay.
                 if self.slots[s.index()].loc != Loc::Device {
+                    // Under a budget, a prefetch that does not fit is not
+                    // started: its op fetches it, making room first.
+                    let bytes = self.bytes(s);
+                    if (self.options.evict_budget_bytes).is_some_and(|b| self.mem + bytes > b) {
+                        return;
+                    }
                     self.alloc(s, now);
                     self.slots[s.index()].ready_at = u64::MAX;
                 }
@@ -476,6 +504,10 @@ impl<'g> Executor<'g> {
                             self.before_idx += 1;
                             continue;
                         };
+                        if let Some(w) = self.make_room(p, op, now) {
+                            self.cur.stall_ns += w - now;
+                            return Ok(Next::WaitUntil(w));
+                        }
                         if let Some(w) = self.inputs_ready(p, now)? {
                             self.cur.stall_ns += w - now;
                             return Ok(Next::WaitUntil(w));
@@ -490,6 +522,10 @@ impl<'g> Executor<'g> {
                             recompute: true,
                         };
                         return Ok(Next::Kernel { op: p });
+                    }
+                    if let Some(w) = self.make_room(op, op, now) {
+                        self.cur.stall_ns += w - now;
+                        return Ok(Next::WaitUntil(w));
                     }
                     if let Some(w) = self.inputs_ready(op, now)? {
                         self.cur.stall_ns += w - now;
@@ -579,6 +615,7 @@ impl<'g> Executor<'g> {
             return;
         };
         self.phase = Phase::Before;
+        self.touch(op, now);
         if recompute {
             return;
         }
@@ -633,6 +670,7 @@ impl<'g> Executor<'g> {
             }
         }
         self.cur.peak_bytes = self.mem;
+        self.cur.start_bytes = self.mem;
         self.trace.push((now, self.mem));
         self.pc = 0;
         self.before_idx = 0;
@@ -655,5 +693,107 @@ impl<'g> Executor<'g> {
         self.done.push(std::mem::take(&mut self.cur));
         self.iteration += 1;
         self.phase = Phase::Start;
+    }
+}
+
+/// Capuchin's passive mode (`ExecOptions::evict_budget_bytes`).
+impl Executor<'_> {
+    /// The storages `op` reads or writes, each once.
+    fn storages_of(&self, op: OpId) -> Vec<StorageId> {
+        let o = self.graph.op(op);
+        let mut out: Vec<StorageId> = o
+            .inputs
+            .iter()
+            .chain(&o.outputs)
+            .map(|t| self.live.storage_of[t.index()])
+            .collect();
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
+    fn touch(&mut self, op: OpId, now: u64) {
+        for s in self.storages_of(op) {
+            self.last_use[s.index()] = now;
+        }
+    }
+
+    /// Before `op` (the op itself, or a recomputation for `current`)
+    /// allocates its outputs and the passive swap-ins of its inputs: if that
+    /// would take the job over the budget, evicts resident non-persistent
+    /// storages that neither op touches, least recently used first, until
+    /// what is being freed makes room. A victim with a valid host copy is
+    /// dropped at once; any other is copied out first and freed when its
+    /// copy ends (never lose data, never free under a copy). Returns when to
+    /// look again while frees are in flight; `None` when the op may run:
+    /// within the budget, or over it with nothing left to evict or wait for
+    /// (a budget below the op's working set must not deadlock).
+    fn make_room(&mut self, op: OpId, current: OpId, now: u64) -> Option<u64> {
+        let budget = self.options.evict_budget_bytes?;
+        let mine = self.storages_of(op);
+        let need: u64 = mine
+            .iter()
+            .filter(|s| self.slots[s.index()].loc != Loc::Device)
+            .map(|&s| self.bytes(s))
+            .sum();
+        if need == 0 || self.mem + need <= budget {
+            return None;
+        }
+        let mut touched = mine;
+        touched.extend(self.storages_of(current));
+        // Frees already under way: finished swap-outs and releases that
+        // wait for a copy (a prefetch whose timer has not run has no end yet).
+        let mut freeing = 0u64;
+        let mut soonest = None::<u64>;
+        for (i, slot) in self.slots.iter().enumerate() {
+            let end = match (slot.out_done, slot.free_pending) {
+                (Some(d), _) if !slot.keep => Some(d),
+                (None, true) if slot.ready_at != u64::MAX => Some(slot.ready_at),
+                _ => None,
+            };
+            if let (Some(end), Loc::Device) = (end, slot.loc) {
+                freeing += self.live.storages[i].bytes;
+                soonest = Some(soonest.map_or(end, |x| x.min(end)));
+            }
+        }
+        let mut victims: Vec<(u64, StorageId)> = (0..self.slots.len())
+            .map(|i| StorageId(i as u32))
+            .filter(|s| {
+                let slot = &self.slots[s.index()];
+                let st = &self.live.storages[s.index()];
+                slot.loc == Loc::Device
+                    && slot.out_done.is_none()
+                    && !slot.free_pending
+                    && slot.ready_at <= now
+                    && !st.persistent
+                    && st.bytes > 0
+                    && !touched.contains(s)
+            })
+            .map(|s| (self.last_use[s.index()], s))
+            .collect();
+        victims.sort_unstable();
+        for (_, s) in victims {
+            if self.mem.saturating_sub(freeing) + need <= budget {
+                break;
+            }
+            let bytes = self.bytes(s);
+            self.cur
+                .evictions
+                .push((self.live.storages[s.index()].root, op));
+            if self.slots[s.index()].host_valid {
+                self.free(s, now);
+                continue;
+            }
+            let end = self.chans.submit(Dir::ToHost, bytes, now);
+            self.slots[s.index()].out_done = Some(end);
+            self.cur.passive_swaps += 1;
+            self.cur.swapped_bytes += bytes;
+            freeing += bytes;
+            soonest = Some(soonest.map_or(end, |x| x.min(end)));
+        }
+        if self.mem + need <= budget {
+            return None;
+        }
+        soonest
     }
 }

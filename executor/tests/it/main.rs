@@ -7,6 +7,7 @@ use tensile_graph::zoo::{self, ZooConfig};
 use tensile_graph::{Graph, Liveness};
 use tensile_planner::{CopyModel, JobInput, JobSettings, PlannerConfig, plan};
 
+mod evict;
 mod options;
 mod random;
 mod snapshots;
