@@ -67,6 +67,10 @@ pub struct PlannerConfig {
     pub copy: CopyModel,
     /// Recomputation runs only while the global peak exceeds this.
     pub budget_bytes: Option<u64>,
+    /// Stop planning as soon as the jobs' peaks add up to no more than
+    /// `budget_bytes` (Capuchin's goal: just fit), instead of swapping
+    /// everything that can be hidden (TENSILE's: save all that is free).
+    pub stop_at_budget: bool,
     /// Cap on greedy rounds, so a pathological input cannot run away.
     pub max_rounds: usize,
     /// How many producers deep a recomputation may reach.
@@ -78,6 +82,7 @@ impl PlannerConfig {
         PlannerConfig {
             copy,
             budget_bytes: None,
+            stop_at_budget: false,
             max_rounds: 1_000_000,
             max_recompute_depth: 3,
         }

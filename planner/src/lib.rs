@@ -147,6 +147,13 @@ pub fn plan(jobs: &[JobInput<'_>], config: &PlannerConfig) -> Result<MultiPlan, 
             });
             break;
         }
+        if config.stop_at_budget
+            && config
+                .budget_bytes
+                .is_some_and(|b| state.iter().map(|j| j.peak().0).sum::<u64>() <= b)
+        {
+            break;
+        }
         if swap_round(&mut state, &mut failed) > 0 {
             continue;
         }

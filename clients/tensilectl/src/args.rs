@@ -190,6 +190,10 @@ pub(crate) struct DeviceArgs {
     /// Recompute while the jobs' planned peaks add up to more than this (MB).
     #[arg(long)]
     pub(crate) budget_mb: Option<u64>,
+    /// Stop planning once the jobs' planned peaks fit the budget (save only
+    /// what must be saved) instead of swapping all that can be hidden.
+    #[arg(long, requires = "budget_mb")]
+    pub(crate) stop_at_budget: bool,
     /// Seed of the simulated device's per-op latency bias.
     #[arg(long, default_value_t = 1)]
     pub(crate) seed: u64,

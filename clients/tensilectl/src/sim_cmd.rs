@@ -133,9 +133,14 @@ fn copy_model(p: &DeviceProfile) -> CopyModel {
     }
 }
 
-fn planner_config(p: &DeviceProfile, budget_mb: Option<u64>) -> PlannerConfig {
+fn planner_config(
+    p: &DeviceProfile,
+    budget_mb: Option<u64>,
+    stop_at_budget: bool,
+) -> PlannerConfig {
     let mut c = PlannerConfig::new(copy_model(p));
     c.budget_bytes = budget_mb.map(|mb| mb * 1_000_000);
+    c.stop_at_budget = stop_at_budget;
     c
 }
 
@@ -148,6 +153,8 @@ pub(crate) struct SimOptions {
     pub(crate) exact: bool,
     pub(crate) no_sharing: bool,
     pub(crate) budget_mb: Option<u64>,
+    /// Ours stops planning once under the budget.
+    pub(crate) stop_at_budget: bool,
     pub(crate) activation_budget: f64,
     /// When each job starts, ns (empty: all at 0).
     pub(crate) starts: Vec<u64>,
@@ -162,6 +169,7 @@ impl SimOptions {
             exact: a.device.exact,
             no_sharing: a.no_sharing,
             budget_mb: a.device.budget_mb,
+            stop_at_budget: a.device.stop_at_budget,
             activation_budget: a.activation_budget,
             starts: Vec::new(),
             cold_start: ColdStart::parse(&a.device.latency_models),
@@ -212,7 +220,7 @@ pub(crate) fn plan(a: &PlanArgs) -> Result<()> {
         let (mut lat, _) = cold_start(std::slice::from_ref(&graph), &profile, &how)?;
         lat.pop().unwrap_or_default()
     };
-    let cfg = planner_config(&profile, a.device.budget_mb);
+    let cfg = planner_config(&profile, a.device.budget_mb, a.device.stop_at_budget);
     let input = tensile_planner::JobInput::new(&graph, lat, settings(Policy::Tensile, &profile));
     let t = Instant::now();
     let mp = tensile_planner::plan(&[input], &cfg)?;
@@ -384,7 +392,7 @@ pub(crate) fn run_policy(
     a: &SimOptions,
     budgets: Option<&[u64]>,
 ) -> Result<Run> {
-    let cfg = planner_config(profile, a.budget_mb);
+    let cfg = planner_config(profile, a.budget_mb, a.stop_at_budget);
     let truth: Vec<Vec<u64>> = graphs
         .iter()
         .enumerate()

@@ -188,3 +188,52 @@ fn late_prefetches_are_fixed_by_replanning() {
         assert_eq!(it.stall_ns, 0, "still late: {:?}", it.late_prefetches);
     }
 }
+
+/// With `stop_at_budget`, ours saves just what the budget asks: the
+/// predicted peak fits the budget, fewer tensors move than when it saves
+/// all it can hide, and the run still measures exactly the prediction.
+#[test]
+fn stop_at_budget_saves_just_enough() {
+    let g = zoo_graph("resnet50", 4);
+    let lat = latencies(&g);
+    let copy = CopyModel::duplex(24e9, 24e9, 5_000);
+    let run = |budget: Option<u64>, stop: bool| {
+        let mut cfg = PlannerConfig::new(copy);
+        cfg.budget_bytes = budget;
+        cfg.stop_at_budget = stop;
+        plan(
+            &[JobInput::new(&g, lat.clone(), JobSettings::default())],
+            &cfg,
+        )
+        .unwrap()
+        .plans
+        .remove(0)
+    };
+    let all = run(None, false);
+    let (vanilla, full) = (
+        all.prediction.vanilla_peak_bytes,
+        all.prediction.planned_peak_bytes,
+    );
+    assert!(full < vanilla);
+    // Halfway between vanilla and everything hidden.
+    let budget = (vanilla + full) / 2;
+    let just = run(Some(budget), true);
+    assert!(just.prediction.planned_peak_bytes <= budget);
+    assert!(
+        just.prediction.planned_peak_bytes > full,
+        "it stopped early"
+    );
+    assert!(
+        just.count(tensile_planner::EventKind::SwapOut)
+            < all.count(tensile_planner::EventKind::SwapOut),
+        "fewer swaps"
+    );
+    // Without the flag the same budget changes nothing: everything that
+    // hides is swapped anyway.
+    assert_eq!(run(Some(budget), false).events, all.events);
+    // A budget over vanilla's peak: no swap at all.
+    assert_eq!(
+        run(Some(vanilla + 1), true).count(tensile_planner::EventKind::SwapOut),
+        0
+    );
+}
