@@ -147,14 +147,11 @@ pub fn plan(jobs: &[JobInput<'_>], config: &PlannerConfig) -> Result<MultiPlan, 
             });
             break;
         }
-        if config.stop_at_budget
-            && config
-                .budget_bytes
-                .is_some_and(|b| state.iter().map(|j| j.peak().0).sum::<u64>() <= b)
-        {
+        let fits = config.budget_bytes.filter(|_| config.stop_at_budget);
+        if fits.is_some_and(|b| sum_of_peaks(&state) <= b) {
             break;
         }
-        if swap_round(&mut state, &mut failed) > 0 {
+        if swap_round(&mut state, &mut failed, fits) > 0 {
             continue;
         }
         if state.iter().any(|j| !j.wrap_allowed) {
@@ -221,8 +218,17 @@ pub fn plan(jobs: &[JobInput<'_>], config: &PlannerConfig) -> Result<MultiPlan, 
     Ok(out)
 }
 
+fn sum_of_peaks(state: &[Job<'_>]) -> u64 {
+    state.iter().map(|j| j.peak().0).sum()
+}
+
 /// One greedy round over all jobs' peaks; returns how many swaps it placed.
-fn swap_round(state: &mut [Job<'_>], failed: &mut HashSet<(usize, StorageId, usize)>) -> usize {
+/// With `fits`, it stops as soon as the peaks add up to no more than that.
+fn swap_round(
+    state: &mut [Job<'_>],
+    failed: &mut HashSet<(usize, StorageId, usize)>,
+    fits: Option<u64>,
+) -> usize {
     let peaks: Vec<usize> = state.iter().map(|j| j.peak().1).collect();
     let mut cands = Vec::new();
     for (j, job) in state.iter().enumerate() {
@@ -246,6 +252,9 @@ fn swap_round(state: &mut [Job<'_>], failed: &mut HashSet<(usize, StorageId, usi
     cands.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
     let mut placed = 0;
     for (_, j, s, after) in cands {
+        if fits.is_some_and(|b| sum_of_peaks(state) <= b) {
+            break;
+        }
         if state[j].peak().1 != peaks[j] || !rate_allows(state, j) {
             continue;
         }

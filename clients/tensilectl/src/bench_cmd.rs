@@ -342,7 +342,7 @@ fn run_workload(
         // Where the baseline saves less than ours, ours saves just as much
         // (and stops there); where it saves more, ours is pushed as far.
         let at = SimOptions {
-            budget_mb: Some(theirs.peak_bytes / 1_000_000),
+            budget_bytes: Some(theirs.peak_bytes),
             stop_at_budget: true,
             ..opts.clone()
         };
@@ -530,7 +530,7 @@ pub(crate) fn paper(a: &BenchPaperArgs) -> Result<()> {
         seed: a.seed,
         exact: false,
         no_sharing: false,
-        budget_mb: None,
+        budget_bytes: None,
         stop_at_budget: false,
         activation_budget: a.activation_budget,
         starts: Vec::new(),

@@ -135,11 +135,11 @@ fn copy_model(p: &DeviceProfile) -> CopyModel {
 
 fn planner_config(
     p: &DeviceProfile,
-    budget_mb: Option<u64>,
+    budget_bytes: Option<u64>,
     stop_at_budget: bool,
 ) -> PlannerConfig {
     let mut c = PlannerConfig::new(copy_model(p));
-    c.budget_bytes = budget_mb.map(|mb| mb * 1_000_000);
+    c.budget_bytes = budget_bytes;
     c.stop_at_budget = stop_at_budget;
     c
 }
@@ -152,7 +152,7 @@ pub(crate) struct SimOptions {
     /// Plan from the true latencies instead of the cold-start estimate.
     pub(crate) exact: bool,
     pub(crate) no_sharing: bool,
-    pub(crate) budget_mb: Option<u64>,
+    pub(crate) budget_bytes: Option<u64>,
     /// Ours stops planning once under the budget.
     pub(crate) stop_at_budget: bool,
     pub(crate) activation_budget: f64,
@@ -168,7 +168,7 @@ impl SimOptions {
             seed: a.device.seed,
             exact: a.device.exact,
             no_sharing: a.no_sharing,
-            budget_mb: a.device.budget_mb,
+            budget_bytes: a.device.budget_mb.map(|mb| mb * 1_000_000),
             stop_at_budget: a.device.stop_at_budget,
             activation_budget: a.activation_budget,
             starts: Vec::new(),
@@ -220,7 +220,11 @@ pub(crate) fn plan(a: &PlanArgs) -> Result<()> {
         let (mut lat, _) = cold_start(std::slice::from_ref(&graph), &profile, &how)?;
         lat.pop().unwrap_or_default()
     };
-    let cfg = planner_config(&profile, a.device.budget_mb, a.device.stop_at_budget);
+    let cfg = planner_config(
+        &profile,
+        a.device.budget_mb.map(|mb| mb * 1_000_000),
+        a.device.stop_at_budget,
+    );
     let input = tensile_planner::JobInput::new(&graph, lat, settings(Policy::Tensile, &profile));
     let t = Instant::now();
     let mp = tensile_planner::plan(&[input], &cfg)?;
@@ -392,7 +396,7 @@ pub(crate) fn run_policy(
     a: &SimOptions,
     budgets: Option<&[u64]>,
 ) -> Result<Run> {
-    let cfg = planner_config(profile, a.budget_mb, a.stop_at_budget);
+    let cfg = planner_config(profile, a.budget_bytes, a.stop_at_budget);
     let truth: Vec<Vec<u64>> = graphs
         .iter()
         .enumerate()
@@ -577,13 +581,13 @@ pub(crate) fn parse_jobs(spec: &str, a: &SimArgs) -> Result<Vec<Graph>> {
 /// TENSILE paper set it.
 pub(crate) fn capuchin_budgets(opts: &SimOptions, vanilla: &Run, ours: Option<&Run>) -> Vec<u64> {
     let peaks = |r: &Run| -> Vec<u64> { r.result.jobs.iter().map(|j| j.peak_bytes()).collect() };
-    match (opts.budget_mb, ours) {
+    match (opts.budget_bytes, ours) {
         (Some(_), _) | (None, None) => {
             let v = peaks(vanilla);
             let total: u64 = v.iter().sum();
-            let mb = opts.budget_mb.unwrap_or(total / 1_000_000);
+            let budget = opts.budget_bytes.unwrap_or(total);
             v.iter()
-                .map(|&p| (mb as f64 * 1e6 * p as f64 / total.max(1) as f64) as u64)
+                .map(|&p| (budget as f64 * p as f64 / total.max(1) as f64) as u64)
                 .collect()
         }
         (None, Some(ours)) => peaks(ours),
@@ -678,7 +682,7 @@ pub(crate) fn sim(a: &SimArgs) -> Result<()> {
     let vanilla = run_policy(&graphs, &lives, Policy::Vanilla, &profile, &opts, None)?;
     let budgets = if policy != Policy::Capuchin {
         None
-    } else if opts.budget_mb.is_some() {
+    } else if opts.budget_bytes.is_some() {
         Some(capuchin_budgets(&opts, &vanilla, None))
     } else {
         eprintln!(
