@@ -327,6 +327,9 @@ pub(crate) struct Metrics {
     pub(crate) lower_bound_bytes: u64,
     /// The saving at the lower bound: how far any plan could go.
     pub(crate) msr_max: f64,
+    /// How far the job went over its memory budget at most (Capuchin's
+    /// passive mode when even evicting everything cannot fit).
+    pub(crate) over_budget_bytes: u64,
 }
 
 impl Metrics {
@@ -620,6 +623,12 @@ pub(crate) fn report(
             swapped_bytes: last.map_or(0, |i| i.swapped_bytes),
             recomputed_ops: last.map_or(0, |i| i.recomputed_ops),
             lower_bound_bytes: lower_bound(g) + profile.base_bytes,
+            over_budget_bytes: r
+                .iterations
+                .iter()
+                .map(|i| i.over_budget_bytes)
+                .max()
+                .unwrap_or(0),
             ..Metrics::default()
         };
         m.finish(lives[j].keep_all_footprint().peak + profile.base_bytes);
@@ -642,6 +651,7 @@ pub(crate) fn report(
         plan_ms: run.plan_ms,
         replans: run.replans,
         lower_bound_bytes: jobs.iter().map(|m| m.lower_bound_bytes).sum(),
+        over_budget_bytes: jobs.iter().map(|m| m.over_budget_bytes).max().unwrap_or(0),
         ..Metrics::default()
     };
     system.finish(keepall);
@@ -753,16 +763,28 @@ fn print_table(r: &SimReport) {
         "planning: {:.2} ms in all; first plan {:.2} ms; {} re-plans, {:.2} ms mean, {:.2} ms worst",
         r.system.plan_ms, r.first_plan_ms, r.system.replans, r.replan_mean_ms, r.replan_max_ms
     );
-    println!(
-        "cold start: {} (error vs the true latencies {:.1}%)",
-        r.cold_start_latencies,
-        r.cold_start_error * 100.0
-    );
-    println!(
-        "msr max: the saving at the lower bound (largest working set of one op + base); predicted global peak: sum of peaks {}, aligned {}",
-        bytes(r.predicted_sum_of_peaks_bytes),
-        bytes(r.predicted_aligned_peak_bytes)
-    );
+    if r.policy == "tensile" {
+        println!(
+            "cold start: {} (error vs the true latencies {:.1}%)",
+            r.cold_start_latencies,
+            r.cold_start_error * 100.0
+        );
+    }
+    for m in r.jobs.iter().filter(|m| m.over_budget_bytes > 0) {
+        println!(
+            "note: {} went over its memory budget by up to {} (nothing more could be evicted)",
+            m.name,
+            bytes(m.over_budget_bytes)
+        );
+    }
+    println!("msr max: the saving at the lower bound (largest working set of one op + base)");
+    if r.policy == "tensile" {
+        println!(
+            "predicted global peak: sum of peaks {}, aligned {}",
+            bytes(r.predicted_sum_of_peaks_bytes),
+            bytes(r.predicted_aligned_peak_bytes)
+        );
+    }
 }
 
 fn chart(graphs: &[Graph], vanilla: &SimResult, run: &SimResult, r: &SimReport) -> Chart {
