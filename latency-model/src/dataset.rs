@@ -45,6 +45,14 @@ impl Sample {
     pub fn is_held_out(&self) -> bool {
         fnv1a(self.shape_key().as_bytes()).is_multiple_of(5)
     }
+
+    /// Which of `folds` validation folds of the training shapes this sample
+    /// falls in (by the high half of the same hash, so the folds do not
+    /// follow the held-out split, and both load levels of a shape share a
+    /// fold). Training uses it to stop early without seeing held-out shapes.
+    pub fn fold(&self, folds: u64) -> u64 {
+        (fnv1a(self.shape_key().as_bytes()) >> 32) % folds.max(1)
+    }
 }
 
 /// Why a sample file could not be read or written.

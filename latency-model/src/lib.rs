@@ -2,7 +2,8 @@
 //!
 //! Two predictors: the roofline cost model over device profiles (also the
 //! simulator's ground truth and the crude cold-start estimate), and the
-//! learned one of SPEC §5: one small MLP per op type, trained on latencies
+//! learned one of SPEC §5: per op type, a small ensemble of 4-layer MLPs
+//! correcting a roofline fitted to the op type, trained on latencies
 //! of real kernels measured through tch (libtorch), exported to ONNX and
 //! served with ONNX Runtime, batched over all ops of a graph, with the
 //! roofline as the fallback for op types without a model.
@@ -19,7 +20,7 @@
 //! - [`features`]: the fixed-length feature vector of an op.
 //! - [`measure`]: the shape grid and the profiler of real kernels (tch).
 //! - [`dataset`]: measured samples as JSON Lines, the split by shape.
-//! - [`train`]: one MLP per op type (tch); [`onnx`]: its ONNX export
+//! - [`train`]: the model of one op type (tch); [`onnx`]: its ONNX export
 //!   (prost, from ONNX's public schema); [`pipeline`]: profile to model
 //!   directory; [`calibrate`]: a roofline profile fitted to measurements.
 //! - [`predict`]: [`Predictor`] (ort): every op of a graph, with its source.

@@ -3,13 +3,16 @@
 //! `build.rs`). The graph computes, for `features: float[n, 32]`,
 //!
 //! ```text
-//! Sub(features, mean) -> Div(std) -> Clip(-3, 3) -> Gemm(W1, b1, transB)
-//!   -> Relu -> ...
-//!   -> Gemm(Wn, bn, transB) -> Clip(lo, hi) = ln_ns: float[n, 1]
+//! Sub(features, mean) -> Div(std) -> Clip(-3, 3) = h0
+//! member k: Gemm(h0, Wk1, bk1, transB) -> Relu -> ... -> Gemm(Wk4, bk4) = yk
+//! MatMul(features, select) -> Exp -> Sub(1) -> Mul(ns per FLOP, ns per byte)
+//!   -> ReduceMax -> Add(launch) -> Log = ln_base
+//! Sum(y1..yK) -> Mul(1/K) -> Add(ln_base) -> Clip(lo, hi) = ln_ns: float[n, 1]
 //! ```
 //!
-//! so the normalisation travels inside the model (no sidecar to get out of
-//! step with it). Opset 17, IR version 8: ONNX Runtime 1.14 and later.
+//! so the normalisation and the roofline base travel inside the model (no
+//! sidecar to get out of step with it). Opset 17, IR version 8: ONNX
+//! Runtime 1.14 and later.
 
 use prost::Message;
 
@@ -38,9 +41,10 @@ const OPSET: i64 = 17;
 /// The ONNX model of `mlp`, serialized.
 pub fn export(mlp: &Mlp) -> Vec<u8> {
     let mut nodes = Vec::new();
+    let width = mlp.mean.len() as i64;
     let mut inits = vec![
-        tensor("mean", &[1, mlp.mean.len() as i64], &mlp.mean),
-        tensor("std", &[1, mlp.std.len() as i64], &mlp.std),
+        tensor("mean", &[1, width], &mlp.mean),
+        tensor("std", &[1, width], &mlp.std),
     ];
     nodes.push(node("sub", "Sub", &[INPUT, "mean"], "centred", vec![]));
     nodes.push(node("div", "Div", &["centred", "std"], "scaled", vec![]));
@@ -54,40 +58,106 @@ pub fn export(mlp: &Mlp) -> Vec<u8> {
         "h0",
         vec![],
     ));
-    let last = mlp.layers.len().saturating_sub(1);
-    for (i, l) in mlp.layers.iter().enumerate() {
-        let (w, b) = (format!("w{i}"), format!("b{i}"));
-        inits.push(tensor(&w, &[l.outputs as i64, l.inputs as i64], &l.w));
-        inits.push(tensor(&b, &[l.outputs as i64], &l.b));
-        let input = format!("h{i}");
-        let dense = if i == last {
-            "unclipped".to_owned()
-        } else {
-            format!("z{i}")
-        };
-        let trans_b = pb::AttributeProto {
-            name: "transB".into(),
-            i: 1,
-            r#type: pb::attribute_proto::AttributeType::Int as i32,
-            ..Default::default()
-        };
-        nodes.push(node(
-            &format!("gemm{i}"),
-            "Gemm",
-            &[&input, &w, &b],
-            &dense,
-            vec![trans_b],
-        ));
-        if i != last {
+    let mut outputs = Vec::new();
+    for (k, layers) in mlp.members.iter().enumerate() {
+        let last = layers.len().saturating_sub(1);
+        let mut input = "h0".to_owned();
+        for (i, l) in layers.iter().enumerate() {
+            let (w, b) = (format!("m{k}w{i}"), format!("m{k}b{i}"));
+            inits.push(tensor(&w, &[l.outputs as i64, l.inputs as i64], &l.w));
+            inits.push(tensor(&b, &[l.outputs as i64], &l.b));
+            let dense = format!("m{k}z{i}");
+            let trans_b = pb::AttributeProto {
+                name: "transB".into(),
+                i: 1,
+                r#type: pb::attribute_proto::AttributeType::Int as i32,
+                ..Default::default()
+            };
             nodes.push(node(
-                &format!("relu{i}"),
-                "Relu",
-                &[&dense],
-                &format!("h{}", i + 1),
-                vec![],
+                &format!("m{k}gemm{i}"),
+                "Gemm",
+                &[&input, &w, &b],
+                &dense,
+                vec![trans_b],
             ));
+            input = if i == last {
+                dense
+            } else {
+                let h = format!("m{k}h{}", i + 1);
+                nodes.push(node(&format!("m{k}relu{i}"), "Relu", &[&dense], &h, vec![]));
+                h
+            };
         }
+        outputs.push(input);
     }
+    let refs: Vec<&str> = outputs.iter().map(String::as_str).collect();
+    nodes.push(node("sum", "Sum", &refs, "summed", vec![]));
+    inits.push(tensor(
+        "inv_members",
+        &[],
+        &[1.0 / mlp.members.len().max(1) as f32],
+    ));
+    nodes.push(node(
+        "average",
+        "Mul",
+        &["summed", "inv_members"],
+        "residual",
+        vec![],
+    ));
+
+    // ln(launch + max(flops * ns_per_flop, bytes * ns_per_byte)).
+    inits.push(tensor("select", &[width, 2], &crate::train::base_select()));
+    inits.push(tensor("one", &[], &[1.0]));
+    inits.push(tensor(
+        "cost",
+        &[1, 2],
+        &[mlp.base.ns_per_flop, mlp.base.ns_per_byte],
+    ));
+    inits.push(tensor("launch", &[], &[mlp.base.launch_ns]));
+    nodes.push(node(
+        "pick",
+        "MatMul",
+        &[INPUT, "select"],
+        "log_work",
+        vec![],
+    ));
+    nodes.push(node("exp", "Exp", &["log_work"], "work1", vec![]));
+    nodes.push(node("work", "Sub", &["work1", "one"], "work", vec![]));
+    nodes.push(node("roof", "Mul", &["work", "cost"], "roof_ns", vec![]));
+    let axes = pb::AttributeProto {
+        name: "axes".into(),
+        ints: vec![1],
+        r#type: pb::attribute_proto::AttributeType::Ints as i32,
+        ..Default::default()
+    };
+    let keepdims = pb::AttributeProto {
+        name: "keepdims".into(),
+        i: 1,
+        r#type: pb::attribute_proto::AttributeType::Int as i32,
+        ..Default::default()
+    };
+    nodes.push(node(
+        "slower",
+        "ReduceMax",
+        &["roof_ns"],
+        "busy_ns",
+        vec![axes, keepdims],
+    ));
+    nodes.push(node(
+        "launch",
+        "Add",
+        &["busy_ns", "launch"],
+        "base_ns",
+        vec![],
+    ));
+    nodes.push(node("log", "Log", &["base_ns"], "ln_base", vec![]));
+    nodes.push(node(
+        "corrected",
+        "Add",
+        &["residual", "ln_base"],
+        "unclipped",
+        vec![],
+    ));
     inits.push(tensor("lo", &[], &[mlp.clamp.0]));
     inits.push(tensor("hi", &[], &[mlp.clamp.1]));
     nodes.push(node(
@@ -97,12 +167,15 @@ pub fn export(mlp: &Mlp) -> Vec<u8> {
         OUTPUT,
         vec![],
     ));
-    let width = mlp.mean.len() as i64;
     let model = pb::ModelProto {
         ir_version: IR_VERSION,
         producer_name: "tensile-latency-model".into(),
         producer_version: env!("CARGO_PKG_VERSION").into(),
-        doc_string: format!("latency MLP of {}: ln(ns) from op features", mlp.op_type),
+        doc_string: format!(
+            "latency model of {}: ln(ns) from op features, the mean of {} MLPs over a roofline",
+            mlp.op_type,
+            mlp.members.len()
+        ),
         graph: Some(pb::GraphProto {
             name: mlp.op_type.clone(),
             node: nodes,

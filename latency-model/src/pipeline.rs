@@ -1,5 +1,6 @@
-//! From a profile to a model directory: split by shape, train one MLP per
-//! op type on the training shapes, export each to ONNX, calibrate the
+//! From a profile to a model directory: split by shape, train one model (a
+//! small ensemble of MLPs over a roofline, [`crate::train`]) per op type on
+//! the training shapes, export each to ONNX, calibrate the
 //! fallback roofline on the training samples, and write the manifest and
 //! the held-out samples (see [`crate::predict`] for the layout).
 
@@ -21,8 +22,13 @@ pub struct TrainedType {
     pub op_type: String,
     pub train_samples: usize,
     pub heldout_samples: usize,
-    /// Mean absolute error of the standardised log target, last epoch.
+    /// Mean relative error on the training rows, last epoch.
     pub final_loss: f64,
+    /// Each ensemble member's MAPE (percent) on its validation fold of the
+    /// training shapes, at the epoch it kept (`NaN`: no fold).
+    pub validation_mape: Vec<f64>,
+    /// Each member's kept epoch.
+    pub best_epoch: Vec<u32>,
     pub onnx_bytes: usize,
 }
 
@@ -110,6 +116,8 @@ pub fn train_dir(
             train_samples: train_set.len(),
             heldout_samples: n_held,
             final_loss: net.final_loss,
+            validation_mape: net.validation_mape.clone(),
+            best_epoch: net.best_epoch.clone(),
             onnx_bytes: bytes.len(),
         };
         progress(&t);

@@ -124,9 +124,20 @@ pub(crate) fn train(a: &TrainArgs) -> Result<()> {
     };
     let start = Instant::now();
     let trained = pipeline::train_dir(&samples, &a.out, &a.device, &base, &config, &mut |t| {
+        let val: Vec<String> = t
+            .validation_mape
+            .iter()
+            .zip(&t.best_epoch)
+            .map(|(m, e)| format!("{m:.1}%@{e}"))
+            .collect();
         eprintln!(
-            "{:<40} {:>5} train {:>5} held out  loss {:.4}  {:>6} B",
-            t.op_type, t.train_samples, t.heldout_samples, t.final_loss, t.onnx_bytes
+            "{:<40} {:>5} train {:>5} held out  loss {:.4}  validation {}  {:>6} B",
+            t.op_type,
+            t.train_samples,
+            t.heldout_samples,
+            t.final_loss,
+            val.join(" "),
+            t.onnx_bytes
         );
     })?;
     let bytes: usize = trained.iter().map(|t| t.onnx_bytes).sum();
