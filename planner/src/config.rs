@@ -65,12 +65,20 @@ impl Default for JobSettings {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PlannerConfig {
     pub copy: CopyModel,
-    /// Recomputation runs only while the global peak exceeds this.
+    /// The most device memory all jobs together may use (the sum of their
+    /// peaks). Swaps that add no time come first; while the sum exceeds
+    /// this, recomputations and swaps that make the jobs wait follow, the
+    /// cheapest per byte first.
     pub budget_bytes: Option<u64>,
     /// Cap on greedy rounds, so a pathological input cannot run away.
     pub max_rounds: usize,
     /// How many producers deep a recomputation may reach.
     pub max_recompute_depth: usize,
+    /// To meet the budget, the planner may make a job's iteration this much
+    /// longer than its vanilla iteration (a fraction of it: 1.0 doubles the
+    /// time), with prefetches that the job waits for and recomputations
+    /// beyond the ones that fit; a move that would go further is not made.
+    pub max_overhead: f64,
 }
 
 impl PlannerConfig {
@@ -80,6 +88,7 @@ impl PlannerConfig {
             budget_bytes: None,
             max_rounds: 1_000_000,
             max_recompute_depth: 3,
+            max_overhead: 2.0,
         }
     }
 }
