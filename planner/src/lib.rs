@@ -313,7 +313,7 @@ fn budget_round(
     capped: &mut bool,
 ) -> bool {
     /// Moves tried on a copy per round once one helps, at most.
-    const TRIES: usize = 8;
+    const TRIES: usize = 4;
     let mut moves = Vec::new();
     for (j, job) in state.iter().enumerate() {
         if job.n() > 0 {
