@@ -141,6 +141,16 @@ mod tests {
     }
 
     #[test]
+    fn from_intervals_sorts_and_reports_overlaps() {
+        let (s, overlap) = IntervalSet::from_intervals(vec![(30, 40), (10, 20), (5, 5), (20, 30)]);
+        assert_eq!(s.busy(), &[(10, 20), (20, 30), (30, 40)]);
+        assert!(!overlap);
+        let (s, overlap) = IntervalSet::from_intervals(vec![(10, 20), (15, 25), (25, 30)]);
+        assert_eq!(s.busy(), &[(10, 20), (25, 30)]);
+        assert!(overlap);
+    }
+
+    #[test]
     fn a_task_covering_the_window_leaves_nothing() {
         let s = set(&[(0, 100)]);
         assert_eq!(s.earliest_fit(10, 90, 1), None);

@@ -148,6 +148,7 @@ mod tests {
             let m = *v.iter().max().unwrap();
             let i = v.iter().position(|&e| e == m).unwrap();
             assert_eq!(t.peak(), (m, i));
+            assert_eq!(t.count_of(m), v.iter().filter(|&&e| e == m).count());
         }
     }
 }

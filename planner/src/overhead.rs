@@ -1,25 +1,29 @@
 //! Meeting a memory budget at a time cost, once no swap fits without one
-//! (SPEC §4.4 generalised, as Capuchin does): besides recomputation, swaps
-//! whose prefetch cannot be hidden behind compute, so that the job waits for
-//! it before the op that reads it. Every way of taking a storage off the
-//! device at a job's peak is a [`Move`] with the bytes it saves there and an
-//! upper bound of the time it adds; the planner takes the move with the most
-//! bytes per second (a unified MSPS).
+//! (SPEC §4.4 generalised, as Capuchin does). Every way of taking a storage
+//! off the device at a job's peak is a [`Move`] with the bytes it saves
+//! there and an upper bound of the time it adds; the planner takes the one
+//! with the most bytes per second (a unified MSPS, see `budget_round`).
 //!
 //! The moves at a peak, for each storage resident there and not used by the
 //! op at the peak:
 //! - with no gap around the peak: recompute it (its producer chain before
-//!   its next access), or swap it: a swap-out that fits the copy channel
-//!   before the peak (or an existing host copy), and a late prefetch;
-//! - with a swap gap around the peak whose prefetch arrives before it (the
-//!   host-to-device channel was too busy to bring it later): recompute it
-//!   instead of the swap, or move the prefetch after the peak, late.
+//!   its next access), or swap it with a prefetch that the job may wait
+//!   for, its swap-out fitting before the peak (or a host copy existing);
+//!   when even the swap-out does not fit, a wait before the peak lets it;
+//! - with a swap gap around the peak: recompute it instead, when its
+//!   prefetch comes before the peak (the host-to-device channel was too
+//!   busy to bring it later) move the prefetch after the peak, and when its
+//!   swap-out ends after the peak wait for it (or bring it forward into a
+//!   wait).
 //!
-//! A late prefetch of storage `s` for step `c` takes a free slot on the
-//! host-to-device channel among the copies that keep their times (those
-//! triggered before the wait for `c`), or makes one where `c` starts by
-//! delaying the later prefetches that do not have to move; `c` then starts
-//! `delta` later (a wait step before it), and so does everything after it.
+//! A wait is a pause of the job's compute at a step: its prefetches after
+//! that point move on with it (the one it waits for goes first), its
+//! swap-outs keep their times and run during the pause, so the
+//! device-to-host queue catches up with compute. The executor only waits
+//! for an op's inputs, so a wait for swap-outs is carried by a prefetch of
+//! something the step reads that arrives late on purpose: one already
+//! planned for the step, moved later, or a new across-iteration swap of a
+//! parameter the step reads first in the iteration.
 
 use tensile_graph::StorageId;
 
@@ -393,19 +397,13 @@ pub(crate) fn moves(job: &Job<'_>, j: usize, p: usize, depth: usize) -> Vec<Move
         low.partition_point(|&m| m <= level).min(p)
     };
     // The wait before step `q` (at or before `from`) that lets a swap-out
-    // starting at `start` and ending at `end` end before step `from`, for
-    // the copies that keep their times during the wait (see [`pause`]).
-    let pause_len = |q: usize, from: usize, start: u64, end: u64| {
-        if half {
-            // Copies after the pause move on with it: only the part of the
-            // copy before it counts... it ends relative to `q`.
-            let _ = start;
-            end.saturating_sub(t[q])
-        } else {
-            end.saturating_sub(t[from])
-        }
-    };
-    // Swap-outs still in flight at the peak: (end, start, trigger, bytes).
+    // ending at `end` end before step `from` starts (see [`pause`]). On a
+    // half-duplex link the copies after the pause move on with it, so the
+    // pause must also hold the whole copy.
+    let pause_len =
+        |q: usize, from: usize, end: u64| end.saturating_sub(if half { t[q] } else { t[from] });
+    // Swap-outs still in flight at the peak: (end, start, trigger, bytes,
+    // storage, gap).
     let mut in_flight: Vec<(u64, u64, Option<usize>, u64, StorageId, usize)> = Vec::new();
     let mut out = Vec::new();
     let (swap_ok, recompute_ok) = (job.settings.swap, job.settings.recompute);
@@ -453,7 +451,7 @@ pub(crate) fn moves(job: &Job<'_>, j: usize, p: usize, depth: usize) -> Vec<Move
                         out_for_pause(job, &out_view, st.bytes, t[after + 1], after, q)
                 {
                     let end = start + job.out_dur(st.bytes);
-                    let delta = pause_len(q, from, start, end);
+                    let delta = pause_len(q, from, end);
                     if delta > 0 {
                         let back =
                             late_in(job, &view, st.bytes, before, end, p + 1, None, Some(end))
@@ -559,7 +557,7 @@ pub(crate) fn moves(job: &Job<'_>, j: usize, p: usize, depth: usize) -> Vec<Move
         };
         match wait_at(trigger, from) {
             Some(q) if !half || t[q] > start => {
-                let delta = pause_len(q, from, start, end);
+                let delta = pause_len(q, from, end);
                 out.push(mv(
                     freed,
                     delta,
@@ -573,14 +571,12 @@ pub(crate) fn moves(job: &Job<'_>, j: usize, p: usize, depth: usize) -> Vec<Move
             _ => {
                 let mut others = out_view.clone();
                 others.retain(|x| x.id != (s, k));
-                let bytes_s = job.st[s.index()].bytes;
                 let from = climb(bytes).max(after + 1);
                 if let Some(q) = wait_at(Some(after), from)
-                    && let Some(start) =
-                        out_for_pause(job, &others, bytes_s, t[after + 1], after, q)
+                    && let Some(start) = out_for_pause(job, &others, bytes, t[after + 1], after, q)
                 {
-                    let end = start + job.out_dur(bytes_s);
-                    let delta = pause_len(q, from, start, end);
+                    let end = start + job.out_dur(bytes);
+                    let delta = pause_len(q, from, end);
                     let by = job.needed_by(s, &job.st[s.index()].gaps[k]);
                     out.push(mv(
                         bytes,
