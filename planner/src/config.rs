@@ -65,7 +65,10 @@ impl Default for JobSettings {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PlannerConfig {
     pub copy: CopyModel,
-    /// Recomputation runs only while the global peak exceeds this.
+    /// The most device memory all jobs together may use (the sum of their
+    /// peaks). Swaps that add no time come first; while the sum exceeds
+    /// this, recomputations and swaps that make the jobs wait follow, the
+    /// cheapest per byte first.
     pub budget_bytes: Option<u64>,
     /// Stop planning as soon as the jobs' peaks add up to no more than
     /// `budget_bytes` (Capuchin's goal: just fit), instead of swapping
@@ -75,6 +78,13 @@ pub struct PlannerConfig {
     pub max_rounds: usize,
     /// How many producers deep a recomputation may reach.
     pub max_recompute_depth: usize,
+    /// To meet the budget, the planner may make a job's iteration this much
+    /// longer than its vanilla iteration (a fraction of it: 1.0 doubles the
+    /// time), with prefetches that the job waits for and recomputations
+    /// beyond the ones that fit; a move that would go further is not made.
+    /// The default, 3.0, is about what PyTorch's synchronous offloading
+    /// (`save_on_cpu`) costs on the zoo's CNNs.
+    pub max_overhead: f64,
 }
 
 impl PlannerConfig {
@@ -85,6 +95,7 @@ impl PlannerConfig {
             stop_at_budget: false,
             max_rounds: 1_000_000,
             max_recompute_depth: 3,
+            max_overhead: 3.0,
         }
     }
 }

@@ -56,6 +56,23 @@ impl IntervalSet {
         (start >= lo).then_some(start)
     }
 
+    /// The set of the given intervals (empty ones dropped), and whether any
+    /// two of them overlap (then the set holds the first of each overlapping
+    /// pair only).
+    pub fn from_intervals(mut v: Vec<(u64, u64)>) -> (IntervalSet, bool) {
+        v.retain(|&(a, b)| a < b);
+        v.sort_unstable();
+        let mut busy: Vec<(u64, u64)> = Vec::with_capacity(v.len());
+        let mut overlap = false;
+        for (a, b) in v {
+            match busy.last() {
+                Some(&(_, e)) if e > a => overlap = true,
+                _ => busy.push((a, b)),
+            }
+        }
+        (IntervalSet { busy }, overlap)
+    }
+
     /// Whether `[start, end)` overlaps nothing busy.
     pub fn is_free(&self, start: u64, end: u64) -> bool {
         let i = self.first_ending_after(start);
@@ -121,6 +138,16 @@ mod tests {
         assert!(s.insert(20, 25));
         assert_eq!(s.busy(), &[(10, 20), (20, 25)]);
         assert_eq!(s.total(), 15);
+    }
+
+    #[test]
+    fn from_intervals_sorts_and_reports_overlaps() {
+        let (s, overlap) = IntervalSet::from_intervals(vec![(30, 40), (10, 20), (5, 5), (20, 30)]);
+        assert_eq!(s.busy(), &[(10, 20), (20, 30), (30, 40)]);
+        assert!(!overlap);
+        let (s, overlap) = IntervalSet::from_intervals(vec![(10, 20), (15, 25), (25, 30)]);
+        assert_eq!(s.busy(), &[(10, 20), (25, 30)]);
+        assert!(overlap);
     }
 
     #[test]

@@ -7,6 +7,17 @@
 //! fires (before the copy starts); a swap-out's buffer is freed at the first
 //! boundary after its copy has completed. So the predicted peak is the exact
 //! maximum over steps, and a real allocator never needs more than it says.
+//!
+//! A wait step stands for the time the job waits for prefetches that cannot
+//! be hidden behind compute (planned only to meet a memory budget): it lasts
+//! until the last swap-in that the next step reads has arrived, which is what
+//! the executor does before an op whose input is still being copied. Memory
+//! during the wait is what the executor holds then: the previous op's
+//! releases done and the swap-ins it triggered allocated, the next step's
+//! outputs not yet.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 
 use tensile_graph::{Graph, Liveness, OpId, StorageId, TensorId};
 
@@ -20,6 +31,16 @@ pub(crate) struct Step {
     pub(crate) op: OpId,
     /// `Some(s)`: this step re-runs `op` to rebuild storage `s`.
     pub(crate) rebuilds: Option<StorageId>,
+    /// A wait for late prefetches before the next step (`op` is that step's
+    /// op; the wait runs no kernel).
+    pub(crate) wait: bool,
+}
+
+impl Step {
+    /// One of the graph's ops in its place, not an inserted step.
+    pub(crate) fn is_real(&self) -> bool {
+        self.rebuilds.is_none() && !self.wait
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,6 +111,34 @@ pub(crate) struct StorageState {
     pub(crate) lead: u64,
 }
 
+/// A copy as the executor's queues see it, for [`Job::rebuild`].
+#[derive(Debug, Clone, Copy)]
+struct Queued {
+    /// The storage and the index of its gap.
+    s: usize,
+    k: usize,
+    /// A prefetch (else a swap-out).
+    inn: bool,
+    lane: usize,
+    trigger: Option<usize>,
+    delay: u64,
+    dur: u64,
+}
+
+impl Queued {
+    fn new(s: usize, k: usize, inn: bool, lane: usize, c: Copy) -> Queued {
+        Queued {
+            s,
+            k,
+            inn,
+            lane,
+            trigger: c.trigger,
+            delay: c.delay,
+            dur: c.dur,
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub(crate) struct Job<'g> {
     pub(crate) graph: &'g Graph,
@@ -108,6 +157,9 @@ pub(crate) struct Job<'g> {
     pub(crate) h2d_bytes_per_s: f64,
     pub(crate) copy: CopyModel,
     pub(crate) swap_outs: usize,
+    /// The last [`Job::rebuild`] found copies overlapping on a channel: the
+    /// change that made it is not possible.
+    pub(crate) clash: bool,
     /// Across-iteration gaps may be placed. They are held back until the
     /// within-iteration swaps stall: their windows are long and flexible,
     /// and placed first they would take the channel time that the tightly
@@ -132,6 +184,7 @@ impl<'g> Job<'g> {
             .map(|op| Step {
                 op: op.id,
                 rebuilds: None,
+                wait: false,
             })
             .collect();
         let mut st: Vec<StorageState> = live
@@ -180,6 +233,7 @@ impl<'g> Job<'g> {
             h2d_bytes_per_s: copy.h2d_bytes_per_s * link_share,
             copy,
             swap_outs: 0,
+            clash: false,
             wrap_allowed: false,
         };
         job.rebuild();
@@ -310,16 +364,166 @@ impl<'g> Job<'g> {
             .is_ok()
     }
 
-    /// Recomputes times, memory and channels from the steps and gaps.
+    /// Whether step `k` reads storage `s` (for a recompute step: whether its
+    /// producer does), so that the executor waits for its data before it.
+    pub(crate) fn reads(&self, k: usize, s: StorageId) -> bool {
+        let step = &self.steps[k];
+        !step.wait
+            && self
+                .graph
+                .op(step.op)
+                .inputs
+                .iter()
+                .any(|&t| self.live.storage_of[t.index()] == s)
+    }
+
+    /// The step that needs the data a gap of `s` took away: its first
+    /// access after the gap's `after` (before the gap's `before` when a
+    /// recomputation reads it there after its prefetch).
+    pub(crate) fn needed_by(&self, s: StorageId, g: &Gap) -> usize {
+        if g.wrap {
+            return g.before;
+        }
+        let acc = &self.st[s.index()].accesses;
+        let i = acc.partition_point(|a| a.step <= g.after);
+        acc.get(i).map_or(g.before, |a| a.step.min(g.before))
+    }
+
+    /// Recomputes times, memory and channels from the steps and gaps, the
+    /// way the executor runs them: each copy channel is a FIFO queue, a copy
+    /// starts when it fires (its trigger's end plus its delay) or when the
+    /// channel is free if that is later, and a wait step lasts until the
+    /// prefetches that the next step reads have arrived. Copies that the
+    /// queue holds back get the delay that they will have; `clash` says that
+    /// the result is not a plan the executor runs as predicted (a prefetch
+    /// that arrives after its consumer starts with no wait for it, a
+    /// prefetch waited for whose swap-out is not over when its buffer is
+    /// allocated, a copy that runs past the iteration's end).
     pub(crate) fn rebuild(&mut self) {
         let n = self.n();
+        let in_chan = self.in_chan();
+        // Every copy: its storage and gap, its lane, and the copy.
+        let mut items: Vec<Queued> = Vec::new();
+        for (i, st) in self.st.iter().enumerate() {
+            for (k, g) in st.gaps.iter().enumerate() {
+                if let Some(c) = g.out {
+                    items.push(Queued::new(i, k, false, OUT, c));
+                }
+                if let Some(c) = g.inn {
+                    items.push(Queued::new(i, k, true, in_chan, c));
+                }
+            }
+        }
+        // Copies by the step whose end triggers them (0: iteration start).
+        let mut fired_at: Vec<Vec<usize>> = vec![Vec::new(); n + 1];
+        for (x, it) in items.iter().enumerate() {
+            fired_at[it.trigger.map_or(0, |t| t + 1)].push(x);
+        }
+        // The prefetches each wait step waits for: those of what the step
+        // after it reads.
+        let mut awaited: Vec<Vec<usize>> = vec![Vec::new(); n];
+        for (x, it) in items.iter().enumerate() {
+            let g = &self.st[it.s].gaps[it.k];
+            if it.inn
+                && g.before > 0
+                && self.steps[g.before - 1].wait
+                && self.reads(g.before, StorageId(it.s as u32))
+            {
+                awaited[g.before - 1].push(x);
+            }
+        }
+        // A copy of the previous iteration that runs on into this one may
+        // meet one at the head; the channels' periodic check below says so.
+        let mut free = vec![0u64; self.chans.len()];
+        let order = |x: usize, fire: u64| {
+            let it = &items[x];
+            let root = self.st[it.s].root.0;
+            (fire, it.trigger.map_or(0, |t| t + 1), it.inn, root, x)
+        };
+        type Queue = BinaryHeap<Reverse<(u64, usize, bool, u32, usize)>>;
+        let mut queue: Queue = BinaryHeap::new();
+        let mut start: Vec<u64> = vec![0; items.len()];
+        let mut submit = |queue: &mut Queue, until: u64, start: &mut Vec<u64>| {
+            while let Some(&Reverse((fire, _, _, _, x))) = queue.peek() {
+                if fire > until {
+                    break;
+                }
+                queue.pop();
+                let lane = items[x].lane;
+                let s = fire.max(free[lane]);
+                free[lane] = s + items[x].dur;
+                start[x] = s;
+            }
+        };
         self.times = Vec::with_capacity(n + 1);
         let mut t = 0u64;
-        for step in &self.steps {
+        for k in 0..=n {
+            for &x in &fired_at[k] {
+                queue.push(Reverse(order(x, t + items[x].delay)));
+            }
+            if k == n {
+                break;
+            }
             self.times.push(t);
-            t += self.op_latency[step.op.index()];
+            if self.steps[k].wait {
+                let last = awaited[k]
+                    .iter()
+                    .map(|&x| {
+                        let it = &items[x];
+                        it.trigger.map_or(0, |tr| self.times[tr + 1]) + it.delay
+                    })
+                    .max()
+                    .unwrap_or(0);
+                submit(&mut queue, last, &mut start);
+                t = awaited[k]
+                    .iter()
+                    .map(|&x| start[x] + items[x].dur)
+                    .fold(t, u64::max);
+            } else {
+                t += self.op_latency[self.steps[k].op.index()];
+            }
         }
         self.times.push(t);
+        submit(&mut queue, u64::MAX, &mut start);
+        self.clash = false;
+        for (x, it) in items.iter().enumerate() {
+            let fire = it.trigger.map_or(0, |tr| self.times[tr + 1]) + it.delay;
+            let g = &mut self.st[it.s].gaps[it.k];
+            let c = if it.inn { &mut g.inn } else { &mut g.out };
+            if let Some(c) = c {
+                c.delay += start[x] - fire;
+            }
+        }
+        let mut awaited_copy = vec![false; items.len()];
+        for &x in awaited.iter().flatten() {
+            awaited_copy[x] = true;
+        }
+        for (x, it) in items.iter().enumerate() {
+            let s = StorageId(it.s as u32);
+            let g = self.st[it.s].gaps[it.k];
+            let st = &self.st[it.s];
+            let end = start[x] + it.dur;
+            if it.inn {
+                let by = self.needed_by(s, &g);
+                if end > self.times[by] && self.reads(by, s) {
+                    self.clash = true;
+                }
+                if awaited_copy[x]
+                    && let Some(out) = g.out
+                {
+                    let mut free_at = out.end(&self.times);
+                    if g.wrap && !g.head_out() {
+                        free_at = free_at.saturating_sub(t);
+                    }
+                    if free_at > it.trigger.map_or(0, |tr| self.times[tr + 1]) {
+                        self.clash = true;
+                    }
+                }
+            }
+            if end > t && (it.inn || !st.persistent) {
+                self.clash = true;
+            }
+        }
         let mut diff = vec![0i64; n + 1];
         for s in &self.st {
             let bytes = s.bytes as i64;
@@ -346,26 +550,23 @@ impl<'g> Job<'g> {
             mem.push(cur);
         }
         self.tree = MemTree::new(&mem);
-        for c in &mut self.chans {
-            *c = IntervalSet::new();
-        }
-        let in_chan = self.in_chan();
-        let mut copies = Vec::new();
+        let mut spans: Vec<Vec<(u64, u64)>> = vec![Vec::new(); self.chans.len()];
         for s in &self.st {
             for g in &s.gaps {
-                if let Some(c) = g.out {
-                    copies.push((OUT, c));
-                }
-                if let Some(c) = g.inn {
-                    copies.push((in_chan, c));
+                for (ch, c) in [(OUT, g.out), (in_chan, g.inn)] {
+                    if let Some(c) = c {
+                        spans[ch].extend(self.spans(&c));
+                    }
                 }
             }
         }
-        for (ch, c) in copies {
-            // Shifting anchors by inserted steps never creates an overlap
-            // (see `insert_step`); a failure here is a planner bug.
-            let ok = self.occupy(ch, &c);
-            debug_assert!(ok, "copy channel overlap after rebuild");
+        for (ch, v) in spans.into_iter().enumerate() {
+            // The queue keeps copies on one channel apart; the part of a
+            // copy that runs on into the next iteration may still meet one
+            // at the head.
+            let (set, overlap) = IntervalSet::from_intervals(v);
+            self.chans[ch] = set;
+            self.clash |= overlap;
         }
     }
 
@@ -424,6 +625,61 @@ impl<'g> Job<'g> {
             }
         }
         self.steps.insert(at, step);
+    }
+
+    /// The wait step right before step `c`, inserted (empty until a late
+    /// prefetch for `c` makes it last) when there is none; `c` then moves
+    /// one on. Call [`Job::rebuild`] afterwards.
+    pub(crate) fn wait_before(&mut self, c: usize) -> usize {
+        if c > 0 && self.steps[c - 1].wait {
+            return c - 1;
+        }
+        let op = self.steps[c].op;
+        self.insert_step(
+            c,
+            Step {
+                op,
+                rebuilds: None,
+                wait: true,
+            },
+        );
+        c
+    }
+
+    /// Where steps inserted to run right before step `c` go: before the wait
+    /// for `c`'s late prefetches, as the executor runs the recomputations
+    /// before an op first and then waits for the op's inputs.
+    pub(crate) fn insertion_point(&self, c: usize) -> usize {
+        if c > 0 && self.steps[c - 1].wait {
+            c - 1
+        } else {
+            c
+        }
+    }
+
+    /// What no plan can go under: the largest working set of one op (its
+    /// inputs' and outputs' storages) plus the base.
+    pub(crate) fn lower_bound(&self) -> u64 {
+        let mut seen: Vec<StorageId> = Vec::new();
+        let most = self
+            .graph
+            .ops()
+            .iter()
+            .map(|op| {
+                seen.clear();
+                seen.extend(
+                    op.inputs
+                        .iter()
+                        .chain(&op.outputs)
+                        .map(|t| self.live.storage_of[t.index()]),
+                );
+                seen.sort_unstable();
+                seen.dedup();
+                seen.iter().map(|s| self.st[s.index()].bytes).sum::<u64>()
+            })
+            .max()
+            .unwrap_or(0);
+        most + self.settings.base_bytes
     }
 
     /// Adds an access (keeping the list sorted).

@@ -11,14 +11,21 @@
 //! - `recompute`: MSPS recomputation with producer chains.
 //! - `plan`: the output types.
 //!
+//! - `overhead`: what meets a budget at a time cost: recomputations and
+//!   swaps whose prefetch the job waits for, by a unified MSPS.
+//!
 //! The loop (SPEC §4.5): swap at every job's peak while anything fits; when
-//! nothing does and the sum of the jobs' peaks is over the budget, recompute
-//! the best-MSPS tensor and go back to swapping on the new time line.
+//! nothing does and the sum of the jobs' peaks is over the budget, take the
+//! move that saves the most bytes at a peak per second it adds (a
+//! recomputation, or a swap that makes the job wait for its prefetch) and go
+//! back to swapping on the new time line. Without a budget, or under it, no
+//! time is ever added.
 
 mod config;
 mod intervals;
 mod job;
 mod memtree;
+mod overhead;
 mod plan;
 mod recompute;
 mod swap;
@@ -29,7 +36,7 @@ use tensile_graph::{Graph, Liveness, StorageId, TensorId};
 
 pub use config::{CopyModel, JobSettings, PlannerConfig};
 pub use intervals::IntervalSet;
-pub use plan::{Diagnostic, Event, EventKind, MultiPlan, Plan, Prediction, Trigger};
+pub use plan::{Diagnostic, Event, EventKind, MultiPlan, Plan, Prediction, Trigger, Wait};
 
 use job::Job;
 
@@ -135,9 +142,14 @@ pub fn plan(jobs: &[JobInput<'_>], config: &PlannerConfig) -> Result<MultiPlan, 
         .map(|j| (j.peak().0, j.iteration_ns(), j.timeline()))
         .collect();
 
+    let limits: Vec<u64> = vanilla
+        .iter()
+        .map(|v| (v.1 as f64 * (1.0 + config.max_overhead.max(0.0))) as u64)
+        .collect();
     let mut out = MultiPlan::default();
     let mut failed: HashSet<(usize, StorageId, usize)> = HashSet::new();
-    let mut failed_recompute: HashSet<(usize, StorageId, usize)> = HashSet::new();
+    let mut tried = Tried::default();
+    let mut capped = false;
     loop {
         out.rounds += 1;
         if out.rounds > config.max_rounds {
@@ -162,7 +174,7 @@ pub fn plan(jobs: &[JobInput<'_>], config: &PlannerConfig) -> Result<MultiPlan, 
         }
         let total: u64 = state.iter().map(|j| j.peak().0).sum();
         if config.budget_bytes.is_some_and(|b| total > b)
-            && recompute_round(&mut state, config, &mut failed_recompute)
+            && budget_round(&mut state, config, &limits, &mut tried, &mut capped)
         {
             failed.clear();
             continue;
@@ -171,10 +183,19 @@ pub fn plan(jobs: &[JobInput<'_>], config: &PlannerConfig) -> Result<MultiPlan, 
     }
     let total: u64 = state.iter().map(|j| j.peak().0).sum();
     if let Some(b) = config.budget_bytes.filter(|&b| total > b) {
+        let floor: u64 = state.iter().map(Job::lower_bound).sum();
+        let why = if capped {
+            format!(
+                "going lower would make a job more than {:.0}% slower than vanilla (max_overhead)",
+                config.max_overhead * 100.0
+            )
+        } else {
+            "nothing more could be swapped or recomputed".to_string()
+        };
         out.diagnostics.push(Diagnostic {
             job: 0,
             message: format!(
-                "the planned peaks add up to {total} bytes, over the budget of {b} bytes: nothing more could be swapped or recomputed"
+                "the planned peaks add up to {total} bytes, over the budget of {b} bytes: {why} (no plan goes under {floor} bytes, the largest working set of one op plus the base, per job)"
             ),
         });
     }
@@ -283,34 +304,98 @@ fn rate_allows(state: &[Job<'_>], j: usize) -> bool {
     limit >= 1.0 || (state[j].swap_outs + 1) as f64 <= (limit * (total + 1) as f64).max(1.0)
 }
 
-/// Recomputes the best-MSPS candidate of the job with the largest peak that
-/// has one; true when something was applied.
-fn recompute_round(
+/// Over budget: applies the move with the most bytes saved at a job's peak
+/// per second added (recomputations, swaps with a late prefetch, waits for
+/// swap-outs) that lowers that job's peak, or flattens it (fewer steps at
+/// the peak), and keeps its iteration within `limits`; true when one was
+/// applied. Moves are ranked by an estimate (the bytes they take off the
+/// peak step, an upper bound of the time they add); the best ones are tried
+/// on a copy of the job and measured, and one is taken as soon as what it
+/// really does per second is at least what the next one promises (lazy
+/// greedy): a move whose peak only moves to the step next to it is not
+/// taken for what it promised.
+/// The moves that budget rounds tried and that did not help, since the
+/// last move made.
+#[derive(Debug, Default)]
+struct Tried {
+    failed: HashSet<overhead::MoveKey>,
+}
+
+fn budget_round(
     state: &mut [Job<'_>],
     config: &PlannerConfig,
-    failed: &mut HashSet<(usize, StorageId, usize)>,
+    limits: &[u64],
+    tried: &mut Tried,
+    capped: &mut bool,
 ) -> bool {
-    let mut order: Vec<usize> = (0..state.len()).collect();
-    order.sort_by_key(|&j| std::cmp::Reverse(state[j].peak().0));
-    for j in order {
-        if !state[j].settings.recompute {
-            continue;
-        }
-        let (old_peak, p) = state[j].peak();
-        for r in recompute::candidates(&state[j], p, config.max_recompute_depth) {
-            if failed.contains(&(j, r.target, r.after)) {
-                continue;
-            }
-            let saved = state[j].clone();
-            recompute::apply(&mut state[j], &r);
-            if state[j].peak().0 < old_peak {
-                return true;
-            }
-            state[j] = saved;
-            failed.insert((j, r.target, r.after));
+    /// Moves tried on a copy per round once one helps, at most.
+    const TRIES: usize = 4;
+    let mut moves = Vec::new();
+    for (j, job) in state.iter().enumerate() {
+        if job.n() > 0 {
+            moves.extend(overhead::moves(
+                job,
+                j,
+                job.peak().1,
+                config.max_recompute_depth,
+            ));
         }
     }
-    false
+    let mut moves: Vec<(f64, overhead::Move)> = moves.into_iter().map(|m| (m.msps(), m)).collect();
+    moves.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.key().cmp(&b.1.key())));
+    let failed = &mut tried.failed;
+    let mut best: Option<(f64, usize, Job<'_>)> = None;
+    let mut tries = 0;
+    for (worth, m) in &moves {
+        if failed.contains(&m.key()) {
+            continue;
+        }
+        if best
+            .as_ref()
+            .is_some_and(|b| b.0 >= *worth || tries >= TRIES)
+        {
+            break;
+        }
+        tries += 1;
+        let j = m.job;
+        let was = potential(&state[j]);
+        let mut next = state[j].clone();
+        let applied = overhead::apply(&mut next, m);
+        let now = potential(&next);
+        if !applied || next.clash || now >= was {
+            failed.insert(m.key());
+            continue;
+        }
+        if next.iteration_ns() > limits[j] {
+            *capped = true;
+            failed.insert(m.key());
+            continue;
+        }
+        let added = next.iteration_ns().saturating_sub(state[j].iteration_ns());
+        let saved = (was.0 - now.0) as f64;
+        let real = if added == 0 {
+            f64::INFINITY
+        } else {
+            saved / added as f64
+        };
+        if best.as_ref().is_none_or(|b| real > b.0) {
+            best = Some((real, j, next));
+        }
+    }
+    match best {
+        Some((_, j, next)) => {
+            state[j] = next;
+            tried.failed.clear();
+            true
+        }
+        None => false,
+    }
+}
+
+/// What a budget move must lower: the peak, then how many steps reach it.
+fn potential(job: &Job<'_>) -> (u64, usize) {
+    let (peak, _) = job.peak();
+    (peak, job.tree.count_of(peak as i64))
 }
 
 /// Position of a step's events: recomputes before it, the rest after it.
@@ -321,7 +406,7 @@ fn emit(job: &Job<'_>) -> Plan {
         (2 * step + 1, Trigger::After(op))
     };
     let next_real = |mut step: usize| {
-        while job.steps[step].rebuilds.is_some() {
+        while !job.steps[step].is_real() {
             step += 1;
         }
         step
@@ -394,6 +479,24 @@ fn emit(job: &Job<'_>) -> Plan {
     }
     events.sort_by_key(|(pos, e)| (*pos, e.delay_ns, e.kind, e.tensor));
     let recomputed_ops = job.steps.iter().filter(|s| s.rebuilds.is_some()).count();
+    let mut waits = Vec::new();
+    let mut recomputes = 0;
+    for (k, step) in job.steps.iter().enumerate() {
+        if step.rebuilds.is_some() {
+            recomputes += 1;
+        } else if step.wait {
+            let ns = job.times[k + 1] - job.times[k];
+            if ns > 0 {
+                waits.push(Wait {
+                    op: job.steps[next_real(k)].op,
+                    after_recomputes: recomputes,
+                    ns,
+                });
+            }
+        } else {
+            recomputes = 0;
+        }
+    }
     let mut events: Vec<Event> = events.into_iter().map(|(_, e)| e).collect();
     // `Before` events carry their order in `delay_ns` while sorting; the
     // executor runs them in list order, with no delay.
@@ -416,6 +519,7 @@ fn emit(job: &Job<'_>) -> Plan {
             swap_ins: ins,
             swapped_bytes: bytes,
             recomputed_ops,
+            waits,
             timeline: job.timeline(),
             ..Prediction::default()
         },

@@ -73,6 +73,25 @@ impl MemTree {
         (target, lo)
     }
 
+    /// How many steps have the value `v`, at most the maximum (subtrees
+    /// whose maximum is below it are skipped).
+    pub(crate) fn count_of(&self, v: i64) -> usize {
+        self.count_rec(1, 0, self.n, v, 0)
+    }
+
+    fn count_rec(&self, node: usize, lo: usize, hi: usize, v: i64, above: i64) -> usize {
+        if self.max[node] + above < v {
+            return 0;
+        }
+        if hi - lo == 1 {
+            return usize::from(self.max[node] + above == v);
+        }
+        let above = above + self.lazy[node];
+        let mid = (lo + hi) / 2;
+        self.count_rec(2 * node, lo, mid, v, above)
+            + self.count_rec(2 * node + 1, mid, hi, v, above)
+    }
+
     /// The value at one step.
     pub(crate) fn at(&self, step: usize) -> i64 {
         let (mut node, mut lo, mut hi) = (1, 0, self.n);
@@ -129,6 +148,7 @@ mod tests {
             let m = *v.iter().max().unwrap();
             let i = v.iter().position(|&e| e == m).unwrap();
             assert_eq!(t.peak(), (m, i));
+            assert_eq!(t.count_of(m), v.iter().filter(|&&e| e == m).count());
         }
     }
 }

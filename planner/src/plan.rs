@@ -46,6 +46,21 @@ pub struct Event {
     pub tensor: TensorId,
 }
 
+/// A wait of the job's compute for prefetches that cannot be hidden behind
+/// it, which the plan accepts to meet a memory budget: the executor waits
+/// for an op's inputs to arrive before it runs the op (or one of the
+/// recomputations before it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Wait {
+    /// The op before which the job waits.
+    pub op: OpId,
+    /// How many of the recomputations that run before `op` run before the
+    /// wait.
+    pub after_recomputes: usize,
+    /// How long, on the predicted time line.
+    pub ns: u64,
+}
+
 /// What the planner predicts for the job under its plan.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Prediction {
@@ -57,10 +72,21 @@ pub struct Prediction {
     pub swap_ins: usize,
     pub swapped_bytes: u64,
     pub recomputed_ops: usize,
+    /// Where the job waits for late prefetches, in order (empty unless a
+    /// budget could not be met otherwise). Their sum is part of
+    /// `planned_time_ns`.
+    pub waits: Vec<Wait>,
     /// Memory during each step of the planned iteration: (start ns, bytes).
     pub timeline: Vec<(u64, u64)>,
     /// The same for the vanilla iteration.
     pub vanilla_timeline: Vec<(u64, u64)>,
+}
+
+impl Prediction {
+    /// How long the job waits for late prefetches in one iteration.
+    pub fn stall_ns(&self) -> u64 {
+        self.waits.iter().map(|w| w.ns).sum()
+    }
 }
 
 /// A job's plan. The worker switches plans only at iteration boundaries.

@@ -7,7 +7,6 @@
 use tensile_graph::{OpId, Phase, StorageId};
 
 use crate::job::{Access, Gap, Job, Step};
-use crate::swap::gap_around;
 
 /// A recomputation of `target`, rebuilding `chain` (deepest first, ending
 /// with `target`) right before step `before`.
@@ -17,7 +16,6 @@ pub(crate) struct Recompute {
     pub(crate) after: usize,
     pub(crate) before: usize,
     pub(crate) chain: Vec<StorageId>,
-    pub(crate) msps: f64,
 }
 
 /// The op that produces `s`, if re-running it rebuilds exactly `s` with
@@ -62,41 +60,39 @@ fn plan_chain(
     true
 }
 
-/// Recomputation candidates at `peak`, best MSPS first.
-pub(crate) fn candidates(job: &Job<'_>, peak: usize, depth: usize) -> Vec<Recompute> {
-    let mut out = Vec::new();
-    for (i, st) in job.st.iter().enumerate() {
-        let s = StorageId(i as u32);
-        if st.bytes == 0 || st.persistent || !job.resident(s, peak) || job.accessed_at(s, peak) {
-            continue;
-        }
-        let Some((after, before, false)) = gap_around(job, s, peak) else {
-            continue;
-        };
-        let mut chain = Vec::new();
-        if !plan_chain(job, s, before, depth, &mut chain) {
-            continue;
-        }
-        let cost: u64 = chain
-            .iter()
-            .filter_map(|&c| pure_producer(job, c))
-            .map(|op| job.op_latency[op.index()])
-            .sum();
-        out.push(Recompute {
-            target: s,
-            after,
-            before,
-            msps: st.bytes as f64 / cost.max(1) as f64,
-            chain,
-        });
+/// The recomputation of `s` released after step `after` and rebuilt for
+/// step `before`, if its producer chain can run there within `depth`.
+pub(crate) fn candidate(
+    job: &Job<'_>,
+    s: StorageId,
+    after: usize,
+    before: usize,
+    depth: usize,
+) -> Option<Recompute> {
+    let mut chain = Vec::new();
+    if !plan_chain(job, s, job.insertion_point(before), depth, &mut chain) {
+        return None;
     }
-    out.sort_by(|a, b| b.msps.total_cmp(&a.msps).then(a.target.cmp(&b.target)));
-    out
+    Some(Recompute {
+        target: s,
+        after,
+        before,
+        chain,
+    })
+}
+
+/// The time the rebuilding steps of `chain` add.
+pub(crate) fn cost_ns(job: &Job<'_>, chain: &[StorageId]) -> u64 {
+    chain
+        .iter()
+        .filter_map(|&c| pure_producer(job, c))
+        .map(|op| job.op_latency[op.index()])
+        .sum()
 }
 
 /// Applies `r` to `job`: inserts the rebuilding steps and the release.
 pub(crate) fn apply(job: &mut Job<'_>, r: &Recompute) {
-    let first = r.before;
+    let first = job.insertion_point(r.before);
     for (i, &x) in r.chain.iter().enumerate() {
         let at = first + i;
         let Some(op) = pure_producer(job, x) else {
@@ -107,6 +103,7 @@ pub(crate) fn apply(job: &mut Job<'_>, r: &Recompute) {
             Step {
                 op,
                 rebuilds: Some(x),
+                wait: false,
             },
         );
         for &t in &job.graph.op(op).inputs {

@@ -22,9 +22,7 @@ pub(crate) fn gap_around(job: &Job<'_>, s: StorageId, step: usize) -> Option<(us
     };
     // A copy after a recompute step would need that step as its trigger;
     // a gap holds one swap or recomputation at most.
-    if job.steps[after].rebuilds.is_some()
-        || st.gaps.iter().any(|g| g.after == after && g.wrap == wrap)
-    {
+    if !job.steps[after].is_real() || st.gaps.iter().any(|g| g.after == after && g.wrap == wrap) {
         return None;
     }
     Some((after, before, wrap))
@@ -32,7 +30,7 @@ pub(crate) fn gap_around(job: &Job<'_>, s: StorageId, step: usize) -> Option<(us
 
 /// Whether a valid host copy of `s` exists once access `after` has ended:
 /// an earlier gap put it there and nothing wrote the storage since.
-fn host_copy_valid(job: &Job<'_>, s: StorageId, after: usize) -> bool {
+pub(crate) fn host_copy_valid(job: &Job<'_>, s: StorageId, after: usize) -> bool {
     let st = &job.st[s.index()];
     let writes_in = |lo: usize, hi: usize| {
         st.accesses
@@ -58,7 +56,7 @@ fn place_in(job: &Job<'_>, s: StorageId, lo: u64, by: u64, min_alloc: usize) -> 
     let dur = job.in_dur(st.bytes);
     let start = job.chans[job.in_chan()].latest_fit(lo, by, dur)?;
     let mut k = job.boundary_at_or_before(start);
-    while k > 0 && job.steps[k - 1].rebuilds.is_some() {
+    while k > 0 && !job.steps[k - 1].is_real() {
         k -= 1;
     }
     if k < min_alloc {
@@ -74,7 +72,7 @@ fn place_in(job: &Job<'_>, s: StorageId, lo: u64, by: u64, min_alloc: usize) -> 
 
 /// The earliest swap-out in `[lo, hi]`, anchored to the last real op that
 /// ends by its start (never before `after`).
-fn place_out(job: &Job<'_>, bytes: u64, lo: u64, hi: u64, after: usize) -> Option<Copy> {
+pub(crate) fn place_out(job: &Job<'_>, bytes: u64, lo: u64, hi: u64, after: usize) -> Option<Copy> {
     let dur = job.out_dur(bytes);
     let start = job.chans[OUT].earliest_fit(lo, hi, dur)?;
     anchor_out(job, start, dur, after)
@@ -108,7 +106,7 @@ fn place_out_head(job: &Job<'_>, bytes: u64, hi: u64, first: usize) -> Option<Co
     let dur = job.out_dur(bytes);
     let start = job.chans[OUT].earliest_fit(0, hi, dur)?;
     let mut k = job.boundary_at_or_before(start);
-    while k > 0 && job.steps[k - 1].rebuilds.is_some() {
+    while k > 0 && !job.steps[k - 1].is_real() {
         k -= 1;
     }
     if k > first {
@@ -125,7 +123,7 @@ fn place_out_head(job: &Job<'_>, bytes: u64, hi: u64, first: usize) -> Option<Co
 /// by then (never before `after`).
 fn anchor_out(job: &Job<'_>, start: u64, dur: u64, after: usize) -> Option<Copy> {
     let mut j = job.boundary_at_or_before(start).checked_sub(1)?;
-    while job.steps[j].rebuilds.is_some() {
+    while !job.steps[j].is_real() {
         j = j.checked_sub(1)?;
     }
     if j < after {
@@ -136,6 +134,31 @@ fn anchor_out(job: &Job<'_>, start: u64, dur: u64, after: usize) -> Option<Copy>
         delay: start - job.times[j + 1],
         dur,
     })
+}
+
+/// The swap-outs of an across-iteration gap of `s` (accesses `after`, the
+/// last of the iteration, and `before`, the first) that the greedy
+/// scheduler would try at `peak`: after the last access, running on into
+/// the next iteration if need be, then at the head of the iteration.
+pub(crate) fn wrap_outs(
+    job: &Job<'_>,
+    s: StorageId,
+    peak: usize,
+    after: usize,
+    before: usize,
+) -> Vec<Option<Copy>> {
+    let bytes = job.st[s.index()].bytes;
+    let t = &job.times;
+    let mut outs = Vec::new();
+    if let Some(out) = place_out_wrapping(job, bytes, t[after + 1], after) {
+        outs.push(Some(out));
+    }
+    if peak < before
+        && let Some(out) = place_out_head(job, bytes, t[peak], before)
+    {
+        outs.push(Some(out));
+    }
+    outs
 }
 
 /// Places a swap of `s` so that it is off the device during `peak`.
@@ -203,8 +226,7 @@ pub(crate) fn reuse_host_copy(job: &mut Job<'_>, s: StorageId, from: usize) -> u
         if x.write {
             break;
         }
-        if job.steps[x.step].rebuilds.is_some()
-            || job.st[s.index()].gaps.iter().any(|g| g.after == x.step)
+        if !job.steps[x.step].is_real() || job.st[s.index()].gaps.iter().any(|g| g.after == x.step)
         {
             continue;
         }

@@ -8,7 +8,7 @@
 use proptest::prelude::*;
 use tensile_graph::builder::{Builder, Optimizer};
 use tensile_graph::{DType, Graph};
-use tensile_planner::CopyModel;
+use tensile_planner::{CopyModel, JobInput, JobSettings, PlannerConfig, plan};
 
 use crate::check_with;
 
@@ -77,6 +77,18 @@ fn latencies(g: &Graph, seed: u64) -> Vec<u64> {
         .collect()
 }
 
+/// The sum of the jobs' peaks planned with no budget.
+fn plan_free(graphs: &[Graph], lat: &[Vec<u64>], copy: CopyModel) -> u64 {
+    let inputs: Vec<JobInput<'_>> = graphs
+        .iter()
+        .zip(lat)
+        .map(|(g, l)| JobInput::new(g, l.clone(), JobSettings::default()))
+        .collect();
+    plan(&inputs, &PlannerConfig::new(copy))
+        .expect("plans")
+        .sum_of_peaks_bytes
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
 
@@ -88,7 +100,8 @@ proptest! {
         ),
         half_duplex in any::<bool>(),
         gbps in 1u64..32,
-        budget_third in any::<bool>(),
+        budget_kind in 0u8..3,
+        budget_frac in 0.0f64..1.0,
     ) {
         let graphs: Vec<Graph> = jobs
             .iter()
@@ -101,13 +114,24 @@ proptest! {
             .collect();
         let mut copy = CopyModel::duplex(gbps as f64 * 1e9, gbps as f64 * 1e9, 2_000);
         copy.half_duplex = half_duplex;
-        let budget = budget_third.then(|| {
-            graphs
-                .iter()
-                .map(|g| tensile_graph::Liveness::analyze(g).vanilla_footprint().peak)
-                .sum::<u64>()
-                / 3
-        });
+        let budget = match budget_kind {
+            // A third of the vanilla peaks, mostly out of reach.
+            1 => Some(
+                graphs
+                    .iter()
+                    .map(|g| tensile_graph::Liveness::analyze(g).vanilla_footprint().peak)
+                    .sum::<u64>()
+                    / 3,
+            ),
+            // Between what the planner reaches without a budget and the
+            // largest working set of one op of every job.
+            2 => {
+                let free = plan_free(&graphs, &lat, copy);
+                let floor: u64 = graphs.iter().map(crate::budget::lower_bound_of).sum();
+                (free > floor).then(|| floor + ((free - floor) as f64 * budget_frac) as u64)
+            }
+            _ => None,
+        };
         check_with(&graphs, &lat, budget, copy);
     }
 }

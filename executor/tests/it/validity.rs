@@ -4,49 +4,98 @@
 //! swap-in brings back a host copy that is still current; no copy overlaps
 //! an access of its own storage; copies on one channel never overlap (on
 //! the periodic time line, where an across-iteration swap-out may run on
-//! into the next iteration). That recomputations find their inputs resident
-//! is checked by running the plan (`main.rs`: no lost tensor, no stall).
+//! into the next iteration). The waits a plan declares (for prefetches that
+//! cannot be hidden, under a memory budget) are part of the time line, and
+//! each must end exactly when a prefetch that the next step reads arrives:
+//! a wait for nothing, or too long, is an error. That recomputations find
+//! their inputs resident is checked by running the plan (`main.rs`: no lost
+//! tensor, exactly the predicted stalls).
 
 use tensile_graph::{Graph, Liveness, OpId, StorageId};
 use tensile_planner::{CopyModel, EventKind, Plan, Trigger};
 
 /// The time line of one iteration under a plan: when every op starts and
-/// ends (recomputations take their producer's latency before their target).
+/// ends; before op k run its recomputations (each taking its producer's
+/// latency) and the declared waits, in the order the plan gives.
 struct Line {
     start: Vec<u64>,
     end: Vec<u64>,
-    /// Start of the recomputations before each op.
-    pre: Vec<u64>,
+    /// When each `Before` event fires (by index in the plan's events): a
+    /// recomputation when it starts, a release when the executor reaches it.
+    before_at: Vec<u64>,
+    /// Each declared wait: when the step after it starts, and the storages
+    /// that step reads.
+    waits: Vec<(u64, Vec<StorageId>)>,
     period: u64,
 }
 
-fn line(g: &Graph, plan: &Plan, lat: &[u64]) -> Line {
+fn line(g: &Graph, live: &Liveness, plan: &Plan, lat: &[u64], bad: &mut Vec<String>) -> Line {
     // `Line::end` of op k is also where its `After` events are anchored.
     let n = g.ops().len();
-    let mut recompute_ns = vec![0u64; n];
-    for e in &plan.events {
-        if let (Trigger::Before(op), EventKind::Recompute) = (e.trigger, e.kind) {
+    let reads = |op: OpId| -> Vec<StorageId> {
+        g.op(op)
+            .inputs
+            .iter()
+            .map(|t| live.storage_of[t.index()])
+            .collect()
+    };
+    let mut before: Vec<Vec<usize>> = vec![Vec::new(); n];
+    for (i, e) in plan.events.iter().enumerate() {
+        if let Trigger::Before(op) = e.trigger {
+            before[op.index()].push(i);
+        }
+    }
+    let mut waits: Vec<Vec<(usize, u64)>> = vec![Vec::new(); n];
+    for w in &plan.prediction.waits {
+        waits[w.op.index()].push((w.after_recomputes, w.ns));
+    }
+    let mut l = Line {
+        start: vec![0; n],
+        end: vec![0; n],
+        before_at: vec![0; plan.events.len()],
+        waits: Vec::new(),
+        period: 0,
+    };
+    let mut t = 0;
+    for k in 0..n {
+        let mut done = 0;
+        let waited =
+            |done: usize| -> u64 { waits[k].iter().filter(|w| w.0 == done).map(|w| w.1).sum() };
+        for &i in &before[k] {
+            let e = plan.events[i];
+            if e.kind != EventKind::Recompute {
+                l.before_at[i] = t;
+                continue;
+            }
             let p = g
                 .producer(e.tensor)
                 .expect("recomputed tensors have producers");
-            recompute_ns[op.index()] += lat[p.index()];
+            let after_wait = t + waited(done);
+            if after_wait > t {
+                l.waits.push((after_wait, reads(p)));
+            }
+            t = after_wait;
+            l.before_at[i] = t;
+            t += lat[p.index()];
+            done += 1;
         }
-    }
-    let (mut start, mut end, mut pre) = (vec![0; n], vec![0; n], vec![0; n]);
-    let mut t = 0;
-    for k in 0..n {
-        pre[k] = t;
-        t += recompute_ns[k];
-        start[k] = t;
+        if let Some(w) = waits[k].iter().find(|w| w.0 > done) {
+            bad.push(format!(
+                "a wait before op {k} after {} recomputations, but it has {done}",
+                w.0
+            ));
+        }
+        let after_wait = t + waited(done);
+        if after_wait > t {
+            l.waits.push((after_wait, reads(OpId(k as u32))));
+        }
+        t = after_wait;
+        l.start[k] = t;
         t += lat[k];
-        end[k] = t;
+        l.end[k] = t;
     }
-    Line {
-        start,
-        end,
-        pre,
-        period: t,
-    }
+    l.period = t;
+    l
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -70,8 +119,9 @@ pub(crate) fn check_plan(
     copy: CopyModel,
     share: f64,
 ) -> Vec<String> {
-    let l = line(g, plan, lat);
     let mut bad = Vec::new();
+    let l = line(g, live, plan, lat, &mut bad);
+    let mut arrivals: Vec<(StorageId, u64)> = Vec::new();
     let nst = live.storages.len();
     let mut items: Vec<Vec<(u64, What)>> = vec![Vec::new(); nst];
     for op in g.ops() {
@@ -98,13 +148,13 @@ pub(crate) fn check_plan(
     // Channel 0: device to host; the last: host to device.
     let lanes = if copy.half_duplex { 1 } else { 2 };
     let mut chans: Vec<Vec<(u64, u64)>> = vec![Vec::new(); lanes];
-    for e in &plan.events {
+    for (i, e) in plan.events.iter().enumerate() {
         let s = live.storage_of[e.tensor.index()];
         let bytes = live.storages[s.index()].bytes;
         let at = match e.trigger {
             Trigger::IterationStart => e.delay_ns,
             Trigger::After(op) => l.end[op.index()] + e.delay_ns,
-            Trigger::Before(op) => l.pre[op.index()],
+            Trigger::Before(_) => l.before_at[i],
         };
         let what = match e.kind {
             EventKind::Release => What::Release,
@@ -117,10 +167,23 @@ pub(crate) fn check_plan(
             EventKind::SwapIn => {
                 let end = at + copy.duration_ns(bytes, copy.h2d_bytes_per_s * share);
                 chans[lanes - 1].push((at, end));
+                arrivals.push((s, end));
                 What::In { end }
             }
         };
         items[s.index()].push((at, what));
+    }
+    // Every wait ends when a prefetch of what the next step reads arrives
+    // (the executor waits for exactly that).
+    for (until, reads) in &l.waits {
+        if !arrivals
+            .iter()
+            .any(|(s, end)| end == until && reads.contains(s))
+        {
+            bad.push(format!(
+                "a wait until {until} that no prefetch of the next step's inputs ends"
+            ));
+        }
     }
     for (c, spans) in chans.iter_mut().enumerate() {
         let mut cut = Vec::new();
