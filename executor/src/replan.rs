@@ -31,6 +31,10 @@ pub struct EwmaReplanner<'g> {
     measured: Vec<bool>,
     /// Per job, the prefetch lead of tensors whose swap-in came late.
     leads: Vec<BTreeMap<TensorId, u64>>,
+    /// Per job, the waits the current plan accepts (to meet a budget), by
+    /// storage root of the inputs waited for: such a prefetch is late on
+    /// purpose, and only lateness beyond it is fed back.
+    planned_late: Vec<BTreeMap<TensorId, u64>>,
     version: u64,
     /// Wall time of every planning run, ns.
     pub plan_ns: Vec<u64>,
@@ -55,6 +59,7 @@ impl<'g> EwmaReplanner<'g> {
             at_plan: estimates.iter().map(|e| e.iter().sum()).collect(),
             measured: vec![false; graphs.len()],
             leads: vec![BTreeMap::new(); graphs.len()],
+            planned_late: vec![BTreeMap::new(); graphs.len()],
             graphs,
             settings,
             config,
@@ -89,6 +94,20 @@ impl<'g> EwmaReplanner<'g> {
             p.version = self.version;
         }
         self.at_plan = self.estimates.iter().map(|e| e.iter().sum()).collect();
+        for ((late, p), g) in self
+            .planned_late
+            .iter_mut()
+            .zip(&out.plans)
+            .zip(&self.graphs)
+        {
+            late.clear();
+            for w in &p.prediction.waits {
+                for &t in &g.op(w.op).inputs {
+                    let wait = late.entry(g.storage_root(t)).or_insert(0);
+                    *wait = (*wait).max(w.ns);
+                }
+            }
+        }
         Ok(out)
     }
 }
@@ -102,12 +121,21 @@ impl Replanner for EwmaReplanner<'_> {
         let now: f64 = self.estimates[job].iter().sum();
         let base = self.at_plan[job].max(1.0);
         let first = !std::mem::replace(&mut self.measured[job], true);
+        let mut late = false;
         for &(t, wait) in &stats.late_prefetches {
+            // A planned wait is no miss; only what comes on top of it (with
+            // 5% slack) moves the prefetch earlier.
+            let planned = self.planned_late[job].get(&t).copied().unwrap_or(0);
+            let planned = planned + planned / 20;
+            if wait <= planned {
+                continue;
+            }
+            late = true;
             let lead = self.leads[job].entry(t).or_insert(0);
-            *lead = ((*lead + wait) as f64 * 1.05).ceil() as u64;
+            *lead = ((*lead + wait - planned) as f64 * 1.05).ceil() as u64;
         }
         let drift = (now - base).abs() / base > self.threshold;
-        if !self.enabled || !(first || drift || !stats.late_prefetches.is_empty()) {
+        if !self.enabled || !(first || drift || late) {
             return Vec::new();
         }
         self.replans += 1;

@@ -122,6 +122,28 @@ impl Liveness {
         self.footprint(true)
     }
 
+    /// The largest working set of any one op of `graph`: the storages it
+    /// reads and writes, together. No plan can run the op with less on the
+    /// device, so this (plus fixed memory) bounds every plan's peak.
+    pub fn largest_working_set(&self, graph: &Graph) -> u64 {
+        graph
+            .ops()
+            .iter()
+            .map(|op| {
+                let mut seen: Vec<usize> = op
+                    .inputs
+                    .iter()
+                    .chain(&op.outputs)
+                    .map(|t| self.storage_of[t.index()].index())
+                    .collect();
+                seen.sort_unstable();
+                seen.dedup();
+                seen.iter().map(|&s| self.storages[s].bytes).sum::<u64>()
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
     /// The footprint of a framework that frees nothing inside an iteration
     /// (what the TENSILE authors' executors measured as vanilla).
     pub fn keep_all_footprint(&self) -> Footprint {

@@ -284,22 +284,7 @@ pub(crate) fn plan(a: &PlanArgs) -> Result<()> {
 /// What no plan can go under: persistent storage that no op may have off
 /// the device while it runs, plus the largest working set of any one op.
 fn lower_bound(g: &Graph) -> u64 {
-    let live = Liveness::analyze(g);
-    g.ops()
-        .iter()
-        .map(|op| {
-            let mut seen: Vec<usize> = op
-                .inputs
-                .iter()
-                .chain(&op.outputs)
-                .map(|t| live.storage_of[t.index()].index())
-                .collect();
-            seen.sort_unstable();
-            seen.dedup();
-            seen.iter().map(|&s| live.storages[s].bytes).sum::<u64>()
-        })
-        .max()
-        .unwrap_or(0)
+    Liveness::analyze(g).largest_working_set(g)
 }
 
 #[derive(Serialize, Default, Clone)]

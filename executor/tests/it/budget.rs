@@ -30,24 +30,7 @@ pub(crate) fn lower_bound_of(g: &Graph) -> u64 {
 /// What no plan can go under: the largest working set of one op (its
 /// inputs' and outputs' storages), plus the base.
 fn lower_bound(g: &Graph, base: u64) -> u64 {
-    let live = Liveness::analyze(g);
-    let most = g
-        .ops()
-        .iter()
-        .map(|op| {
-            let mut seen: Vec<usize> = op
-                .inputs
-                .iter()
-                .chain(&op.outputs)
-                .map(|t| live.storage_of[t.index()].index())
-                .collect();
-            seen.sort_unstable();
-            seen.dedup();
-            seen.iter().map(|&s| live.storages[s].bytes).sum::<u64>()
-        })
-        .max()
-        .unwrap_or(0);
-    most + base
+    Liveness::analyze(g).largest_working_set(g) + base
 }
 
 /// Plans `g` alone under `budget`, checks the plan, runs it for three
@@ -212,4 +195,47 @@ fn below_the_lower_bound_the_closest_peak_and_a_diagnostic() {
         d.contains("over the budget") && d.contains(&floor.to_string()),
         "{d}"
     );
+}
+
+/// The waits a budget plan accepts are not late prefetches: with exact
+/// latencies the re-planner re-plans once, on the first measurements, and
+/// then keeps the plan (it used to grow the waited tensors' leads and
+/// re-plan every iteration).
+#[test]
+fn planned_waits_do_not_make_the_replanner_churn() {
+    use tensile_executor::replan::EwmaReplanner;
+    let g = mlp(4096, 256, 6);
+    let live = Liveness::analyze(&g);
+    let lat = vec![1_000_000; g.ops().len()];
+    let copy = CopyModel::duplex(2e9, 2e9, 10_000);
+    let free = plan_and_run(&g, &lat, copy, 0, None);
+    let floor = lower_bound(&g, 0);
+    let budget = (floor + free.plans[0].prediction.planned_peak_bytes) / 2;
+    let mut cfg = PlannerConfig::new(copy);
+    cfg.budget_bytes = Some(budget);
+    let mut rp = EwmaReplanner::new(
+        vec![&g],
+        vec![lat.clone()],
+        vec![JobSettings::default()],
+        cfg,
+    );
+    let first = rp.plan_all().unwrap();
+    assert!(first.plans[0].prediction.stall_ns() > 0, "the plan waits");
+    let sim = SimConfig {
+        iterations: 6,
+        sharing_slowdown: 0.0,
+        copy,
+        base_bytes: 0,
+    };
+    let r = simulate(
+        vec![SimJob::new(&g, &live, first.plans[0].clone(), lat)],
+        &sim,
+        &mut rp,
+    );
+    assert!(r.jobs[0].error.is_none());
+    // Late prefetches are reported (the waits), yet only the first
+    // measurements re-plan.
+    assert!(!r.jobs[0].iterations[1].late_prefetches.is_empty());
+    assert_eq!(rp.replans, 1, "re-planned {} times", rp.replans);
+    assert!(r.jobs[0].peak_bytes() <= budget);
 }
