@@ -330,6 +330,10 @@ fn budget_round(
 ) -> bool {
     /// Moves tried on a copy per round once one helps, at most.
     const TRIES: usize = 4;
+    /// Moves tried per round, at most, when none helps: every try rebuilds
+    /// a job's time line, and on DenseNet at batch 32 thousands of failing
+    /// moves made one plan take minutes.
+    const MAX_TRIES: usize = 48;
     let mut moves = Vec::new();
     for (j, job) in state.iter().enumerate() {
         if job.n() > 0 {
@@ -353,6 +357,7 @@ fn budget_round(
         if best
             .as_ref()
             .is_some_and(|b| b.0 >= *worth || tries >= TRIES)
+            || tries >= MAX_TRIES
         {
             break;
         }

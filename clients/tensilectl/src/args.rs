@@ -53,7 +53,7 @@ pub(crate) struct BenchPaperArgs {
     pub(crate) policies: String,
     /// Iterations per run: the first is the cold start, the rest are
     /// averaged.
-    #[arg(long, default_value_t = 6)]
+    #[arg(long, default_value_t = 4)]
     pub(crate) iterations: usize,
     /// Seed of the devices' latency bias and of the mixed workload's order.
     #[arg(long, default_value_t = 1)]
