@@ -7,12 +7,12 @@
 //! plan can go under and what the planner reaches without a budget.
 
 use tensile_executor::sim::{FixedPlans, SimConfig, SimJob, simulate};
-use tensile_graph::builder::{Builder, Optimizer};
+use tensile_graph::builder::Optimizer;
 use tensile_graph::zoo::{self, ZooConfig};
-use tensile_graph::{DType, Graph, Liveness};
+use tensile_graph::{Graph, Liveness};
 use tensile_planner::{CopyModel, JobInput, JobSettings, MultiPlan, PlannerConfig, plan};
 
-use crate::validity;
+use crate::{mlp, validity};
 
 /// The A6000 profile's base memory (CUDA context and workspaces), bytes.
 const A6000_BASE: u64 = 536_870_912;
@@ -84,21 +84,6 @@ fn plan_and_run(
     mp
 }
 
-/// An MLP of `depth` hidden layers, `batch` x `width` activations.
-fn mlp(batch: u64, width: u64, depth: usize) -> Graph {
-    let mut b = Builder::new("mlp");
-    let x = b.input("x", vec![batch, width], DType::F32);
-    let y = b.input("y", vec![batch], DType::I64);
-    let mut h = x;
-    for i in 1..=depth {
-        h = b.linear(&format!("fc{i}"), h, width, false);
-        h = b.relu(&format!("act{i}"), h);
-    }
-    let logits = b.linear("head", h, 10, false);
-    let loss = b.cross_entropy("loss", logits, y);
-    b.finish(loss, Optimizer::sgd()).expect("valid")
-}
-
 /// ResNet-50 at batch 16 and the simulated A6000's true latencies of its
 /// ops (`data/`, from `tensile_latency_model::true_latencies`).
 fn resnet50_a6000() -> (Graph, Vec<u64>) {
@@ -120,7 +105,7 @@ fn resnet50_a6000() -> (Graph, Vec<u64>) {
 fn tiny_mlp_meets_a_budget_that_hidden_swaps_cannot() {
     // 4 MB activations, 1 ms per op, 2 GB/s: a copy of one activation
     // takes two ops' time, too slow to hide them all.
-    let g = mlp(4096, 256, 6);
+    let g = mlp(4096, 256, 6, Optimizer::sgd());
     let lat = vec![1_000_000; g.ops().len()];
     let copy = CopyModel::duplex(2e9, 2e9, 10_000);
     let free = plan_and_run(&g, &lat, copy, 0, None);
@@ -180,7 +165,7 @@ fn resnet50_a6000_meets_the_baselines_budgets() {
 
 #[test]
 fn below_the_lower_bound_the_closest_peak_and_a_diagnostic() {
-    let g = mlp(4096, 256, 4);
+    let g = mlp(4096, 256, 4, Optimizer::sgd());
     let lat = vec![1_000_000; g.ops().len()];
     let copy = CopyModel::duplex(2e9, 2e9, 10_000);
     let free = plan_and_run(&g, &lat, copy, 0, None);
@@ -204,7 +189,7 @@ fn below_the_lower_bound_the_closest_peak_and_a_diagnostic() {
 #[test]
 fn planned_waits_do_not_make_the_replanner_churn() {
     use tensile_executor::replan::EwmaReplanner;
-    let g = mlp(4096, 256, 6);
+    let g = mlp(4096, 256, 6, Optimizer::sgd());
     let live = Liveness::analyze(&g);
     let lat = vec![1_000_000; g.ops().len()];
     let copy = CopyModel::duplex(2e9, 2e9, 10_000);

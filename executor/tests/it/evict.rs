@@ -5,25 +5,11 @@
 
 use tensile_executor::sim::{FixedPlans, SimConfig, SimJob, SimResult, simulate};
 use tensile_executor::{ExecOptions, IterationStats};
-use tensile_graph::builder::{Builder, Optimizer};
-use tensile_graph::{DType, Graph, Liveness};
+use tensile_graph::builder::Optimizer;
+use tensile_graph::{Graph, Liveness};
 use tensile_planner::{CopyModel, Event, EventKind, Plan, Trigger};
 
-/// An MLP whose activations (`batch` x `width` floats) outweigh its weights
-/// when the batch is large: the peak is at the end of the forward pass.
-fn mlp(batch: u64, width: u64, depth: usize) -> Graph {
-    let mut b = Builder::new("mlp");
-    let x = b.input("x", vec![batch, width], DType::F32);
-    let y = b.input("y", vec![batch], DType::I64);
-    let mut h = x;
-    for i in 1..=depth {
-        h = b.linear(&format!("fc{i}"), h, width, false);
-        h = b.relu(&format!("act{i}"), h);
-    }
-    let logits = b.linear("head", h, 10, false);
-    let loss = b.cross_entropy("loss", logits, y);
-    b.finish(loss, Optimizer::sgd()).expect("valid")
-}
+use crate::mlp;
 
 /// Free after last use, nothing else.
 fn vanilla(live: &Liveness) -> Plan {
@@ -79,7 +65,7 @@ fn names(g: &Graph, it: &IterationStats) -> Vec<String> {
 #[test]
 fn without_a_budget_nothing_changes() {
     assert_eq!(ExecOptions::default().evict_budget_bytes, None);
-    let g = mlp(4096, 256, 4);
+    let g = mlp(4096, 256, 4, Optimizer::sgd());
     let live = Liveness::analyze(&g);
     let free = run(&g, &live, vanilla(&live), ExecOptions::default());
     let peak = free.jobs[0].peak_bytes();
@@ -102,7 +88,7 @@ fn without_a_budget_nothing_changes() {
 /// demand, and the op waits for the copies.
 #[test]
 fn evicts_least_recently_used_under_the_budget() {
-    let g = mlp(4096, 256, 4);
+    let g = mlp(4096, 256, 4, Optimizer::sgd());
     let live = Liveness::analyze(&g);
     let free = run(&g, &live, vanilla(&live), ExecOptions::default());
     let b = free.jobs[0].peak_bytes() * 3 / 4;
@@ -131,7 +117,7 @@ fn evicts_least_recently_used_under_the_budget() {
 /// back in, and nothing wrote it since) is dropped without a second copy.
 #[test]
 fn a_victim_with_a_valid_host_copy_is_dropped_without_copying() {
-    let g = mlp(4096, 256, 4);
+    let g = mlp(4096, 256, 4, Optimizer::sgd());
     let live = Liveness::analyze(&g);
     let x = g.tensors().iter().find(|t| t.name == "x").unwrap().id;
     let mut plan = vanilla(&live);
@@ -162,7 +148,7 @@ fn a_victim_with_a_valid_host_copy_is_dropped_without_copying() {
 /// room, so the budget holds.
 #[test]
 fn a_prefetch_that_does_not_fit_is_left_to_its_op() {
-    let g = mlp(4096, 256, 4);
+    let g = mlp(4096, 256, 4, Optimizer::sgd());
     let live = Liveness::analyze(&g);
     let op = |name: &str| g.ops().iter().find(|o| o.name == name).unwrap().id;
     let act1 = g.tensors().iter().find(|t| t.name == "act1").unwrap().id;
@@ -201,7 +187,7 @@ fn a_prefetch_that_does_not_fit_is_left_to_its_op() {
 /// evictions have landed on the host, and the budget still holds.
 #[test]
 fn the_op_waits_for_slow_evictions() {
-    let g = mlp(4096, 256, 4);
+    let g = mlp(4096, 256, 4, Optimizer::sgd());
     let live = Liveness::analyze(&g);
     let job = |options| SimJob {
         options,
@@ -230,7 +216,7 @@ fn the_op_waits_for_slow_evictions() {
 /// finish every iteration with no tensor lost.
 #[test]
 fn a_budget_too_small_runs_over_and_says_so() {
-    let g = mlp(4096, 256, 4);
+    let g = mlp(4096, 256, 4, Optimizer::sgd());
     let live = Liveness::analyze(&g);
     for b in [1, BASE + live.persistent_bytes() + 4_000_000] {
         let r = run(&g, &live, vanilla(&live), budget(b));

@@ -7,26 +7,14 @@
 
 use tensile_executor::sim::{FixedPlans, SimConfig, SimJob, simulate};
 use tensile_executor::{Channels, Dir, ExecOptions, Executor, IterationStats, Next};
-use tensile_graph::builder::{Builder, Optimizer};
-use tensile_graph::{DType, Graph, Liveness, OpId, Phase, StorageId};
+use tensile_graph::builder::Optimizer;
+use tensile_graph::{Graph, Liveness, OpId, Phase, StorageId};
 use tensile_planner::{CopyModel, Event, EventKind, Plan, Trigger};
+
+use crate::mlp;
 
 /// 1 ms per op.
 const OP_NS: u64 = 1_000_000;
-
-fn mlp(depth: usize) -> Graph {
-    let mut b = Builder::new("mlp");
-    let x = b.input("x", vec![1024, 1024], DType::F32);
-    let y = b.input("y", vec![1024], DType::I64);
-    let mut h = x;
-    for i in 1..=depth {
-        h = b.linear(&format!("fc{i}"), h, 1024, false);
-        h = b.relu(&format!("act{i}"), h);
-    }
-    let logits = b.linear("head", h, 10, false);
-    let loss = b.cross_entropy("loss", logits, y);
-    b.finish(loss, Optimizer::sgd()).expect("valid")
-}
 
 /// Non-persistent storages made in forward and read in backward, with
 /// their last forward access.
@@ -156,7 +144,7 @@ fn slow_link() -> CopyModel {
 
 #[test]
 fn sync_swap_out_stalls_for_every_copy() {
-    let g = mlp(4);
+    let g = mlp(1024, 1024, 4, Optimizer::sgd());
     let live = Liveness::analyze(&g);
     let copy = slow_link();
     let saved = saved(&g, &live);
@@ -195,7 +183,7 @@ fn sync_swap_out_stalls_for_every_copy() {
 
 #[test]
 fn max_swap_outs_in_flight_bounds_the_stash() {
-    let g = mlp(8);
+    let g = mlp(1024, 1024, 8, Optimizer::sgd());
     let live = Liveness::analyze(&g);
     let copy = slow_link();
     let (free, free_its) = in_flight_at_kernels(&g, &live, copy, ExecOptions::default());
@@ -234,7 +222,7 @@ fn max_swap_outs_in_flight_bounds_the_stash() {
 
 #[test]
 fn a_bound_never_reached_changes_nothing() {
-    let g = mlp(4);
+    let g = mlp(1024, 1024, 4, Optimizer::sgd());
     let live = Liveness::analyze(&g);
     let loose = ExecOptions {
         max_swap_outs_in_flight: Some(usize::MAX),

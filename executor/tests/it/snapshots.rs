@@ -2,27 +2,13 @@
 //! that a change in what the planner decides shows up in review.
 
 use expect_test::{Expect, expect};
-use tensile_graph::builder::{Builder, Optimizer};
-use tensile_graph::{DType, Graph};
+
+use crate::mlp;
+use tensile_graph::Graph;
+use tensile_graph::builder::Optimizer;
 use tensile_planner::{
     CopyModel, Event, EventKind, JobInput, JobSettings, Plan, PlannerConfig, Trigger, plan,
 };
-
-/// An MLP of `depth` hidden layers and a head, `batch` x `width`
-/// activations; 1 ms per op.
-fn mlp(batch: u64, width: u64, depth: usize, optimizer: Optimizer) -> Graph {
-    let mut b = Builder::new("mlp");
-    let x = b.input("x", vec![batch, width], DType::F32);
-    let y = b.input("y", vec![batch], DType::I64);
-    let mut h = x;
-    for i in 1..=depth {
-        h = b.linear(&format!("fc{i}"), h, width, false);
-        h = b.relu(&format!("act{i}"), h);
-    }
-    let logits = b.linear("head", h, 10, false);
-    let loss = b.cross_entropy("loss", logits, y);
-    b.finish(loss, optimizer).expect("valid")
-}
 
 fn render(g: &Graph, p: &Plan) -> String {
     let op = |o: tensile_graph::OpId| g.op(o).name.clone();
