@@ -61,6 +61,27 @@ pub struct ModelEntry {
     pub heldout_samples: usize,
 }
 
+impl Manifest {
+    /// Reads and checks `dir/manifest.json` (format and feature length),
+    /// without loading any model.
+    pub fn read(dir: &Path) -> Result<Manifest, PredictError> {
+        let path = dir.join("manifest.json");
+        let bad = |reason: String| PredictError::Manifest {
+            path: path.clone(),
+            reason,
+        };
+        let text = std::fs::read_to_string(&path).map_err(|e| bad(e.to_string()))?;
+        let manifest: Manifest = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+        if manifest.format != MANIFEST_FORMAT || manifest.feature_len != FEATURE_LEN {
+            return Err(bad(format!(
+                "format {:?} with {} features; this build reads {MANIFEST_FORMAT} with {FEATURE_LEN}",
+                manifest.format, manifest.feature_len
+            )));
+        }
+        Ok(manifest)
+    }
+}
+
 pub const MANIFEST_FORMAT: &str = "tensile-latency-models/v1";
 
 /// Where each op's prediction came from.
@@ -146,19 +167,7 @@ impl Predictor {
     /// Loads the models of `dir` with ONNX Runtime from `ort_lib` (the first
     /// load in a process fixes the library for the process).
     pub fn load_with(dir: &Path, ort_lib: &Path) -> Result<Predictor, PredictError> {
-        let path = dir.join("manifest.json");
-        let bad = |reason: String| PredictError::Manifest {
-            path: path.clone(),
-            reason,
-        };
-        let text = std::fs::read_to_string(&path).map_err(|e| bad(e.to_string()))?;
-        let manifest: Manifest = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
-        if manifest.format != MANIFEST_FORMAT || manifest.feature_len != FEATURE_LEN {
-            return Err(bad(format!(
-                "format {:?} with {} features; this build reads {MANIFEST_FORMAT} with {FEATURE_LEN}",
-                manifest.format, manifest.feature_len
-            )));
-        }
+        let manifest = Manifest::read(dir)?;
         let fallback = DeviceProfile::from_file(dir.join(&manifest.roofline))?;
         let env = environment(ort_lib)?;
         let mut sessions = HashMap::new();

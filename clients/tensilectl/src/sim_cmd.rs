@@ -12,7 +12,7 @@ use tensile_executor::replan::EwmaReplanner;
 use tensile_executor::sim::{FixedPlans, JobResult, SimConfig, SimJob, SimResult, simulate};
 use tensile_graph::zoo::{self, ZooConfig};
 use tensile_graph::{Graph, Liveness};
-use tensile_latency_model::predict::shipped_cpu_models;
+use tensile_latency_model::predict::{Manifest, shipped_cpu_models};
 use tensile_latency_model::{DeviceProfile, Predictor, Source, estimate_latencies, true_latencies};
 use tensile_planner::{CopyModel, EventKind, JobSettings, PlannerConfig};
 
@@ -75,10 +75,7 @@ fn cold_start(
         ColdStart::Models(dir) => Some(dir.clone()),
         ColdStart::Auto => {
             let dir = shipped_cpu_models();
-            let manifest = std::fs::read_to_string(dir.join("manifest.json")).ok();
-            let device = manifest
-                .and_then(|m| serde_json::from_str::<serde_json::Value>(&m).ok())
-                .and_then(|m| m["device"].as_str().map(str::to_owned));
+            let device = Manifest::read(&dir).ok().map(|m| m.device);
             (device.as_deref() == Some(profile.name.as_str())).then_some(dir)
         }
     };
@@ -246,7 +243,8 @@ pub(crate) fn plan(a: &PlanArgs) -> Result<()> {
         recomputed_ops: pr.recomputed_ops,
         swapped_bytes: pr.swapped_bytes,
         plan_ms,
-        lower_bound_bytes: lower_bound(&graph) + profile.base_bytes,
+        lower_bound_bytes: Liveness::analyze(&graph).largest_working_set(&graph)
+            + profile.base_bytes,
         diagnostics: mp.diagnostics.iter().map(|d| d.message.clone()).collect(),
     };
     if a.json {
@@ -279,12 +277,6 @@ pub(crate) fn plan(a: &PlanArgs) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// What no plan can go under: persistent storage that no op may have off
-/// the device while it runs, plus the largest working set of any one op.
-fn lower_bound(g: &Graph) -> u64 {
-    Liveness::analyze(g).largest_working_set(g)
 }
 
 #[derive(Serialize, Default, Clone)]
@@ -570,15 +562,15 @@ pub(crate) fn parse_jobs(spec: &str, a: &SimArgs) -> Result<Vec<Graph>> {
 pub(crate) fn capuchin_budgets(opts: &SimOptions, vanilla: &Run, ours: Option<&Run>) -> Vec<u64> {
     let peaks = |r: &Run| -> Vec<u64> { r.result.jobs.iter().map(|j| j.peak_bytes()).collect() };
     match (opts.budget_bytes, ours) {
-        (Some(_), _) | (None, None) => {
+        (None, Some(ours)) => peaks(ours),
+        (budget, _) => {
             let v = peaks(vanilla);
             let total: u64 = v.iter().sum();
-            let budget = opts.budget_bytes.unwrap_or(total);
+            let budget = budget.unwrap_or(total);
             v.iter()
                 .map(|&p| (budget as f64 * p as f64 / total.max(1) as f64) as u64)
                 .collect()
         }
-        (None, Some(ours)) => peaks(ours),
     }
 }
 
@@ -607,7 +599,7 @@ pub(crate) fn report(
             passive_swaps: r.iterations.iter().map(|i| i.passive_swaps).sum(),
             swapped_bytes: last.map_or(0, |i| i.swapped_bytes),
             recomputed_ops: last.map_or(0, |i| i.recomputed_ops),
-            lower_bound_bytes: lower_bound(g) + profile.base_bytes,
+            lower_bound_bytes: lives[j].largest_working_set(g) + profile.base_bytes,
             over_budget_bytes: r
                 .iterations
                 .iter()
