@@ -323,87 +323,77 @@ fn run_workload(
                 .unwrap_or_default(),
         )],
     };
+    let measure = |p: Policy, run: &Run| report(&graphs, &lives, profile, &opts, p, &vanilla, run);
+    for &p in policies {
+        let r = &runs[&p];
+        if let Ok(run) = r {
+            out.traces.push((
+                p.name().into(),
+                run.result
+                    .jobs
+                    .first()
+                    .map(|j| j.trace.clone())
+                    .unwrap_or_default(),
+            ));
+        }
+        out.policies
+            .push(outcome(p.name().into(), r, Some(&vanilla), &|run| {
+                measure(p, run)
+            }));
+    }
     // Ours at each baseline's memory: ours gets that baseline's peak as its
-    // budget, and the two are compared at the same memory.
-    let ours_ran = matches!(runs.get(&Policy::Tensile), Some(Ok(_)));
-    let mut budgeted: Vec<(Policy, Result<Run, String>)> = Vec::new();
-    for &p in policies {
-        let Some(Ok(theirs)) = runs.get(&p) else {
-            continue;
-        };
-        if p == Policy::Tensile {
-            continue;
+    // budget, and the two are compared at the same memory. Where the
+    // baseline saves less than ours, ours saves just as much (and stops
+    // there); where it saves more, ours is pushed as far.
+    if matches!(runs.get(&Policy::Tensile), Some(Ok(_))) {
+        let peaks: Vec<(Policy, u64)> = policies
+            .iter()
+            .zip(&out.policies)
+            .filter(|(p, _)| **p != Policy::Tensile)
+            .filter_map(|(p, o)| Some((*p, o.report.as_ref()?.system.peak_bytes)))
+            .collect();
+        for (p, peak) in peaks {
+            tick(&format!("{} / tensile at {}'s peak", w.name, p.name()));
+            let at = SimOptions {
+                budget_bytes: Some(peak),
+                stop_at_budget: true,
+                ..opts.clone()
+            };
+            let r = run_policy(&graphs, &lives, Policy::Tensile, profile, &at, None)
+                .map_err(|e| format!("{e:#}"));
+            out.policies
+                .push(outcome(format!("tensile@{}", p.name()), &r, None, &|run| {
+                    measure(Policy::Tensile, run)
+                }));
         }
-        let theirs = report(&graphs, &lives, profile, &opts, p, &vanilla, theirs).system;
-        if !ours_ran {
-            continue;
-        }
-        tick(&format!("{} / tensile at {}'s peak", w.name, p.name()));
-        // Where the baseline saves less than ours, ours saves just as much
-        // (and stops there); where it saves more, ours is pushed as far.
-        let at = SimOptions {
-            budget_bytes: Some(theirs.peak_bytes),
-            stop_at_budget: true,
-            ..opts.clone()
-        };
-        let r = run_policy(&graphs, &lives, Policy::Tensile, profile, &at, None)
-            .map_err(|e| format!("{e:#}"));
-        budgeted.push((p, r));
-    }
-    for &p in policies {
-        let outcome = match &runs[&p] {
-            Ok(run) => {
-                out.traces.push((
-                    p.name().into(),
-                    run.result
-                        .jobs
-                        .first()
-                        .map(|j| j.trace.clone())
-                        .unwrap_or_default(),
-                ));
-                PolicyOutcome {
-                    policy: p.name().into(),
-                    report: Some(report(&graphs, &lives, profile, &opts, p, &vanilla, run)),
-                    error: None,
-                    first_iteration: phase_metrics(&vanilla, run, true),
-                    after_first: phase_metrics(&vanilla, run, false),
-                }
-            }
-            Err(e) => PolicyOutcome {
-                policy: p.name().into(),
-                report: None,
-                error: Some(e.clone()),
-                first_iteration: None,
-                after_first: None,
-            },
-        };
-        out.policies.push(outcome);
-    }
-    for (p, r) in budgeted {
-        let (report, error) = match r {
-            Ok(run) => (
-                Some(report(
-                    &graphs,
-                    &lives,
-                    profile,
-                    &opts,
-                    Policy::Tensile,
-                    &vanilla,
-                    &run,
-                )),
-                None,
-            ),
-            Err(e) => (None, Some(e)),
-        };
-        out.policies.push(PolicyOutcome {
-            policy: format!("tensile@{}", p.name()),
-            report,
-            error,
-            first_iteration: None,
-            after_first: None,
-        });
     }
     Ok(out)
+}
+
+/// What one run of a policy measured on a workload; with `vanilla`, also
+/// its first iteration and the later ones apart (Table I).
+fn outcome(
+    policy: String,
+    r: &Result<Run, String>,
+    vanilla: Option<&Run>,
+    measure: &dyn Fn(&Run) -> SimReport,
+) -> PolicyOutcome {
+    match r {
+        Ok(run) => PolicyOutcome {
+            policy,
+            report: Some(measure(run)),
+            error: None,
+            first_iteration: vanilla.and_then(|v| phase_metrics(v, run, true)),
+            after_first: vanilla.and_then(|v| phase_metrics(v, run, false)),
+        },
+        Err(e) => PolicyOutcome {
+            policy,
+            report: None,
+            error: Some(e.clone()),
+            first_iteration: None,
+            after_first: None,
+        },
+    }
 }
 
 /// Where ours does not Pareto-dominate a baseline: neither ours on its own

@@ -93,6 +93,22 @@ fn reduce(points: &[(f64, f64)], x: impl Fn(f64) -> f64) -> Vec<(f64, f64)> {
     out
 }
 
+/// An SVG document of the chart size on white, with `title` centred at `x`.
+fn svg_start(title: &str, x: f64) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">"#
+    );
+    let _ = writeln!(s, r#"<rect width="{W}" height="{H}" fill="white"/>"#);
+    let _ = writeln!(
+        s,
+        r#"<text x="{x}" y="22" text-anchor="middle" font-size="15">{}</text>"#,
+        escape(title)
+    );
+    s
+}
+
 pub(crate) fn render_svg(chart: &Chart) -> String {
     let finite = |p: &&(f64, f64)| p.0.is_finite() && p.1.is_finite();
     let all: Vec<(f64, f64)> = chart
@@ -105,18 +121,7 @@ pub(crate) fn render_svg(chart: &Chart) -> String {
     let (pw, ph) = (W - LEFT - RIGHT, H - TOP - BOTTOM);
     let x = |t: f64| LEFT + t / t_max * pw;
     let y = |v: f64| TOP + ph - v / y_max * ph;
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">"#
-    );
-    let _ = writeln!(s, r#"<rect width="{W}" height="{H}" fill="white"/>"#);
-    let _ = writeln!(
-        s,
-        r#"<text x="{}" y="22" text-anchor="middle" font-size="15">{}</text>"#,
-        LEFT + pw / 2.0,
-        escape(&chart.title)
-    );
+    let mut s = svg_start(&chart.title, LEFT + pw / 2.0);
     let step = tick_step(y_max);
     let mut v = 0.0;
     while v <= y_max {
@@ -210,18 +215,7 @@ pub(crate) fn render_bars(b: &Bars) -> String {
     let groups = b.groups.len().max(1) as f64;
     let gw = pw / groups;
     let bw = gw * 0.8 / b.series.len().max(1) as f64;
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">"#
-    );
-    let _ = writeln!(s, r#"<rect width="{W}" height="{H}" fill="white"/>"#);
-    let _ = writeln!(
-        s,
-        r#"<text x="{}" y="22" text-anchor="middle" font-size="15">{}</text>"#,
-        LEFT + pw / 2.0,
-        escape(&b.title)
-    );
+    let mut s = svg_start(&b.title, LEFT + pw / 2.0);
     let _ = writeln!(
         s,
         r#"<text x="16" y="{}" transform="rotate(-90 16 {})" text-anchor="middle">{}</text>"#,
