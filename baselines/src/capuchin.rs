@@ -27,10 +27,11 @@
 mod policy;
 mod timeline;
 
-use tensile_executor::sim::Replanner;
-use tensile_executor::{ExecOptions, IterationStats};
+use tensile_executor::ExecOptions;
 use tensile_graph::{Graph, Liveness, StorageId};
-use tensile_planner::{CopyModel, Event, EventKind, Plan, Trigger};
+use tensile_planner::{
+    CopyModel, Event, EventKind, JobId, Measurements, Plan, Replan, ReplanError, Trigger,
+};
 
 use crate::common;
 use timeline::{Choices, JobModel, predict};
@@ -140,7 +141,7 @@ impl<'g> Capuchin<'g> {
     }
 
     /// Plans job `job` from its passive iteration.
-    fn plan_first(&mut self, job: usize, stats: &IterationStats) -> Option<Plan> {
+    fn plan_first(&mut self, job: usize, stats: &Measurements) -> Option<Plan> {
         let (graph, live) = (*self.graphs.get(job)?, *self.lives.get(job)?);
         if stats.op_ns.len() != graph.ops().len() {
             return None;
@@ -256,16 +257,21 @@ impl<'g> Capuchin<'g> {
     }
 }
 
-impl Replanner for Capuchin<'_> {
-    fn after_iteration(&mut self, job: usize, stats: &IterationStats) -> Vec<(usize, Plan)> {
+impl Replan for Capuchin<'_> {
+    fn after_iteration(
+        &mut self,
+        id: JobId,
+        stats: &Measurements,
+    ) -> Result<Vec<(JobId, Plan)>, ReplanError> {
+        let job = id.0 as usize;
         let Some(st) = self.jobs.get_mut(job) else {
-            return Vec::new();
+            return Err(ReplanError::UnknownJob(id));
         };
         let Some(m) = &st.model else {
-            return self
+            return Ok(self
                 .plan_first(job, stats)
-                .map(|p| vec![(job, p)])
-                .unwrap_or_default();
+                .map(|p| vec![(id, p)])
+                .unwrap_or_default());
         };
         let live = self.lives[job];
         let mut late: Vec<StorageId> = stats
@@ -276,13 +282,13 @@ impl Replanner for Capuchin<'_> {
         late.sort_unstable();
         late.dedup();
         if late.is_empty() {
-            return Vec::new();
+            return Ok(Vec::new());
         }
         let moved = policy::feedback(m, &mut st.choices, &late);
         if moved == 0 {
-            return Vec::new();
+            return Ok(Vec::new());
         }
         st.report.feedback_moves += moved;
-        vec![(job, self.emit(job))]
+        Ok(vec![(id, self.emit(job))])
     }
 }

@@ -7,11 +7,10 @@
 
 use expect_test::{Expect, expect};
 use tensile_baselines::Capuchin;
-use tensile_executor::IterationStats;
-use tensile_executor::sim::{JobResult, Replanner, SimConfig, SimJob, simulate};
+use tensile_executor::sim::{JobResult, SimConfig, SimJob, simulate};
 use tensile_graph::builder::{Builder, Optimizer};
 use tensile_graph::{DType, Graph, Liveness, OpId, Phase};
-use tensile_planner::{CopyModel, EventKind, Plan, Trigger};
+use tensile_planner::{CopyModel, EventKind, JobId, Measurements, Plan, Replan, Trigger};
 
 /// An MLP whose activations (`batch` x `width` floats) outweigh its
 /// weights, so that the peak is where the forward pass ends. With ReLU,
@@ -316,16 +315,20 @@ fn each_miss_adds_five_percent_to_the_lead() {
         .find(|o| o.name == "fc2.backward.weight")
         .unwrap()
         .id;
-    let miss = |name: &str| IterationStats {
+    let miss = |name: &str| Measurements {
         late_prefetches: vec![(tensor(name), 1_000)],
-        ..IterationStats::default()
+        ..Measurements::default()
     };
-    assert!(cap.after_iteration(0, &miss("x")).is_empty());
+    assert!(
+        cap.after_iteration(JobId(0), &miss("x"))
+            .unwrap()
+            .is_empty()
+    );
     for _ in 0..3 {
-        let out = cap.after_iteration(0, &miss("act1"));
+        let out = cap.after_iteration(JobId(0), &miss("act1")).unwrap();
         assert_eq!(out.len(), 1);
         let (job, next) = &out[0];
-        assert_eq!(*job, 0);
+        assert_eq!(*job, JobId(0));
         assert_eq!(next.version, plan.version + 1);
         // Every op takes 10 µs: op k ends at (k + 1) * 10 µs.
         let use_at = u64::from(use_op.0) * OP;

@@ -1,18 +1,23 @@
 //! The executor of one job and the simulator built on it (SPEC §6). One
-//! state machine runs a job's iteration over pluggable time: the simulator
-//! drives it with virtual-time kernels and copy channels; the worker will
-//! drive it with real kernels and copy engines.
+//! state machine runs a job's iteration; it owns no clock and no copy
+//! engine: the simulator drives it with virtual-time kernels and the
+//! virtual-time copy engine, the worker with real kernels and real copies.
 //!
 //! # Layout
-//! - `machine`: the executor state machine.
-//! - `copy`: virtual-time copy channels.
+//! - `machine`: the executor state machine, generic over a
+//!   [`CopyEngine`]; allocations and frees leave it as [`Effect`]s.
+//! - `state`: what it knows of one storage (device side, host side, copies
+//!   in flight).
+//! - `evict`: Capuchin's passive mode (LRU eviction under a budget).
 //! - `sim`: N jobs on one virtual GPU, processor-shared kernels.
-//! - `replan`: EWMA of measured latencies and re-planning over a threshold.
+//! - `replan`: the simulator's side of re-planning: measurements of an
+//!   iteration handed to the planner's re-planner.
 
-mod copy;
+mod evict;
 mod machine;
 pub mod replan;
 pub mod sim;
+mod state;
 
-pub use copy::{Channels, Dir};
-pub use machine::{ExecError, ExecOptions, Executor, IterationStats, Next};
+pub use machine::{Effect, ExecError, ExecOptions, Executor, IterationStats, Next};
+pub use tensile_swap_executor::{CopyEngine, Dir, VirtualCopies};

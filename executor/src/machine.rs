@@ -1,7 +1,12 @@
-//! The executor of one job (SPEC §6) as a state machine over virtual time:
-//! it runs ops in order, fires plan events after their trigger ops, waits
+//! The executor of one job (SPEC §6) as a state machine that owns no clock
+//! and no copies: its driver tells it the time, runs the kernels it asks
+//! for, and owns the copy engine it carries out swaps on (virtual time in
+//! the simulator, real copies in the worker). It runs ops in order, fires
+//! plan events after their trigger ops through the Execution Queue, waits
 //! for late prefetches, swaps in passively when nothing was planned, and
-//! never frees a storage while a copy of it is in flight.
+//! never frees a storage while a copy of it is in flight. Allocations and
+//! frees are handed to the driver as [`Effect`]s: the simulator counts
+//! bytes, the worker holds tensors.
 //!
 //! Memory changes only at op boundaries, frees before allocations, which is
 //! exactly the model the planner predicts with: with exact latencies the
@@ -9,8 +14,9 @@
 
 use tensile_graph::{Graph, Liveness, OpId, StorageId, TensorId};
 use tensile_planner::{Event, EventKind, Plan, Trigger};
+use tensile_swap_executor::{Copy, CopyEngine, CopyStatus, Dir, ExecutionQueue};
 
-use crate::copy::{Channels, Dir};
+use crate::state::{Device, Host, InFlight, Slot, Wake};
 
 /// What the executor asks of its driver.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -19,12 +25,24 @@ pub enum Next {
     Kernel { op: OpId },
     /// Nothing to do before this time; call [`Executor::step`] then.
     WaitUntil(u64),
+    /// Nothing to do until the copy engine completes a copy whose end it
+    /// did not know: poll it and call [`Executor::step`] again.
+    WaitForCopy,
     /// An iteration has just ended; call [`Executor::step`] again at the
     /// same time. A plan handed over now (after looking at the finished
     /// iteration's measurements) applies to the very next iteration.
     IterationDone,
     /// All iterations are done.
     Done,
+}
+
+/// A change of device memory the driver carries out (or counts).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Effect {
+    /// Make room for the storage on the device.
+    Alloc(StorageId),
+    /// The storage's device buffer is no longer needed.
+    Free(StorageId),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -83,29 +101,8 @@ pub struct IterationStats {
     /// (0: the budget held): when evicting everything evictable could not
     /// make room, the op ran anyway.
     pub over_budget_bytes: u64,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Loc {
-    Gone,
-    Device,
-    Host,
-}
-
-#[derive(Debug, Clone, Copy)]
-struct Slot {
-    loc: Loc,
-    /// A valid copy of the current data is on the host.
-    host_valid: bool,
-    /// The device data is there from this time (a swap-in's end).
-    ready_at: u64,
-    /// A swap-out in flight ends at this time; the buffer is freed at the
-    /// first boundary after it.
-    out_done: Option<u64>,
-    /// Free once no copy is in flight.
-    free_pending: bool,
-    /// A swap-in came while the swap-out was in flight: keep the buffer.
-    keep: bool,
+    /// Copies the engine reported failed (the data stayed where it was).
+    pub failed_copies: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -148,12 +145,13 @@ impl Schedule {
     }
 }
 
+/// One job's executor over the copy engine `C`.
 #[derive(Debug)]
-pub struct Executor<'g> {
-    graph: &'g Graph,
-    live: &'g Liveness,
+pub struct Executor<'g, C> {
+    pub(crate) graph: &'g Graph,
+    pub(crate) live: &'g Liveness,
     schedule: Schedule,
-    options: ExecOptions,
+    pub(crate) options: ExecOptions,
     next_plan: Option<Plan>,
     plan_version: u64,
     iterations: usize,
@@ -161,33 +159,38 @@ pub struct Executor<'g> {
     phase: Phase,
     pc: usize,
     before_idx: usize,
-    slots: Vec<Slot>,
-    mem: u64,
+    pub(crate) slots: Vec<Slot>,
+    pub(crate) mem: u64,
     base_bytes: u64,
-    chans: Channels,
-    /// Swap events waiting for their delay: (fire time, order, event).
-    timers: Vec<(u64, u64, Event)>,
-    timer_seq: u64,
+    pub(crate) engine: C,
+    /// Storages with a copy in flight, looked at when the engine is polled.
+    flying: Vec<StorageId>,
+    /// Swap events waiting for their delay.
+    queue: ExecutionQueue<Event>,
+    /// Swap-outs due while their storage's prefetch, of unknown end, was in
+    /// flight: (fire time, storage).
+    deferred_outs: Vec<(u64, StorageId)>,
     kernel_start: u64,
     /// Late prefetches the next kernel waits on: (storage, since when).
     late_since: Vec<(StorageId, u64)>,
-    cur: IterationStats,
+    /// Since when the executor waits for a copy whose end it did not know.
+    waiting_since: Option<u64>,
+    pub(crate) cur: IterationStats,
     done: Vec<IterationStats>,
-    /// (time, bytes) at every change, for plots.
-    pub trace: Vec<(u64, u64)>,
+    effects: Vec<Effect>,
     /// When each storage was last allocated or used by an op, for the
     /// passive eviction's least-recently-used order.
-    last_use: Vec<u64>,
+    pub(crate) last_use: Vec<u64>,
 }
 
-impl<'g> Executor<'g> {
+impl<'g, C: CopyEngine> Executor<'g, C> {
     pub fn new(
         graph: &'g Graph,
         live: &'g Liveness,
         plan: &Plan,
-        chans: Channels,
+        engine: C,
         iterations: usize,
-    ) -> Executor<'g> {
+    ) -> Executor<'g, C> {
         let n = graph.ops().len();
         Executor {
             graph,
@@ -201,27 +204,19 @@ impl<'g> Executor<'g> {
             phase: Phase::Start,
             pc: 0,
             before_idx: 0,
-            slots: vec![
-                Slot {
-                    loc: Loc::Gone,
-                    host_valid: false,
-                    ready_at: 0,
-                    out_done: None,
-                    free_pending: false,
-                    keep: false,
-                };
-                live.storages.len()
-            ],
+            slots: vec![Slot::GONE; live.storages.len()],
             mem: 0,
             base_bytes: 0,
-            chans,
-            timers: Vec::new(),
-            timer_seq: 0,
+            engine,
+            flying: Vec::new(),
+            queue: ExecutionQueue::new(),
+            deferred_outs: Vec::new(),
             kernel_start: 0,
             late_since: Vec::new(),
+            waiting_since: None,
             cur: IterationStats::default(),
             done: Vec::new(),
-            trace: Vec::new(),
+            effects: Vec::new(),
             last_use: vec![0; live.storages.len()],
         }
     }
@@ -236,9 +231,9 @@ impl<'g> Executor<'g> {
         self.options = options;
     }
 
-    /// The job's copy channels, whose log shows every copy (for checks).
-    pub fn channels(&self) -> &Channels {
-        &self.chans
+    /// The copy engine (the simulator's logs every copy, for checks).
+    pub fn engine(&self) -> &C {
+        &self.engine
     }
 
     /// Fixed memory of the job (context, workspaces), held throughout.
@@ -255,25 +250,31 @@ impl<'g> Executor<'g> {
         &self.done
     }
 
+    /// The allocations and frees since the last call, in order.
+    pub fn take_effects(&mut self) -> Vec<Effect> {
+        std::mem::take(&mut self.effects)
+    }
+
     /// Storages on the device now.
     pub fn resident(&self) -> Vec<StorageId> {
         (0..self.slots.len())
-            .filter(|&i| self.slots[i].loc == Loc::Device)
+            .filter(|&i| self.slots[i].on_device())
             .map(|i| StorageId(i as u32))
             .collect()
     }
 
+    /// Device memory of the job now (base included).
     pub fn memory_bytes(&self) -> u64 {
         self.mem
     }
 
-    fn bytes(&self, s: StorageId) -> u64 {
+    pub(crate) fn bytes(&self, s: StorageId) -> u64 {
         self.live.storages[s.index()].bytes
     }
 
-    fn alloc(&mut self, s: StorageId, now: u64) {
-        if self.slots[s.index()].loc != Loc::Device {
-            self.slots[s.index()].loc = Loc::Device;
+    pub(crate) fn alloc(&mut self, s: StorageId, now: u64) {
+        if !self.slots[s.index()].on_device() {
+            self.slots[s.index()].device = Device::Ready { since: now };
             self.mem += self.bytes(s);
             self.cur.peak_bytes = self.cur.peak_bytes.max(self.mem);
             self.last_use[s.index()] = now;
@@ -281,61 +282,174 @@ impl<'g> Executor<'g> {
                 let over = self.mem.saturating_sub(b);
                 self.cur.over_budget_bytes = self.cur.over_budget_bytes.max(over);
             }
-            self.trace.push((now, self.mem));
+            self.effects.push(Effect::Alloc(s));
         }
     }
 
-    fn free(&mut self, s: StorageId, now: u64) {
+    pub(crate) fn free(&mut self, s: StorageId) {
         let slot = &mut self.slots[s.index()];
-        if slot.loc == Loc::Device {
-            slot.loc = if slot.host_valid {
-                Loc::Host
-            } else {
-                Loc::Gone
-            };
-            slot.free_pending = false;
+        if slot.on_device() {
+            if let Device::Arriving(c) = slot.device {
+                self.engine.forget(c.id);
+            }
+            let slot = &mut self.slots[s.index()];
+            slot.device = Device::Absent;
+            slot.release_pending = false;
             self.mem -= self.live.storages[s.index()].bytes;
-            self.trace.push((now, self.mem));
+            self.effects.push(Effect::Free(s));
         }
     }
 
-    /// Starts the timers that are due, in fire order, on their channels.
-    fn run_timers(&mut self, now: u64) {
-        self.timers.sort_by_key(|t| (t.0, t.1));
-        let due = self.timers.partition_point(|t| t.0 <= now);
-        let fired: Vec<_> = self.timers.drain(..due).collect();
-        for (at, _, e) in fired {
+    /// Queues a copy of `s` on the engine.
+    pub(crate) fn submit(&mut self, s: StorageId, dir: Dir, not_before: u64) -> InFlight {
+        let bytes = self.bytes(s);
+        let id = self.engine.submit(Copy {
+            dir,
+            storage: s,
+            bytes,
+            not_before,
+        });
+        let end = match self.engine.status(id) {
+            CopyStatus::Ends(t) => Some(t),
+            CopyStatus::Pending | CopyStatus::Failed(_) => None,
+        };
+        if !self.flying.contains(&s) {
+            self.flying.push(s);
+        }
+        InFlight { id, end }
+    }
+
+    /// Learns from the engine what has completed or failed by `now`: ends
+    /// that were not known, finished prefetches (which then no longer need
+    /// the engine), and failures, which never lose data: a failed swap-out
+    /// keeps the device buffer (and any release waits for nothing), a failed
+    /// prefetch gives its buffer back so the op fetches the data on demand.
+    fn refresh(&mut self, now: u64) {
+        if self.flying.is_empty() {
+            return;
+        }
+        self.engine.poll(now);
+        let flying = std::mem::take(&mut self.flying);
+        for s in flying {
+            let i = s.index();
+            if let Device::Arriving(mut c) = self.slots[i].device {
+                match self.engine.status(c.id) {
+                    CopyStatus::Ends(t) if t <= now => {
+                        self.engine.forget(c.id);
+                        self.slots[i].device = Device::Ready { since: t };
+                    }
+                    CopyStatus::Ends(t) => {
+                        c.end = Some(t);
+                        self.slots[i].device = Device::Arriving(c);
+                    }
+                    CopyStatus::Pending => {}
+                    CopyStatus::Failed(_) => {
+                        self.cur.failed_copies += 1;
+                        self.engine.forget(c.id);
+                        // A swap-out queued behind it may read the buffer:
+                        // then it goes when that copy is done.
+                        self.slots[i].device = Device::Invalid;
+                        if self.slots[i].writing().is_none() {
+                            self.free(s);
+                        }
+                    }
+                }
+            }
+            if let Host::Writing { mut copy, keep } = self.slots[i].host {
+                match self.engine.status(copy.id) {
+                    CopyStatus::Ends(t) => {
+                        copy.end = Some(t);
+                        self.slots[i].host = Host::Writing { copy, keep };
+                    }
+                    CopyStatus::Pending => {}
+                    CopyStatus::Failed(_) => {
+                        self.cur.failed_copies += 1;
+                        self.engine.forget(copy.id);
+                        self.slots[i].host = Host::None;
+                        self.slots[i].release_pending = false;
+                    }
+                }
+            }
+            let slot = self.slots[i];
+            if matches!(slot.device, Device::Arriving(_)) || slot.writing().is_some() {
+                self.flying.push(s);
+            }
+        }
+        for (at, s) in std::mem::take(&mut self.deferred_outs) {
+            match self.slots[s.index()].device {
+                Device::Arriving(InFlight { end: None, .. }) => self.deferred_outs.push((at, s)),
+                _ => self.start_swap_out(s, at),
+            }
+        }
+    }
+
+    /// Starts the swap events that are due, in fire order, on the engine.
+    fn run_queue(&mut self, now: u64) {
+        for (at, e) in self.queue.pop_due(now) {
             let s = self.live.storage_of[e.tensor.index()];
-            let bytes = self.bytes(s);
             match e.kind {
                 EventKind::SwapOut => {
-                    let slot = self.slots[s.index()];
-                    // Copied even when a host copy exists: the plan counted
-                    // the copy's time and the buffer until it completes.
-                    if slot.loc == Loc::Device {
-                        let start = at.max(slot.ready_at);
-                        let end = self.chans.submit(Dir::ToHost, bytes, start);
-                        self.slots[s.index()].out_done = Some(end);
-                        self.cur.swapped_bytes += bytes;
+                    // Behind a prefetch whose end is not known yet: start
+                    // it once the data is there (virtual time knows the end
+                    // and queues it after).
+                    if let Device::Arriving(InFlight { end: None, .. }) =
+                        self.slots[s.index()].device
+                    {
+                        self.deferred_outs.push((at, s));
+                    } else {
+                        self.start_swap_out(s, at);
                     }
                 }
                 EventKind::SwapIn => {
                     let slot = self.slots[s.index()];
-                    if slot.out_done.is_some() {
-                        self.slots[s.index()].keep = true;
+                    if let Host::Writing { copy, .. } = slot.host {
+                        self.slots[s.index()].host = Host::Writing { copy, keep: true };
                         continue;
                     }
-                    if slot.loc == Loc::Device && slot.ready_at != u64::MAX {
+                    if slot.on_device() && slot.device != Device::Awaiting {
                         continue;
                     }
-                    let end = self.chans.submit(Dir::ToDevice, bytes, at);
+                    let copy = self.submit(s, Dir::ToDevice, at);
                     let slot = &mut self.slots[s.index()];
-                    slot.ready_at = end;
-                    slot.free_pending = false;
+                    if slot.on_device() {
+                        slot.device = Device::Arriving(copy);
+                        slot.release_pending = false;
+                    } else {
+                        // Its buffer went before the copy started: the copy
+                        // still takes its time on the link; nothing waits.
+                        self.engine.forget(copy.id);
+                    }
                 }
                 _ => {}
             }
         }
+    }
+
+    /// Copies `s` to the host, if its data is on the device (or arriving).
+    fn start_swap_out(&mut self, s: StorageId, at: u64) {
+        let slot = self.slots[s.index()];
+        // Copied even when a host copy exists: the plan counted the copy's
+        // time and the buffer until it completes.
+        if !slot.on_device() || slot.device == Device::Invalid {
+            return;
+        }
+        let not_before = match slot.ready_at() {
+            Some(Wake::At(t)) => at.max(t),
+            _ => at,
+        };
+        let copy = self.submit(s, Dir::ToHost, not_before);
+        // A second swap-out while one is in flight: the host copy is
+        // complete when the later one is; a prefetch that came meanwhile
+        // still keeps the buffer.
+        let keep = match slot.host {
+            Host::Writing { copy: old, keep } => {
+                self.engine.forget(old.id);
+                keep
+            }
+            Host::None | Host::Valid => false,
+        };
+        self.slots[s.index()].host = Host::Writing { copy, keep };
+        self.cur.swapped_bytes += self.bytes(s);
     }
 
     /// Frees what may be freed at a boundary: finished swap-outs and
@@ -343,19 +457,19 @@ impl<'g> Executor<'g> {
     fn boundary_frees(&mut self, now: u64) {
         for i in 0..self.slots.len() {
             let slot = self.slots[i];
-            if let Some(d) = slot.out_done
-                && d <= now
+            let s = StorageId(i as u32);
+            if let Host::Writing { copy, keep } = slot.host
+                && copy.done(now)
             {
-                self.slots[i].out_done = None;
-                self.slots[i].host_valid = true;
-                if !slot.keep {
-                    self.free(StorageId(i as u32), now);
+                self.engine.forget(copy.id);
+                self.slots[i].host = Host::Valid;
+                if !keep || slot.device == Device::Invalid {
+                    self.free(s);
                 }
-                self.slots[i].keep = false;
                 continue;
             }
-            if slot.free_pending && slot.out_done.is_none() && slot.ready_at <= now {
-                self.free(StorageId(i as u32), now);
+            if slot.release_pending && slot.writing().is_none() && slot.ready(now) {
+                self.free(s);
             }
         }
     }
@@ -365,16 +479,16 @@ impl<'g> Executor<'g> {
         match e.kind {
             EventKind::Release => {
                 let slot = self.slots[s.index()];
-                if slot.out_done.is_some() || slot.ready_at > now {
-                    self.slots[s.index()].free_pending = true;
+                if slot.writing().is_some() || (slot.on_device() && !slot.ready(now)) {
+                    self.slots[s.index()].release_pending = true;
                 } else {
-                    self.free(s, now);
+                    self.free(s);
                 }
             }
             EventKind::SwapIn => {
                 // The buffer exists from the trigger on; the copy waits for
                 // its delay.
-                if self.slots[s.index()].loc != Loc::Device {
+                if !self.slots[s.index()].on_device() {
                     // Under a budget, a prefetch that does not fit is not
                     // started: its op fetches it, making room first.
                     let bytes = self.bytes(s);
@@ -382,49 +496,55 @@ impl<'g> Executor<'g> {
                         return;
                     }
                     self.alloc(s, now);
-                    self.slots[s.index()].ready_at = u64::MAX;
+                    self.slots[s.index()].device = Device::Awaiting;
                 }
-                self.push_timer(now + e.delay_ns, e);
+                self.queue.push(now + e.delay_ns, e);
             }
-            EventKind::SwapOut => self.push_timer(now + e.delay_ns, e),
+            EventKind::SwapOut => self.queue.push(now + e.delay_ns, e),
             EventKind::Recompute => {}
         }
     }
 
-    fn push_timer(&mut self, at: u64, e: Event) {
-        self.timers.push((at, self.timer_seq, e));
-        self.timer_seq += 1;
-    }
-
-    /// Makes every input of `op` present, or says how long to wait.
-    fn inputs_ready(&mut self, op: OpId, now: u64) -> Result<Option<u64>, ExecError> {
+    /// Makes every input of `op` present, or says when to look again.
+    fn inputs_ready(&mut self, op: OpId, now: u64) -> Result<Option<Wake>, ExecError> {
         let graph = self.graph;
-        let mut wait = None::<u64>;
+        let mut wait = None::<Wake>;
         for &t in &graph.op(op).inputs {
             let s = self.live.storage_of[t.index()];
             let slot = self.slots[s.index()];
-            match slot.loc {
-                Loc::Device if slot.ready_at <= now => {}
-                Loc::Device => {
+            if slot.ready(now) {
+                continue;
+            }
+            match slot.device {
+                Device::Awaiting | Device::Arriving(_) => {
                     if !self.late_since.iter().any(|l| l.0 == s) {
                         self.late_since.push((s, now));
                     }
-                    if slot.ready_at == u64::MAX {
-                        // Allocated for a prefetch whose timer has not run.
-                        let pending = self.timers.iter().map(|x| x.0).min().unwrap_or(now);
-                        wait = Some(wait.map_or(pending, |w| w.min(pending)).max(now));
+                    if let Device::Arriving(c) = slot.device {
+                        let end = Wake::of(c);
+                        wait = Some(wait.map_or(end, |w| w.max(end)));
                     } else {
-                        wait = Some(wait.map_or(slot.ready_at, |w| w.max(slot.ready_at)));
+                        // Allocated for a prefetch still in the queue.
+                        let pending = Wake::At(self.queue.next_due().unwrap_or(now));
+                        wait = Some(wait.map_or(pending, |w| w.min(pending)).max(Wake::At(now)));
                     }
                 }
-                Loc::Host => {
+                Device::Absent if slot.host_valid() => {
                     self.alloc(s, now);
-                    let end = self.chans.submit(Dir::ToDevice, self.bytes(s), now);
-                    self.slots[s.index()].ready_at = end;
+                    let copy = self.submit(s, Dir::ToDevice, now);
+                    self.slots[s.index()].device = Device::Arriving(copy);
                     self.cur.passive_swaps += 1;
+                    let end = Wake::of(copy);
                     wait = Some(wait.map_or(end, |w| w.max(end)));
                 }
-                Loc::Gone => {
+                Device::Invalid => {
+                    // Fetched again once the copy that reads it is done.
+                    if let Some(w) = slot.writing() {
+                        let end = Wake::of(w);
+                        wait = Some(wait.map_or(end, |x| x.max(end)));
+                    }
+                }
+                Device::Absent | Device::Ready { .. } => {
                     return Err(ExecError::Lost {
                         op: op.0,
                         name: graph.op(op).name.clone(),
@@ -437,12 +557,13 @@ impl<'g> Executor<'g> {
     }
 
     /// When the last swap-out in flight of a storage that `op` writes ends.
-    fn outputs_copying(&self, op: OpId) -> Option<u64> {
+    fn outputs_copying(&self, op: OpId) -> Option<Wake> {
         self.graph
             .op(op)
             .outputs
             .iter()
-            .filter_map(|t| self.slots[self.live.storage_of[t.index()].index()].out_done)
+            .filter_map(|t| self.slots[self.live.storage_of[t.index()].index()].writing())
+            .map(Wake::of)
             .max()
     }
 
@@ -450,26 +571,45 @@ impl<'g> Executor<'g> {
     /// [`ExecOptions::sync_swap_out`] (none may remain) or
     /// [`ExecOptions::max_swap_outs_in_flight`]: the end of the copy that
     /// brings their number down to what is allowed; `None`: go on now.
-    fn swap_out_gate(&self, now: u64) -> Option<u64> {
+    fn swap_out_gate(&self, now: u64) -> Option<Wake> {
         let allowed = if self.options.sync_swap_out {
             0
         } else {
             self.options.max_swap_outs_in_flight?
         };
-        let mut ends: Vec<u64> = self
+        let mut ends: Vec<Wake> = self
             .slots
             .iter()
-            .filter_map(|s| s.out_done)
-            .filter(|&d| d > now)
+            .filter_map(|s| s.writing())
+            .map(Wake::of)
+            .filter(|&d| d > Wake::At(now))
             .collect();
         let excess = ends.len().checked_sub(allowed.saturating_add(1))?;
         Some(*ends.select_nth_unstable(excess).1)
     }
 
+    /// Tells the driver to wait, counting the stall.
+    fn wait(&mut self, w: Wake, now: u64) -> Next {
+        match w {
+            Wake::At(t) => {
+                self.cur.stall_ns += t - now;
+                Next::WaitUntil(t)
+            }
+            Wake::Unknown => {
+                self.waiting_since.get_or_insert(now);
+                Next::WaitForCopy
+            }
+        }
+    }
+
     /// Advances until the next kernel, wait or the end.
     pub fn step(&mut self, now: u64) -> Result<Next, ExecError> {
+        self.refresh(now);
+        if let Some(since) = self.waiting_since.take() {
+            self.cur.stall_ns += now.saturating_sub(since);
+        }
         loop {
-            self.run_timers(now);
+            self.run_queue(now);
             match self.phase {
                 Phase::Start => {
                     if self.iteration == self.iterations {
@@ -478,126 +618,119 @@ impl<'g> Executor<'g> {
                     self.begin_iteration(now);
                 }
                 Phase::Before => {
-                    let n = self.graph.ops().len();
-                    if self.pc == n {
+                    if self.pc == self.graph.ops().len() {
                         self.phase = Phase::End;
                         continue;
                     }
-                    let op = OpId(self.pc as u32);
-                    self.boundary_frees(now);
-                    if let Some(w) = self.swap_out_gate(now) {
-                        self.cur.stall_ns += w - now;
-                        return Ok(Next::WaitUntil(w));
-                    }
-                    // Recomputations and their releases, in order.
-                    while self.before_idx < self.schedule.before[self.pc].len() {
-                        let e = self.schedule.before[self.pc][self.before_idx];
-                        let s = self.live.storage_of[e.tensor.index()];
-                        if e.kind == EventKind::Release {
-                            self.before_idx += 1;
-                            self.fire(e, now);
-                            continue;
-                        }
-                        let producer = self.graph.producer(e.tensor);
-                        let present = self.slots[s.index()].loc == Loc::Device;
-                        let (Some(p), false) = (producer, present) else {
-                            self.before_idx += 1;
-                            continue;
-                        };
-                        if let Some(w) = self.make_room(p, op, now) {
-                            self.cur.stall_ns += w - now;
-                            return Ok(Next::WaitUntil(w));
-                        }
-                        if let Some(w) = self.inputs_ready(p, now)? {
-                            self.cur.stall_ns += w - now;
-                            return Ok(Next::WaitUntil(w));
-                        }
-                        self.before_idx += 1;
-                        self.alloc(s, now);
-                        self.slots[s.index()].ready_at = now;
-                        self.start_kernel(now);
-                        self.cur.recomputed_ops += 1;
-                        self.phase = Phase::Running {
-                            op: p,
-                            recompute: true,
-                        };
-                        return Ok(Next::Kernel { op: p });
-                    }
-                    if let Some(w) = self.make_room(op, op, now) {
-                        self.cur.stall_ns += w - now;
-                        return Ok(Next::WaitUntil(w));
-                    }
-                    if let Some(w) = self.inputs_ready(op, now)? {
-                        self.cur.stall_ns += w - now;
-                        return Ok(Next::WaitUntil(w));
-                    }
-                    // Never write a storage while a copy of it is in flight.
-                    if let Some(w) = self.outputs_copying(op) {
-                        self.cur.stall_ns += w - now;
-                        return Ok(Next::WaitUntil(w));
-                    }
-                    for i in 0..self.graph.op(op).outputs.len() {
-                        let t = self.graph.op(op).outputs[i];
-                        let s = self.live.storage_of[t.index()];
-                        self.alloc(s, now);
-                        let slot = &mut self.slots[s.index()];
-                        slot.host_valid = false;
-                        slot.ready_at = now;
-                    }
-                    self.start_kernel(now);
-                    self.phase = Phase::Running {
-                        op,
-                        recompute: false,
-                    };
-                    return Ok(Next::Kernel { op });
+                    return self.before_op(now);
                 }
                 Phase::Running { .. } => return Ok(Next::WaitUntil(now)),
-                Phase::End => {
-                    // Swap-outs of persistent storage may run on into the
-                    // next iteration (across-iteration swaps): start those
-                    // still waiting for their delay now, and wait for none.
-                    let mut early = false;
-                    let live = self.live;
-                    let persistent =
-                        |t: TensorId| live.storages[live.storage_of[t.index()].index()].persistent;
-                    for t in &mut self.timers {
-                        if t.2.kind == EventKind::SwapOut && persistent(t.2.tensor) {
-                            t.0 = t.0.min(now);
-                            early = true;
-                        }
-                    }
-                    if early {
-                        self.run_timers(now);
-                    }
-                    let last = self
-                        .timers
-                        .iter()
-                        .map(|t| t.0)
-                        .chain(
-                            self.slots
-                                .iter()
-                                .zip(&live.storages)
-                                .filter(|(_, st)| !st.persistent)
-                                .filter_map(|(s, _)| s.out_done),
-                        )
-                        .chain(
-                            self.slots
-                                .iter()
-                                .filter(|s| s.loc == Loc::Device && s.ready_at != u64::MAX)
-                                .map(|s| s.ready_at),
-                        )
-                        .max()
-                        .unwrap_or(now);
-                    if last > now {
-                        self.cur.stall_ns += last - now;
-                        return Ok(Next::WaitUntil(last));
-                    }
-                    self.boundary_frees(now);
-                    self.end_iteration(now);
-                    return Ok(Next::IterationDone);
-                }
+                Phase::End => return Ok(self.end_phase(now)),
             }
         }
+    }
+
+    /// Before the op at `pc`: frees, waits, recomputations, then its kernel.
+    fn before_op(&mut self, now: u64) -> Result<Next, ExecError> {
+        let op = OpId(self.pc as u32);
+        self.boundary_frees(now);
+        if let Some(w) = self.swap_out_gate(now) {
+            return Ok(self.wait(w, now));
+        }
+        // Recomputations and their releases, in order.
+        while self.before_idx < self.schedule.before[self.pc].len() {
+            let e = self.schedule.before[self.pc][self.before_idx];
+            let s = self.live.storage_of[e.tensor.index()];
+            if e.kind == EventKind::Release {
+                self.before_idx += 1;
+                self.fire(e, now);
+                continue;
+            }
+            let producer = self.graph.producer(e.tensor);
+            let present = self.slots[s.index()].on_device();
+            let (Some(p), false) = (producer, present) else {
+                self.before_idx += 1;
+                continue;
+            };
+            if let Some(w) = self.make_room(p, op, now) {
+                return Ok(self.wait(w, now));
+            }
+            if let Some(w) = self.inputs_ready(p, now)? {
+                return Ok(self.wait(w, now));
+            }
+            self.before_idx += 1;
+            self.alloc(s, now);
+            self.slots[s.index()].device = Device::Ready { since: now };
+            self.start_kernel(now);
+            self.cur.recomputed_ops += 1;
+            self.phase = Phase::Running {
+                op: p,
+                recompute: true,
+            };
+            return Ok(Next::Kernel { op: p });
+        }
+        if let Some(w) = self.make_room(op, op, now) {
+            return Ok(self.wait(w, now));
+        }
+        if let Some(w) = self.inputs_ready(op, now)? {
+            return Ok(self.wait(w, now));
+        }
+        // Never write a storage while a copy of it is in flight.
+        if let Some(w) = self.outputs_copying(op) {
+            return Ok(self.wait(w, now));
+        }
+        for i in 0..self.graph.op(op).outputs.len() {
+            let t = self.graph.op(op).outputs[i];
+            let s = self.live.storage_of[t.index()];
+            self.alloc(s, now);
+            let slot = &mut self.slots[s.index()];
+            slot.host = Host::None;
+            slot.device = Device::Ready { since: now };
+        }
+        self.start_kernel(now);
+        self.phase = Phase::Running {
+            op,
+            recompute: false,
+        };
+        Ok(Next::Kernel { op })
+    }
+
+    /// After the last op: waits for the copies the iteration owes, then
+    /// ends it.
+    fn end_phase(&mut self, now: u64) -> Next {
+        // Swap-outs of persistent storage may run on into the next
+        // iteration (across-iteration swaps): start those still waiting for
+        // their delay now, and wait for none.
+        let live = self.live;
+        let persistent = |t: TensorId| live.storages[live.storage_of[t.index()].index()].persistent;
+        if self.queue.bring_forward(now, |e| {
+            e.kind == EventKind::SwapOut && persistent(e.tensor)
+        }) {
+            self.run_queue(now);
+        }
+        let last = self
+            .queue
+            .last_due()
+            .map(Wake::At)
+            .into_iter()
+            .chain(
+                self.slots
+                    .iter()
+                    .zip(&live.storages)
+                    .filter(|(_, st)| !st.persistent)
+                    .filter_map(|(s, _)| s.writing())
+                    .map(Wake::of),
+            )
+            .chain(self.slots.iter().filter_map(Slot::ready_at))
+            .chain((!self.deferred_outs.is_empty()).then_some(Wake::Unknown))
+            .max()
+            .unwrap_or(Wake::At(now));
+        if last > Wake::At(now) {
+            return self.wait(last, now);
+        }
+        self.boundary_frees(now);
+        self.end_iteration(now);
+        Next::IterationDone
     }
 
     /// Notes the start of a kernel and how long it waited for late prefetches.
@@ -614,6 +747,7 @@ impl<'g> Executor<'g> {
         let Phase::Running { op, recompute } = self.phase else {
             return;
         };
+        self.refresh(now);
         self.phase = Phase::Before;
         self.touch(op, now);
         if recompute {
@@ -621,8 +755,8 @@ impl<'g> Executor<'g> {
         }
         self.cur.op_ns[op.index()] = now - self.kernel_start;
         // Frees before allocations at a boundary, as the planner counts;
-        // copies due by now are on their channels first.
-        self.run_timers(now);
+        // copies due by now are on the engine first.
+        self.run_queue(now);
         let events = std::mem::take(&mut self.schedule.after[op.index()]);
         for e in events.iter().filter(|e| e.kind == EventKind::Release) {
             self.fire(*e, now);
@@ -649,29 +783,29 @@ impl<'g> Executor<'g> {
         for (i, st) in self.live.storages.iter().enumerate() {
             let s = StorageId(i as u32);
             let on_host = self.schedule.start_on_host.contains(&s);
+            let slot = self.slots[i];
             if st.persistent && self.iteration == 0 && on_host {
-                self.slots[i].loc = Loc::Host;
-                self.slots[i].host_valid = true;
-            } else if st.persistent
-                && on_host
-                && self.slots[i].loc == Loc::Device
-                && self.slots[i].out_done.is_none()
-            {
+                self.slots[i] = Slot {
+                    host: Host::Valid,
+                    ..Slot::GONE
+                };
+            } else if st.persistent && on_host && slot.on_device() && slot.writing().is_none() {
                 // A new plan wants it on the host: copy it out now.
-                let end = self.chans.submit(Dir::ToHost, st.bytes, now);
-                self.slots[i].out_done = Some(end);
+                let copy = self.submit(s, Dir::ToHost, now);
+                self.slots[i].host = Host::Writing { copy, keep: false };
                 self.cur.passive_swaps += 1;
-            } else if (st.persistent && self.slots[i].loc == Loc::Gone)
+            } else if (st.persistent && !slot.on_device() && !slot.host_valid())
                 || (!st.persistent && st.born.is_none())
             {
                 self.alloc(s, now);
-                self.slots[i].ready_at = now;
-                self.slots[i].host_valid = false;
+                self.slots[i].device = Device::Ready { since: now };
+                if self.slots[i].writing().is_none() {
+                    self.slots[i].host = Host::None;
+                }
             }
         }
         self.cur.peak_bytes = self.mem;
         self.cur.start_bytes = self.mem;
-        self.trace.push((now, self.mem));
         self.pc = 0;
         self.before_idx = 0;
         self.phase = Phase::Before;
@@ -685,115 +819,15 @@ impl<'g> Executor<'g> {
         // Non-persistent storage does not outlive its iteration.
         for (i, st) in self.live.storages.iter().enumerate() {
             if !st.persistent {
-                self.slots[i].host_valid = false;
-                self.free(StorageId(i as u32), now);
+                if self.slots[i].host_valid() {
+                    self.slots[i].host = Host::None;
+                }
+                self.free(StorageId(i as u32));
             }
         }
         self.cur.end_ns = now;
         self.done.push(std::mem::take(&mut self.cur));
         self.iteration += 1;
         self.phase = Phase::Start;
-    }
-}
-
-/// Capuchin's passive mode (`ExecOptions::evict_budget_bytes`).
-impl Executor<'_> {
-    /// The storages `op` reads or writes, each once.
-    fn storages_of(&self, op: OpId) -> Vec<StorageId> {
-        let o = self.graph.op(op);
-        let mut out: Vec<StorageId> = o
-            .inputs
-            .iter()
-            .chain(&o.outputs)
-            .map(|t| self.live.storage_of[t.index()])
-            .collect();
-        out.sort_unstable();
-        out.dedup();
-        out
-    }
-
-    fn touch(&mut self, op: OpId, now: u64) {
-        for s in self.storages_of(op) {
-            self.last_use[s.index()] = now;
-        }
-    }
-
-    /// Before `op` (the op itself, or a recomputation for `current`)
-    /// allocates its outputs and the passive swap-ins of its inputs: if that
-    /// would take the job over the budget, evicts resident non-persistent
-    /// storages that neither op touches, least recently used first, until
-    /// what is being freed makes room. A victim with a valid host copy is
-    /// dropped at once; any other is copied out first and freed when its
-    /// copy ends (never lose data, never free under a copy). Returns when to
-    /// look again while frees are in flight; `None` when the op may run:
-    /// within the budget, or over it with nothing left to evict or wait for
-    /// (a budget below the op's working set must not deadlock).
-    fn make_room(&mut self, op: OpId, current: OpId, now: u64) -> Option<u64> {
-        let budget = self.options.evict_budget_bytes?;
-        let mine = self.storages_of(op);
-        let need: u64 = mine
-            .iter()
-            .filter(|s| self.slots[s.index()].loc != Loc::Device)
-            .map(|&s| self.bytes(s))
-            .sum();
-        if need == 0 || self.mem + need <= budget {
-            return None;
-        }
-        let mut touched = mine;
-        touched.extend(self.storages_of(current));
-        // Frees already under way: finished swap-outs and releases that
-        // wait for a copy (a prefetch whose timer has not run has no end yet).
-        let mut freeing = 0u64;
-        let mut soonest = None::<u64>;
-        for (i, slot) in self.slots.iter().enumerate() {
-            let end = match (slot.out_done, slot.free_pending) {
-                (Some(d), _) if !slot.keep => Some(d),
-                (None, true) if slot.ready_at != u64::MAX => Some(slot.ready_at),
-                _ => None,
-            };
-            if let (Some(end), Loc::Device) = (end, slot.loc) {
-                freeing += self.live.storages[i].bytes;
-                soonest = Some(soonest.map_or(end, |x| x.min(end)));
-            }
-        }
-        let mut victims: Vec<(u64, StorageId)> = (0..self.slots.len())
-            .map(|i| StorageId(i as u32))
-            .filter(|s| {
-                let slot = &self.slots[s.index()];
-                let st = &self.live.storages[s.index()];
-                slot.loc == Loc::Device
-                    && slot.out_done.is_none()
-                    && !slot.free_pending
-                    && slot.ready_at <= now
-                    && !st.persistent
-                    && st.bytes > 0
-                    && !touched.contains(s)
-            })
-            .map(|s| (self.last_use[s.index()], s))
-            .collect();
-        victims.sort_unstable();
-        for (_, s) in victims {
-            if self.mem.saturating_sub(freeing) + need <= budget {
-                break;
-            }
-            let bytes = self.bytes(s);
-            self.cur
-                .evictions
-                .push((self.live.storages[s.index()].root, op));
-            if self.slots[s.index()].host_valid {
-                self.free(s, now);
-                continue;
-            }
-            let end = self.chans.submit(Dir::ToHost, bytes, now);
-            self.slots[s.index()].out_done = Some(end);
-            self.cur.passive_swaps += 1;
-            self.cur.swapped_bytes += bytes;
-            freeing += bytes;
-            soonest = Some(soonest.map_or(end, |x| x.min(end)));
-        }
-        if self.mem + need <= budget {
-            return None;
-        }
-        soonest
     }
 }

@@ -5,10 +5,12 @@
 //! Deterministic: no randomness here, and ties break by job index.
 
 use tensile_graph::{Graph, Liveness};
-use tensile_planner::{CopyModel, Plan};
+use tensile_planner::{CopyModel, JobId, Plan, ReplanError};
 
-use crate::copy::Channels;
-use crate::machine::{ExecError, ExecOptions, Executor, IterationStats, Next};
+pub use tensile_planner::{FixedPlans, Replan};
+use tensile_swap_executor::VirtualCopies;
+
+use crate::machine::{Effect, ExecError, ExecOptions, Executor, IterationStats, Next};
 
 #[derive(Debug)]
 pub struct SimJob<'g> {
@@ -47,21 +49,6 @@ pub struct SimConfig {
     pub base_bytes: u64,
 }
 
-/// Gets each finished iteration and may hand out new plans.
-pub trait Replanner {
-    fn after_iteration(&mut self, job: usize, stats: &IterationStats) -> Vec<(usize, Plan)>;
-}
-
-/// Never re-plans.
-#[derive(Debug)]
-pub struct FixedPlans;
-
-impl Replanner for FixedPlans {
-    fn after_iteration(&mut self, _: usize, _: &IterationStats) -> Vec<(usize, Plan)> {
-        Vec::new()
-    }
-}
-
 #[derive(Debug, Clone, Default)]
 pub struct JobResult {
     pub iterations: Vec<IterationStats>,
@@ -93,6 +80,8 @@ pub struct SimResult {
     /// The peak of all jobs' memory added up over time.
     pub peak_bytes: u64,
     pub makespan_ns: u64,
+    /// Re-plans that failed, with when: the jobs kept their plans.
+    pub replan_errors: Vec<(u64, ReplanError)>,
 }
 
 enum Run {
@@ -105,21 +94,21 @@ enum Run {
 pub fn simulate(
     jobs: Vec<SimJob<'_>>,
     config: &SimConfig,
-    replanner: &mut dyn Replanner,
+    replanner: &mut dyn Replan,
 ) -> SimResult {
     let share = if config.copy.shared_by_jobs {
         1.0 / jobs.len().max(1) as f64
     } else {
         1.0
     };
-    let mut execs: Vec<Executor<'_>> = jobs
+    let mut execs: Vec<Executor<'_, VirtualCopies>> = jobs
         .iter()
         .map(|j| {
             let mut e = Executor::new(
                 j.graph,
                 j.live,
                 &j.plan,
-                Channels::new(config.copy, share),
+                VirtualCopies::new(config.copy, share),
                 config.iterations,
             );
             e.set_base_bytes(config.base_bytes);
@@ -128,7 +117,18 @@ pub fn simulate(
         })
         .collect();
     let mut runs: Vec<Run> = jobs.iter().map(|j| Run::Idle(j.start_ns)).collect();
+    // The simulator holds no tensors: it counts the bytes of what the
+    // executors allocate and free, over time.
+    let mut memory: Vec<Memory<'_>> = jobs
+        .iter()
+        .map(|j| Memory {
+            bytes: config.base_bytes,
+            trace: Vec::new(),
+            live: j.live,
+        })
+        .collect();
     let mut errors: Vec<Option<ExecError>> = vec![None; jobs.len()];
+    let mut replan_errors = Vec::new();
     let mut now = 0u64;
     loop {
         for j in 0..jobs.len() {
@@ -138,12 +138,21 @@ pub fn simulate(
                 }
                 let before = execs[j].iterations_done().len();
                 let next = execs[j].step(now);
+                memory[j].apply(execs[j].take_effects(), now);
                 if execs[j].iterations_done().len() > before
                     && let Some(stats) = execs[j].iterations_done().last()
                 {
-                    let stats = stats.clone();
-                    for (k, plan) in replanner.after_iteration(j, &stats) {
-                        execs[k].set_plan(plan);
+                    let measured = stats.measurements();
+                    match replanner.after_iteration(JobId(j as u64), &measured) {
+                        Ok(plans) => {
+                            for (k, plan) in plans {
+                                if let Some(e) = execs.get_mut(k.0 as usize) {
+                                    e.set_plan(plan);
+                                }
+                            }
+                        }
+                        // The jobs keep their plans, as a service would.
+                        Err(e) => replan_errors.push((now, e)),
                     }
                 }
                 runs[j] = match next {
@@ -151,12 +160,16 @@ pub fn simulate(
                         let work = jobs[j].true_ns[op.index()];
                         if work == 0 {
                             execs[j].kernel_done(now);
+                            memory[j].apply(execs[j].take_effects(), now);
                             Run::Idle(now)
                         } else {
                             Run::Kernel { left: work as f64 }
                         }
                     }
                     Ok(Next::WaitUntil(t)) => Run::Idle(t.max(now + u64::from(t <= now))),
+                    // Virtual time knows every copy's end; a wait for an
+                    // unknown one cannot come, but would only look again.
+                    Ok(Next::WaitForCopy) => Run::Idle(now + 1),
                     Ok(Next::IterationDone) => Run::Idle(now),
                     Ok(Next::Done) => Run::Done,
                     Err(e) => {
@@ -187,6 +200,7 @@ pub fn simulate(
                 *left -= dt;
                 if *left <= 1e-6 {
                     execs[j].kernel_done(now);
+                    memory[j].apply(execs[j].take_effects(), now);
                     runs[j] = Run::Idle(now);
                 }
             }
@@ -195,10 +209,11 @@ pub fn simulate(
     let jobs: Vec<JobResult> = execs
         .into_iter()
         .zip(errors)
-        .map(|(e, error)| JobResult {
+        .zip(memory)
+        .map(|((e, error), m)| JobResult {
             iterations: e.iterations_done().to_vec(),
             last_plan_version: e.plan_version(),
-            trace: e.trace,
+            trace: m.trace,
             error,
         })
         .collect();
@@ -207,6 +222,26 @@ pub fn simulate(
         jobs,
         peak_bytes,
         makespan_ns: now,
+        replan_errors,
+    }
+}
+
+/// One job's device memory as the simulator counts it.
+struct Memory<'g> {
+    bytes: u64,
+    trace: Vec<(u64, u64)>,
+    live: &'g Liveness,
+}
+
+impl Memory<'_> {
+    fn apply(&mut self, effects: Vec<Effect>, now: u64) {
+        for e in effects {
+            match e {
+                Effect::Alloc(s) => self.bytes += self.live.storages[s.index()].bytes,
+                Effect::Free(s) => self.bytes -= self.live.storages[s.index()].bytes,
+            }
+            self.trace.push((now, self.bytes));
+        }
     }
 }
 

@@ -10,6 +10,8 @@
 //! - `swap`: greedy swap scheduling, across-iteration swaps, host-copy reuse.
 //! - `recompute`: MSPS recomputation with producer chains.
 //! - `plan`: the output types.
+//! - `replan`: re-planning as a library: the jobs' graphs by id, EWMA of
+//!   measured latencies, when a re-plan is due, late-prefetch feedback.
 //!
 //! - `overhead`: what meets a budget at a time cost: recomputations and
 //!   swaps whose prefetch the job waits for, by a unified MSPS.
@@ -28,6 +30,7 @@ mod memtree;
 mod overhead;
 mod plan;
 mod recompute;
+mod replan;
 mod swap;
 
 use std::collections::{BTreeMap, HashSet};
@@ -37,6 +40,7 @@ use tensile_graph::{Graph, Liveness, StorageId, TensorId};
 pub use config::{CopyModel, JobSettings, PlannerConfig};
 pub use intervals::IntervalSet;
 pub use plan::{Diagnostic, Event, EventKind, MultiPlan, Plan, Prediction, Trigger, Wait};
+pub use replan::{FixedPlans, JobId, Measurements, Replan, ReplanError, ReplanReason, Replanner};
 
 use job::Job;
 

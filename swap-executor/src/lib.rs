@@ -1,11 +1,28 @@
-//! The swap executor: an Execution Queue of timed swap events and an
-//! Execution Buffer over a copy engine, so that copies overlap compute.
+//! The swap executor (SPEC §2, SERVICE.md §4): TENSILE's Execution Queue
+//! (swap events waiting for their delay after their trigger op) and the
+//! copy engines that carry out swaps, behind one trait, so that the
+//! simulator and the worker run the same executor state machine.
 //!
-//! Not built yet: this crate holds the module map only.
+//! A copy engine is told of a copy ([`CopyEngine::submit`]) and learns of
+//! its completion later ([`CopyEngine::poll`], [`CopyEngine::status`]):
+//! nothing assumes a copy's end is known when it is submitted. The
+//! virtual-time engine happens to know it and says so
+//! ([`CopyStatus::Expected`]), which lets the simulator jump to it; a real
+//! engine says [`CopyStatus::Pending`] until the copy has ended.
 //!
-//! # Layout (planned)
-//! - `engine`: the copy-engine trait and its `host` (a copy thread over a
-//!   budgeted arena) and `sim` (virtual time) implementations.
-//! - `cuda`: the CUDA copy engine (cudarc, one non-blocking copy stream,
-//!   pinned host buffers from a capped pool), behind a feature; a clear error
-//!   when no driver is present.
+//! # Layout
+//! - `queue`: [`ExecutionQueue`], swap events ordered by fire time.
+//! - `engine`: the [`CopyEngine`] trait, copies, their ids and statuses.
+//! - `virtual_time`: [`VirtualCopies`], FIFO copy lanes in virtual time with
+//!   a bandwidth and a fixed per-copy latency (the simulator's engine).
+//!
+//! Planned: `host` (real bytes to a capped pool of host buffers on a copy
+//! thread) and `cuda` (cudarc, one non-blocking stream), for the worker.
+
+mod engine;
+mod queue;
+mod virtual_time;
+
+pub use engine::{Copy, CopyEngine, CopyError, CopyId, CopyStatus, Dir};
+pub use queue::ExecutionQueue;
+pub use virtual_time::VirtualCopies;

@@ -5,7 +5,7 @@
 
 use tensile_baselines::{BaselineInput, Policy, static_plan};
 use tensile_executor::sim::{FixedPlans, JobResult, SimConfig, SimJob, simulate};
-use tensile_executor::{Channels, Dir, ExecOptions, Executor, IterationStats, Next};
+use tensile_executor::{Dir, ExecOptions, Executor, IterationStats, Next, VirtualCopies};
 use tensile_graph::builder::{Builder, Optimizer};
 use tensile_graph::{DType, Graph, Liveness, OpId, Phase, StorageId};
 use tensile_planner::{CopyModel, EventKind, Plan, Trigger};
@@ -116,7 +116,7 @@ pub(crate) fn in_flight_at_kernels(
     copy: CopyModel,
     options: ExecOptions,
 ) -> (Vec<usize>, Vec<IterationStats>) {
-    let mut ex = Executor::new(g, live, plan, Channels::new(copy, 1.0), 2);
+    let mut ex = Executor::new(g, live, plan, VirtualCopies::new(copy, 1.0), 2);
     ex.set_options(options);
     // When each copy of the channel log was queued.
     let mut queued: Vec<u64> = Vec::new();
@@ -124,11 +124,11 @@ pub(crate) fn in_flight_at_kernels(
     let mut now = 0u64;
     loop {
         let next = ex.step(now).unwrap();
-        queued.resize(ex.channels().log.len(), now);
+        queued.resize(ex.engine().log.len(), now);
         match next {
             Next::Kernel { op } => {
                 let n = ex
-                    .channels()
+                    .engine()
                     .log
                     .iter()
                     .zip(&queued)
@@ -137,10 +137,11 @@ pub(crate) fn in_flight_at_kernels(
                 counts.push(n);
                 now += lat[op.index()];
                 ex.kernel_done(now);
-                queued.resize(ex.channels().log.len(), now);
+                queued.resize(ex.engine().log.len(), now);
             }
             Next::WaitUntil(t) => now = t.max(now + 1),
             Next::IterationDone => {}
+            Next::WaitForCopy => panic!("virtual time knows every copy's end"),
             Next::Done => break,
         }
     }

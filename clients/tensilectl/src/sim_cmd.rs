@@ -2,13 +2,14 @@
 //! sharing one GPU, side by side with vanilla (free after last use).
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
 use tensile_baselines::{BaselineInput, Capuchin, Policy, static_plan};
 use tensile_executor::ExecOptions;
-use tensile_executor::replan::EwmaReplanner;
+use tensile_executor::replan::TimedReplanner;
 use tensile_executor::sim::{FixedPlans, JobResult, SimConfig, SimJob, SimResult, simulate};
 use tensile_graph::zoo::{self, ZooConfig};
 use tensile_graph::{Graph, Liveness};
@@ -430,13 +431,13 @@ pub(crate) fn run_policy(
     let mut run = match policy {
         Policy::Vanilla | Policy::Tensile => {
             let s = settings(policy, profile);
-            let mut replanner = EwmaReplanner::new(
-                graphs.iter().collect(),
-                predicted,
-                vec![s; graphs.len()],
+            let mut replanner = TimedReplanner::new(
+                graphs.iter().map(|g| Arc::new(g.clone())).collect(),
+                &predicted,
+                &vec![s; graphs.len()],
                 cfg,
-            );
-            replanner.enabled = policy != Policy::Vanilla;
+            )?;
+            replanner.inner.enabled = policy != Policy::Vanilla;
             let first = replanner.plan_all()?;
             let predicted_peaks = first
                 .plans
@@ -452,7 +453,7 @@ pub(crate) fn run_policy(
                 result,
                 plan_ms: replanner.plan_ns.iter().sum::<u64>() as f64 / 1e6,
                 plan_runs_ms: replanner.plan_ns.iter().map(|&n| n as f64 / 1e6).collect(),
-                replans: replanner.replans,
+                replans: replanner.inner.replans,
                 predicted: (first.sum_of_peaks_bytes, first.aligned_peak_bytes),
                 predicted_peaks,
                 predicted_from: String::new(),
@@ -507,6 +508,9 @@ pub(crate) fn run_policy(
             }
         }
     };
+    if let Some((at, e)) = run.result.replan_errors.first() {
+        bail!("{}: re-planning at {at} ns: {e}", policy.name());
+    }
     for (j, r) in run.result.jobs.iter().enumerate() {
         if let Some(e) = &r.error {
             bail!("{}: job {j} ({}): {e}", policy.name(), graphs[j].name());

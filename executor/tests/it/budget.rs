@@ -188,7 +188,8 @@ fn below_the_lower_bound_the_closest_peak_and_a_diagnostic() {
 /// re-plan every iteration).
 #[test]
 fn planned_waits_do_not_make_the_replanner_churn() {
-    use tensile_executor::replan::EwmaReplanner;
+    use std::sync::Arc;
+    use tensile_executor::replan::TimedReplanner;
     let g = mlp(4096, 256, 6, Optimizer::sgd());
     let live = Liveness::analyze(&g);
     let lat = vec![1_000_000; g.ops().len()];
@@ -198,12 +199,13 @@ fn planned_waits_do_not_make_the_replanner_churn() {
     let budget = (floor + free.plans[0].prediction.planned_peak_bytes) / 2;
     let mut cfg = PlannerConfig::new(copy);
     cfg.budget_bytes = Some(budget);
-    let mut rp = EwmaReplanner::new(
-        vec![&g],
-        vec![lat.clone()],
-        vec![JobSettings::default()],
+    let mut rp = TimedReplanner::new(
+        vec![Arc::new(g.clone())],
+        std::slice::from_ref(&lat),
+        &[JobSettings::default()],
         cfg,
-    );
+    )
+    .unwrap();
     let first = rp.plan_all().unwrap();
     assert!(first.plans[0].prediction.stall_ns() > 0, "the plan waits");
     let sim = SimConfig {
@@ -221,6 +223,6 @@ fn planned_waits_do_not_make_the_replanner_churn() {
     // Late prefetches are reported (the waits), yet only the first
     // measurements re-plan.
     assert!(!r.jobs[0].iterations[1].late_prefetches.is_empty());
-    assert_eq!(rp.replans, 1, "re-planned {} times", rp.replans);
+    assert_eq!(rp.inner.replans, 1, "re-planned {} times", rp.inner.replans);
     assert!(r.jobs[0].peak_bytes() <= budget);
 }

@@ -6,7 +6,7 @@
 //! waits against the copy times.
 
 use tensile_executor::sim::{FixedPlans, SimConfig, SimJob, simulate};
-use tensile_executor::{Channels, Dir, ExecOptions, Executor, IterationStats, Next};
+use tensile_executor::{Dir, ExecOptions, Executor, IterationStats, Next, VirtualCopies};
 use tensile_graph::builder::Optimizer;
 use tensile_graph::{Graph, Liveness, OpId, Phase, StorageId};
 use tensile_planner::{CopyModel, Event, EventKind, Plan, Trigger};
@@ -106,7 +106,7 @@ fn in_flight_at_kernels(
     options: ExecOptions,
 ) -> (Vec<usize>, Vec<IterationStats>) {
     let plan = offload_plan(g, live);
-    let mut ex = Executor::new(g, live, &plan, Channels::new(copy, 1.0), 2);
+    let mut ex = Executor::new(g, live, &plan, VirtualCopies::new(copy, 1.0), 2);
     ex.set_options(options);
     // When each copy in the channel log was queued.
     let mut queued: Vec<u64> = Vec::new();
@@ -114,11 +114,11 @@ fn in_flight_at_kernels(
     let mut now = 0u64;
     loop {
         let next = ex.step(now).expect("runs");
-        queued.resize(ex.channels().log.len(), now);
+        queued.resize(ex.engine().log.len(), now);
         match next {
             Next::Kernel { .. } => {
                 let n = ex
-                    .channels()
+                    .engine()
                     .log
                     .iter()
                     .zip(&queued)
@@ -127,10 +127,11 @@ fn in_flight_at_kernels(
                 counts.push(n);
                 now += OP_NS;
                 ex.kernel_done(now);
-                queued.resize(ex.channels().log.len(), now);
+                queued.resize(ex.engine().log.len(), now);
             }
             Next::WaitUntil(t) => now = t.max(now + 1),
             Next::IterationDone => {}
+            Next::WaitForCopy => panic!("virtual time knows every copy's end"),
             Next::Done => break,
         }
     }

@@ -1,0 +1,457 @@
+//! Re-planning (SPEC §4.7) as a pure library: the re-planner owns every
+//! job's graph (`Arc`), keyed by a [`JobId`] the caller chooses, folds each
+//! job's [`Measurements`] into an EWMA of its op latencies, says when a
+//! re-plan is due, and plans all jobs together. It keeps no clock and does
+//! no I/O: the caller decides when to plan (the simulator after an
+//! iteration, the service in its planning task, coalescing what arrived
+//! meanwhile) and times it.
+//!
+//! A re-plan is due when a job reports its first measurements (its
+//! cold-start plan was made from predictions only), when a job's total
+//! latency has changed by more than the threshold since the last plan, or
+//! when a planned prefetch arrived late: that tensor's swap-in then gets a
+//! lead of the measured lateness plus 5%, growing by 5% at every further
+//! miss (Capuchin's feedback). A wait that the plan accepts (to meet a
+//! budget) is not a miss; only lateness beyond it is fed back.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use tensile_graph::{Graph, OpId, TensorId};
+
+use crate::{JobInput, JobSettings, MultiPlan, Plan, PlanError, PlannerConfig, plan};
+
+/// A job's key, chosen by the caller (the simulator's job index, the
+/// service's job number). Jobs are planned in key order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct JobId(pub u64);
+
+impl std::fmt::Display for JobId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// What one iteration of a job measured, as the planners need it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Measurements {
+    /// Latency of every op, ns, indexed by op id.
+    pub op_ns: Vec<u64>,
+    /// Planned prefetches that arrived late: (storage root, how long the
+    /// op waited for it), ns.
+    pub late_prefetches: Vec<(TensorId, u64)>,
+    /// Device memory before the first op (base, persistent state, inputs).
+    pub start_bytes: u64,
+    /// Storages evicted under a budget, in order: (storage root, the op
+    /// that needed the room).
+    pub evictions: Vec<(TensorId, OpId)>,
+}
+
+/// Why a re-plan is due.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplanReason {
+    /// The job's first measurements (its plan came from predictions).
+    FirstMeasurements,
+    /// The job's total latency moved past the threshold.
+    Drift,
+    /// A planned prefetch arrived later than the plan accepts.
+    LatePrefetch,
+}
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ReplanError {
+    #[error("job {0} is already registered with the re-planner")]
+    Duplicate(JobId),
+    #[error("job {0} is not registered with the re-planner")]
+    UnknownJob(JobId),
+    #[error("job {job}: {got} latencies for a graph of {ops} ops")]
+    LatencyCount { job: JobId, got: usize, ops: usize },
+    #[error("job {job}: late prefetch of tensor {tensor}, which the graph does not have")]
+    UnknownTensor { job: JobId, tensor: u32 },
+    #[error("planning job {job}: {source}")]
+    Plan {
+        job: JobId,
+        #[source]
+        source: PlanError,
+    },
+    #[error("planning: {0}")]
+    Planner(PlanError),
+}
+
+/// Gets each finished iteration and may hand out new plans. The simulator
+/// drives ours ([`Replanner`]) and Capuchin's through it; the service owns
+/// one in its planning task.
+pub trait Replan {
+    fn after_iteration(
+        &mut self,
+        job: JobId,
+        measured: &Measurements,
+    ) -> Result<Vec<(JobId, Plan)>, ReplanError>;
+}
+
+/// Never re-plans.
+#[derive(Debug)]
+pub struct FixedPlans;
+
+impl Replan for FixedPlans {
+    fn after_iteration(
+        &mut self,
+        _: JobId,
+        _: &Measurements,
+    ) -> Result<Vec<(JobId, Plan)>, ReplanError> {
+        Ok(Vec::new())
+    }
+}
+
+#[derive(Debug, Clone)]
+struct ReplanJob {
+    graph: Arc<Graph>,
+    settings: JobSettings,
+    estimates: Vec<f64>,
+    /// Σ estimates when the last plan was made.
+    at_plan: f64,
+    /// Whether the job has reported measurements yet.
+    measured: bool,
+    /// Prefetch leads of tensors whose swap-in came late.
+    leads: BTreeMap<TensorId, u64>,
+    /// The waits the current plan accepts (to meet a budget), by storage
+    /// root of the inputs waited for.
+    planned_late: BTreeMap<TensorId, u64>,
+}
+
+/// Our re-planner: EWMA latencies, feedback of late prefetches, all jobs
+/// planned together.
+#[derive(Debug, Clone)]
+pub struct Replanner {
+    config: PlannerConfig,
+    jobs: BTreeMap<JobId, ReplanJob>,
+    /// Weight of a new measurement.
+    pub weight: f64,
+    /// Re-plan when |Σ now − Σ at last plan| / Σ at last plan exceeds this.
+    pub threshold: f64,
+    /// False: measurements are folded in but a re-plan is never due.
+    pub enabled: bool,
+    version: u64,
+    /// Re-plans made because one was due (not counting the first plan).
+    pub replans: usize,
+}
+
+impl Replanner {
+    pub fn new(config: PlannerConfig) -> Replanner {
+        Replanner {
+            config,
+            jobs: BTreeMap::new(),
+            weight: 0.9,
+            threshold: 0.3,
+            enabled: true,
+            version: 0,
+            replans: 0,
+        }
+    }
+
+    pub fn config(&self) -> &PlannerConfig {
+        &self.config
+    }
+
+    /// Changes the planner's configuration (a new budget, say); the next
+    /// plan uses it.
+    pub fn set_config(&mut self, config: PlannerConfig) {
+        self.config = config;
+    }
+
+    /// Adds a job whose op latencies are first `predicted` (ns per op).
+    pub fn add_job(
+        &mut self,
+        id: JobId,
+        graph: Arc<Graph>,
+        predicted: &[u64],
+        settings: JobSettings,
+    ) -> Result<(), ReplanError> {
+        if self.jobs.contains_key(&id) {
+            return Err(ReplanError::Duplicate(id));
+        }
+        if predicted.len() != graph.ops().len() {
+            return Err(ReplanError::LatencyCount {
+                job: id,
+                got: predicted.len(),
+                ops: graph.ops().len(),
+            });
+        }
+        let estimates: Vec<f64> = predicted.iter().map(|&x| x as f64).collect();
+        self.jobs.insert(
+            id,
+            ReplanJob {
+                graph,
+                settings,
+                at_plan: estimates.iter().sum(),
+                estimates,
+                measured: false,
+                leads: BTreeMap::new(),
+                planned_late: BTreeMap::new(),
+            },
+        );
+        Ok(())
+    }
+
+    /// Removes a job; the others are re-planned when the caller next plans.
+    pub fn remove_job(&mut self, id: JobId) -> Result<Arc<Graph>, ReplanError> {
+        self.jobs
+            .remove(&id)
+            .map(|j| j.graph)
+            .ok_or(ReplanError::UnknownJob(id))
+    }
+
+    /// The jobs, in planning order.
+    pub fn job_ids(&self) -> Vec<JobId> {
+        self.jobs.keys().copied().collect()
+    }
+
+    /// The current latency estimates of a job's ops, ns.
+    pub fn estimates(&self, id: JobId) -> Option<Vec<u64>> {
+        let j = self.jobs.get(&id)?;
+        Some(j.estimates.iter().map(|&x| x.round() as u64).collect())
+    }
+
+    /// The version the next plan will carry.
+    pub fn next_version(&self) -> u64 {
+        self.version + 1
+    }
+
+    /// Folds a job's measurements in; says whether (and why) a re-plan of
+    /// all jobs is due.
+    pub fn observe(
+        &mut self,
+        id: JobId,
+        m: &Measurements,
+    ) -> Result<Option<ReplanReason>, ReplanError> {
+        let weight = self.weight;
+        let threshold = self.threshold;
+        let job = self.jobs.get_mut(&id).ok_or(ReplanError::UnknownJob(id))?;
+        let ops = job.graph.ops().len();
+        if m.op_ns.len() != ops {
+            return Err(ReplanError::LatencyCount {
+                job: id,
+                got: m.op_ns.len(),
+                ops,
+            });
+        }
+        let tensors = job.graph.tensors().len();
+        if let Some(&(t, _)) = m.late_prefetches.iter().find(|l| l.0.index() >= tensors) {
+            return Err(ReplanError::UnknownTensor {
+                job: id,
+                tensor: t.0,
+            });
+        }
+        for (e, &x) in job.estimates.iter_mut().zip(&m.op_ns) {
+            *e = weight * x as f64 + (1.0 - weight) * *e;
+        }
+        let now: f64 = job.estimates.iter().sum();
+        let base = job.at_plan.max(1.0);
+        let first = !std::mem::replace(&mut job.measured, true);
+        let mut late = false;
+        for &(t, wait) in &m.late_prefetches {
+            // A planned wait is no miss; only what comes on top of it (with
+            // 5% slack) moves the prefetch earlier.
+            let planned = job.planned_late.get(&t).copied().unwrap_or(0);
+            let planned = planned + planned / 20;
+            if wait <= planned {
+                continue;
+            }
+            late = true;
+            let lead = job.leads.entry(t).or_insert(0);
+            *lead = ((*lead + wait - planned) as f64 * 1.05).ceil() as u64;
+        }
+        let drift = (now - base).abs() / base > threshold;
+        if !self.enabled {
+            return Ok(None);
+        }
+        Ok(if first {
+            Some(ReplanReason::FirstMeasurements)
+        } else if drift {
+            Some(ReplanReason::Drift)
+        } else if late {
+            Some(ReplanReason::LatePrefetch)
+        } else {
+            None
+        })
+    }
+
+    /// Plans every job from the current estimates; the plans carry a new
+    /// version and come in [`Replanner::job_ids`] order.
+    pub fn plan_all(&mut self) -> Result<MultiPlan, ReplanError> {
+        let ids = self.job_ids();
+        let inputs: Vec<JobInput<'_>> = self
+            .jobs
+            .values()
+            .map(|j| JobInput {
+                prefetch_lead_ns: j.leads.clone(),
+                ..JobInput::new(
+                    &j.graph,
+                    j.estimates.iter().map(|&x| x.round() as u64).collect(),
+                    j.settings,
+                )
+            })
+            .collect();
+        let mut out = plan(&inputs, &self.config).map_err(|e| match e {
+            PlanError::LatencyCount { job, .. }
+            | PlanError::SwapRate { job, .. }
+            | PlanError::LeadTensor { job, .. } => ReplanError::Plan {
+                job: ids[job],
+                source: e,
+            },
+            PlanError::Bandwidth { .. } => ReplanError::Planner(e),
+        })?;
+        self.version += 1;
+        for p in &mut out.plans {
+            p.version = self.version;
+        }
+        for (j, p) in self.jobs.values_mut().zip(&out.plans) {
+            j.at_plan = j.estimates.iter().sum();
+            j.planned_late.clear();
+            for w in &p.prediction.waits {
+                for &t in &j.graph.op(w.op).inputs {
+                    let wait = j.planned_late.entry(j.graph.storage_root(t)).or_insert(0);
+                    *wait = (*wait).max(w.ns);
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl Replan for Replanner {
+    fn after_iteration(
+        &mut self,
+        job: JobId,
+        measured: &Measurements,
+    ) -> Result<Vec<(JobId, Plan)>, ReplanError> {
+        if self.observe(job, measured)?.is_none() {
+            return Ok(Vec::new());
+        }
+        self.replans += 1;
+        let ids = self.job_ids();
+        Ok(ids.into_iter().zip(self.plan_all()?.plans).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use tensile_graph::DType;
+    use tensile_graph::builder::{Builder, Optimizer};
+
+    use super::*;
+    use crate::CopyModel;
+
+    fn mlp() -> Arc<Graph> {
+        let mut b = Builder::new("mlp");
+        let x = b.input("x", vec![512, 256], DType::F32);
+        let y = b.input("y", vec![512], DType::I64);
+        let h = b.linear("fc1", x, 256, false);
+        let h = b.relu("act1", h);
+        let logits = b.linear("head", h, 10, false);
+        let loss = b.cross_entropy("loss", logits, y);
+        Arc::new(b.finish(loss, Optimizer::adam()).unwrap())
+    }
+
+    fn replanner() -> (Replanner, Arc<Graph>, Vec<u64>) {
+        let g = mlp();
+        let lat = vec![10_000; g.ops().len()];
+        let mut r = Replanner::new(PlannerConfig::new(CopyModel::duplex(1e9, 1e9, 1_000)));
+        r.add_job(JobId(7), g.clone(), &lat, JobSettings::default())
+            .unwrap();
+        (r, g, lat)
+    }
+
+    fn measured(op_ns: Vec<u64>) -> Measurements {
+        Measurements {
+            op_ns,
+            ..Measurements::default()
+        }
+    }
+
+    #[test]
+    fn jobs_are_added_and_removed_by_id_with_clear_errors() {
+        let (mut r, g, lat) = replanner();
+        assert_eq!(
+            r.add_job(JobId(7), g.clone(), &lat, JobSettings::default()),
+            Err(ReplanError::Duplicate(JobId(7)))
+        );
+        assert_eq!(
+            r.add_job(JobId(8), g.clone(), &lat[1..], JobSettings::default()),
+            Err(ReplanError::LatencyCount {
+                job: JobId(8),
+                got: lat.len() - 1,
+                ops: lat.len()
+            })
+        );
+        r.add_job(JobId(3), g, &lat, JobSettings::default())
+            .unwrap();
+        assert_eq!(r.job_ids(), vec![JobId(3), JobId(7)]);
+        let plans = r.plan_all().unwrap();
+        assert_eq!(plans.plans.len(), 2);
+        assert!(plans.plans.iter().all(|p| p.version == 1));
+        r.remove_job(JobId(3)).unwrap();
+        assert_eq!(
+            r.remove_job(JobId(3)),
+            Err(ReplanError::UnknownJob(JobId(3)))
+        );
+        assert_eq!(r.plan_all().unwrap().plans[0].version, 2);
+        assert_eq!(
+            r.observe(JobId(3), &measured(lat)),
+            Err(ReplanError::UnknownJob(JobId(3)))
+        );
+    }
+
+    #[test]
+    fn a_replan_is_due_on_first_measurements_drift_and_late_prefetches() {
+        let (mut r, g, lat) = replanner();
+        r.plan_all().unwrap();
+        let id = JobId(7);
+        assert_eq!(
+            r.observe(id, &measured(lat.clone())).unwrap(),
+            Some(ReplanReason::FirstMeasurements)
+        );
+        r.plan_all().unwrap();
+        assert_eq!(r.observe(id, &measured(lat.clone())).unwrap(), None);
+        let slower: Vec<u64> = lat.iter().map(|x| x * 2).collect();
+        assert_eq!(
+            r.observe(id, &measured(slower.clone())).unwrap(),
+            Some(ReplanReason::Drift)
+        );
+        r.plan_all().unwrap();
+        let act = g.tensors().iter().find(|t| t.name == "act1").unwrap().id;
+        let late = Measurements {
+            late_prefetches: vec![(act, 5_000)],
+            ..measured(slower.clone())
+        };
+        assert_eq!(
+            r.observe(id, &late).unwrap(),
+            Some(ReplanReason::LatePrefetch)
+        );
+        // Measurements of the wrong shape are errors, not panics.
+        assert!(matches!(
+            r.observe(id, &measured(vec![1; 3])),
+            Err(ReplanError::LatencyCount { .. })
+        ));
+        let bad = Measurements {
+            late_prefetches: vec![(TensorId(u32::MAX), 1)],
+            ..measured(slower)
+        };
+        assert!(matches!(
+            r.observe(id, &bad),
+            Err(ReplanError::UnknownTensor { .. })
+        ));
+    }
+
+    #[test]
+    fn disabled_it_folds_measurements_in_but_never_asks_to_replan() {
+        let (mut r, _, lat) = replanner();
+        r.enabled = false;
+        let slower: Vec<u64> = lat.iter().map(|x| x * 3).collect();
+        assert_eq!(r.observe(JobId(7), &measured(slower)).unwrap(), None);
+        let est = r.estimates(JobId(7)).unwrap();
+        assert!(est.iter().zip(&lat).all(|(e, l)| e > l));
+    }
+}

@@ -1,0 +1,70 @@
+//! The copy-engine trait: a copy is submitted, then learned of. Engines
+//! differ in what moves (nothing, in virtual time; real bytes, on a copy
+//! thread or a CUDA stream), never in what the executor may assume.
+
+use tensile_graph::StorageId;
+
+/// Which way a copy goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Dir {
+    /// Device to host: a swap-out.
+    ToHost,
+    /// Host to device: a prefetch or a swap-in on demand.
+    ToDevice,
+}
+
+/// One copy of a storage's bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Copy {
+    pub dir: Dir,
+    pub storage: StorageId,
+    pub bytes: u64,
+    /// The copy may not start before this time: the end of the copy that
+    /// brings the data (a swap-out right after a prefetch), or its fire
+    /// time. A real engine orders such copies on its queue instead.
+    pub not_before: u64,
+}
+
+/// A submitted copy, unique within its engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CopyId(pub u64);
+
+/// What an engine knows of a copy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CopyStatus {
+    /// The copy ends (or ended) at this time. Virtual time knows this at
+    /// submission; a real engine once the copy has completed.
+    Ends(u64),
+    /// In flight, end unknown: look again after [`CopyEngine::poll`].
+    Pending,
+    /// The copy failed: the destination holds nothing usable, the source is
+    /// untouched.
+    Failed(CopyError),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CopyError {
+    #[error("copy {id:?} of storage {storage} failed: {why}")]
+    Failed {
+        id: CopyId,
+        storage: u32,
+        why: String,
+    },
+    #[error("copy {0:?} is not known to this engine")]
+    Unknown(CopyId),
+}
+
+/// Carries out copies between device and host, in submission order per
+/// direction (or on one queue, half duplex).
+pub trait CopyEngine {
+    /// Queues `copy`; its completion is learned later.
+    fn submit(&mut self, copy: Copy) -> CopyId;
+    /// Takes note of what has completed by `now` (real engines look at
+    /// their copy thread or stream; virtual time has nothing to do).
+    fn poll(&mut self, now: u64);
+    /// What is known of `id` after the last [`CopyEngine::poll`].
+    fn status(&self, id: CopyId) -> CopyStatus;
+    /// The executor is done with `id`: its bookkeeping may go. Called only
+    /// once the copy has ended or failed.
+    fn forget(&mut self, id: CopyId);
+}
