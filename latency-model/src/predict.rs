@@ -1,31 +1,20 @@
 //! Serving the learned models with ONNX Runtime (ort, loaded at run time
 //! from a shared library): all ops of a graph in one batched call per op
 //! type, the roofline for op types without a model, and for every op the
-//! source of its prediction.
-//!
-//! A model directory holds `manifest.json` (see [`Manifest`]), one
-//! `<op>.onnx` per op type, `roofline.json` (the fallback device profile,
-//! calibrated on the same measurements) and the held-out samples.
+//! source of its prediction. The model directory's format is
+//! [`crate::manifest`].
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 
-use serde::{Deserialize, Serialize};
 use tensile_graph::Graph;
 use thiserror::Error;
 
 use crate::features::{FEATURE_LEN, op_features};
-use crate::onnx::{INPUT, OUTPUT};
+use crate::manifest::{INPUT, Manifest, OUTPUT};
 use crate::profile::{DeviceProfile, ProfileError};
 use crate::roofline::{op_cost, roofline_ns};
-
-/// The shipped CPU models (this crate's `models/cpu`).
-pub fn shipped_cpu_models() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("models")
-        .join("cpu")
-}
 
 /// The ONNX Runtime library: `ORT_DYLIB_PATH` when set at run time, else
 /// the one this crate was built against (`.cargo/config.toml` points it at
@@ -36,53 +25,6 @@ pub fn default_ort_library() -> Option<PathBuf> {
         .map(PathBuf::from)
         .or_else(|| option_env!("ORT_DYLIB_PATH").map(PathBuf::from))
 }
-
-/// `manifest.json` of a model directory.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Manifest {
-    /// Always `tensile-latency-models/v1`.
-    pub format: String,
-    /// What was profiled (`cpu`, `cuda`) and on what.
-    pub device: String,
-    pub feature_len: usize,
-    /// The fallback device profile's file, relative to the directory.
-    pub roofline: String,
-    /// Held-out samples (JSON Lines), relative to the directory.
-    pub heldout: String,
-    pub models: Vec<ModelEntry>,
-}
-
-/// One op type's model.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ModelEntry {
-    pub op_type: String,
-    pub file: String,
-    pub train_samples: usize,
-    pub heldout_samples: usize,
-}
-
-impl Manifest {
-    /// Reads and checks `dir/manifest.json` (format and feature length),
-    /// without loading any model.
-    pub fn read(dir: &Path) -> Result<Manifest, PredictError> {
-        let path = dir.join("manifest.json");
-        let bad = |reason: String| PredictError::Manifest {
-            path: path.clone(),
-            reason,
-        };
-        let text = std::fs::read_to_string(&path).map_err(|e| bad(e.to_string()))?;
-        let manifest: Manifest = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
-        if manifest.format != MANIFEST_FORMAT || manifest.feature_len != FEATURE_LEN {
-            return Err(bad(format!(
-                "format {:?} with {} features; this build reads {MANIFEST_FORMAT} with {FEATURE_LEN}",
-                manifest.format, manifest.feature_len
-            )));
-        }
-        Ok(manifest)
-    }
-}
-
-pub const MANIFEST_FORMAT: &str = "tensile-latency-models/v1";
 
 /// Where each op's prediction came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -9,12 +9,13 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use serde_json::json;
-use tensile_latency_model::calibrate::Base;
 use tensile_latency_model::dataset::read_samples;
-use tensile_latency_model::measure::{self, BenchDevice, ProfileConfig};
-use tensile_latency_model::predict::shipped_cpu_models;
-use tensile_latency_model::train::TrainConfig;
-use tensile_latency_model::{Predictor, eval, pipeline};
+use tensile_latency_model::manifest::shipped_cpu_models;
+use tensile_latency_model::{Predictor, eval};
+use tensile_latency_train::calibrate::Base;
+use tensile_latency_train::measure::{self, BenchDevice, ProfileConfig};
+use tensile_latency_train::pipeline;
+use tensile_latency_train::train::TrainConfig;
 
 use crate::args::{EvalArgs, ProfileArgs, TrainArgs};
 
