@@ -3,11 +3,12 @@
 //! tch is tested in `tensile-latency-train`.)
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use tensile_latency_model::manifest::shipped_cpu_models;
-use tensile_latency_model::{Predictor, Source, op_class};
+use tensile_latency_model::{Predictor, Source, op_class, op_features};
 
-use crate::util::zoo_graphs;
+use crate::util::{zoo_graph, zoo_graphs};
 
 /// A fresh scratch directory under the system temp dir.
 fn scratch(name: &str) -> PathBuf {
@@ -48,6 +49,39 @@ fn shipped_models_predict_every_zoo_op_positive() {
             .filter(|&&s| s == Source::Model)
             .count();
         assert!(learned > 0, "{}: no op used a learned model", g.name());
+    }
+}
+
+#[test]
+fn a_graph_predicts_what_its_ops_predict_one_by_one() {
+    // predict_graph batches each op type's rows and runs each distinct row
+    // once; neither may change a prediction beyond float rounding.
+    let predictor = Predictor::load(&shipped_cpu_models()).unwrap();
+    for (name, batch) in [("resnet50", 2), ("densenet121", 1), ("bert_base", 1)] {
+        let g = zoo_graph(name, batch);
+        let (p, timing) = predictor.predict_graph_timed(&g, 0.25).unwrap();
+        assert_eq!(p, predictor.predict_graph(&g, 0.25).unwrap());
+        let from_model = p.source_per_op.iter().filter(|&&s| s == Source::Model);
+        assert!(timing.rows < from_model.count(), "{name}: no row shared");
+        assert!(
+            timing.run_calls > 0 && timing.runs > Duration::ZERO,
+            "{name}"
+        );
+        for (op, (&ns, &src)) in g.ops().iter().zip(p.ns_per_op.iter().zip(&p.source_per_op)) {
+            if src != Source::Model {
+                continue;
+            }
+            let f = op_features(&g, op, 0.25).unwrap();
+            let alone = predictor.predict_rows(&op.op_type, &f).unwrap().unwrap();
+            let alone = f64::from(alone[0]).exp();
+            // Whole nanoseconds, and a few ulps of f32 in ln(ns).
+            let tolerance = (1e-5 * alone).max(1.0);
+            assert!(
+                (ns as f64 - alone).abs() <= tolerance,
+                "{name} {}: {ns} ns batched, {alone} alone",
+                op.name
+            );
+        }
     }
 }
 
