@@ -25,6 +25,8 @@
 //! counts, which carry the shape information the MLP would otherwise have to
 //! learn (the product of many dims) from few samples.
 
+use std::sync::OnceLock;
+
 use tensile_graph::{AttrValue, Graph, Op};
 
 use crate::roofline::{OpClass, kernel_cost, op_class};
@@ -66,10 +68,10 @@ pub fn op_features(graph: &Graph, op: &Op, utilization: f32) -> Option<[f32; FEA
     let a = Attrs::of(op);
     for (i, v) in a.windows.iter().enumerate() {
         for (j, &x) in v.iter().take(2).enumerate() {
-            f[19 + 2 * i + j] = log2p(x.max(0) as f64);
+            f[19 + 2 * i + j] = log2p_whole(x.max(0) as u64);
         }
     }
-    f[25] = a.groups.map_or(0.0, |g| log2p(g.max(0) as f64));
+    f[25] = a.groups.map_or(0.0, |g| log2p_whole(g.max(0) as u64));
     f[26] = a.dim;
     f[27] = a.output_mask.map_or(0.0, |m| {
         m.iter()
@@ -110,6 +112,22 @@ fn log2p(x: f64) -> f32 {
         0.0
     }
 }
+
+/// [`log2p`] of a whole number: dims and window sizes are mostly small and
+/// repeat, so those below [`SMALL`] come from a table that [`log2p`] filled
+/// (the same bits, without a libm call each: `log2` was a third of the
+/// instructions of the features).
+fn log2p_whole(x: u64) -> f32 {
+    static TABLE: OnceLock<Vec<f32>> = OnceLock::new();
+    let table = TABLE.get_or_init(|| (0..SMALL).map(|i| log2p(i as f64)).collect());
+    match usize::try_from(x).ok().and_then(|i| table.get(i)) {
+        Some(&v) => v,
+        None => log2p(x as f64),
+    }
+}
+
+/// Whole numbers below this have their [`log2p`] in a table (16 KiB).
+const SMALL: u64 = 4096;
 
 /// The float attributes of slot 28, the first present wins.
 const FLOAT_KEYS: [&str; 5] = ["p", "scale", "other", "threshold", "lr"];
@@ -161,12 +179,12 @@ fn put_dims(out: &mut [f32], dims: &[u64]) {
         let split = dims.len() - DIMS + 1;
         out[0] = log2p(dims[..split].iter().map(|&d| d as f64).product());
         for (slot, &d) in out[1..].iter_mut().zip(&dims[split..]) {
-            *slot = log2p(d as f64);
+            *slot = log2p_whole(d);
         }
     } else {
         let start = DIMS - dims.len();
         for (slot, &d) in out[start..].iter_mut().zip(dims) {
-            *slot = log2p(d as f64);
+            *slot = log2p_whole(d);
         }
     }
 }
