@@ -1,5 +1,5 @@
 //! Gives the `tensilectl` binary and its tests an rpath to libtorch (linked
-//! through tensile-latency-model for profiling and training), so they run
+//! through tensile-latency-train for `latency profile|train`), so they run
 //! without `LD_LIBRARY_PATH`.
 fn main() {
     if let Ok(lib) = std::env::var("DEP_TCH_LIBTORCH_LIB") {

@@ -1,10 +1,11 @@
 //! How good and how fast the predictor is: per op type, the absolute
 //! percentage error of the predicted latency on held-out samples (mean,
 //! median, 90th percentile), and the wall time to predict every op of each
-//! zoo model.
+//! zoo model, split into feature extraction, ONNX Runtime calls and the
+//! rest.
 
 use std::collections::BTreeMap;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tensile_graph::zoo::{self, ZooConfig};
 
@@ -33,6 +34,16 @@ pub struct Speed {
     pub from_roofline: usize,
     /// Median over the timed calls, ms.
     pub predict_ms: f64,
+    /// Medians of the parts of a call ([`crate::predict::PredictTiming`]),
+    /// each over the timed calls (so they need not add up to
+    /// `predict_ms` exactly), ms.
+    pub features_ms: f64,
+    pub runs_ms: f64,
+    pub other_ms: f64,
+    /// ONNX Runtime calls per prediction (one per op type with a model).
+    pub run_calls: usize,
+    /// Rows sent to the models: distinct feature vectors per op type.
+    pub rows: usize,
 }
 
 /// Accuracy per op type of `predictor` on `samples` (one batched call per
@@ -104,7 +115,8 @@ fn roofline_of(predictor: &Predictor, s: &Sample) -> f64 {
 }
 
 /// Median time of `repeats` calls of [`Predictor::predict_graph`] on every
-/// zoo model at `batch` (after one warm-up call), graph building excluded.
+/// zoo model at `batch` (after one warm-up call), graph building excluded,
+/// and the medians of its parts.
 pub fn speed(
     predictor: &Predictor,
     batch: u64,
@@ -115,15 +127,23 @@ pub fn speed(
         let Ok(graph) = zoo::build(m.name, &ZooConfig::new(batch)) else {
             continue;
         };
-        let first = predictor.predict_graph(&graph, 0.0)?;
-        let mut times = Vec::with_capacity(repeats);
-        for _ in 0..repeats.max(1) {
+        let (first, timing) = predictor.predict_graph_timed(&graph, 0.0)?;
+        let n = repeats.max(1);
+        let (mut total, mut features, mut runs, mut other) = (
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+        );
+        for _ in 0..n {
             let t = Instant::now();
-            let p = predictor.predict_graph(&graph, 0.0)?;
-            times.push(t.elapsed().as_secs_f64() * 1e3);
+            let (p, parts) = predictor.predict_graph_timed(&graph, 0.0)?;
+            total.push(t.elapsed());
             drop(p);
+            features.push(parts.features);
+            runs.push(parts.runs);
+            other.push(parts.other);
         }
-        times.sort_by(f64::total_cmp);
         let count = |src| first.source_per_op.iter().filter(|&&s| s == src).count();
         out.push(Speed {
             model: m.name.to_owned(),
@@ -131,8 +151,20 @@ pub fn speed(
             ops: graph.ops().len(),
             from_model: count(Source::Model),
             from_roofline: count(Source::Roofline),
-            predict_ms: times[times.len() / 2],
+            predict_ms: median_ms(total),
+            features_ms: median_ms(features),
+            runs_ms: median_ms(runs),
+            other_ms: median_ms(other),
+            run_calls: timing.run_calls,
+            rows: timing.rows,
         });
     }
     Ok(out)
+}
+
+fn median_ms(mut times: Vec<Duration>) -> f64 {
+    times.sort();
+    times
+        .get(times.len() / 2)
+        .map_or(0.0, |t| t.as_secs_f64() * 1e3)
 }

@@ -25,9 +25,11 @@
 //! counts, which carry the shape information the MLP would otherwise have to
 //! learn (the product of many dims) from few samples.
 
+use std::sync::OnceLock;
+
 use tensile_graph::{AttrValue, Graph, Op};
 
-use crate::roofline::{OpClass, op_class, op_cost};
+use crate::roofline::{OpClass, kernel_cost, op_class};
 
 /// Length of every feature vector.
 pub const FEATURE_LEN: usize = 32;
@@ -37,6 +39,10 @@ const DIMS: usize = 4;
 
 /// The features of `op`, an op of `graph`, under `utilization` (clamped to
 /// `[0, 1]`); `None` for views, which launch no kernel and need no model.
+///
+/// The predictor calls this for every op of a graph on each prediction, so
+/// it reads each part of the op once (the attributes in one pass, no
+/// allocation).
 pub fn op_features(graph: &Graph, op: &Op, utilization: f32) -> Option<[f32; FEATURE_LEN]> {
     if op_class(op) == OpClass::View {
         return None;
@@ -59,33 +65,23 @@ pub fn op_features(graph: &Graph, op: &Op, utilization: f32) -> Option<[f32; FEA
         put_dims(&mut f[14..18], shape(t));
     }
     f[18] = op.inputs.len() as f32;
-    for (i, key) in ["stride", "padding", "kernel_size"].into_iter().enumerate() {
-        if let Some(v) = op.ints_attr(key) {
-            for (j, &x) in v.iter().take(2).enumerate() {
-                f[19 + 2 * i + j] = log2p(x.max(0) as f64);
-            }
+    let a = Attrs::of(op);
+    for (i, v) in a.windows.iter().enumerate() {
+        for (j, &x) in v.iter().take(2).enumerate() {
+            f[19 + 2 * i + j] = log2p_whole(x.max(0) as u64);
         }
     }
-    f[25] = op
-        .int_attr("groups")
-        .map_or(0.0, |g| log2p(g.max(0) as f64));
-    f[26] = match op.attrs.get("dim") {
-        Some(AttrValue::Int(d)) => *d as f32,
-        Some(AttrValue::Ints(d)) => d.first().map_or(0.0, |&d| d as f32),
-        _ => 0.0,
-    };
-    f[27] = op.ints_attr("output_mask").map_or(0.0, |m| {
+    f[25] = a.groups.map_or(0.0, |g| log2p_whole(g.max(0) as u64));
+    f[26] = a.dim;
+    f[27] = a.output_mask.map_or(0.0, |m| {
         m.iter()
             .take(3)
             .enumerate()
             .map(|(i, &b)| if b != 0 { (1 << i) as f32 } else { 0.0 })
             .sum()
     });
-    f[28] = ["p", "scale", "other", "threshold", "lr"]
-        .into_iter()
-        .find_map(|k| op.float_attr(k))
-        .map_or(0.0, |v| v as f32);
-    let cost = op_cost(graph, op);
+    f[28] = a.float.iter().find_map(|&x| x).map_or(0.0, |v| v as f32);
+    let cost = kernel_cost(graph, op);
     f[29] = log2p(cost.flops);
     f[30] = log2p(cost.bytes);
     let numel: f64 = op
@@ -117,19 +113,78 @@ fn log2p(x: f64) -> f32 {
     }
 }
 
+/// [`log2p`] of a whole number: dims and window sizes are mostly small and
+/// repeat, so those below [`SMALL`] come from a table that [`log2p`] filled
+/// (the same bits, without a libm call each: `log2` was a third of the
+/// instructions of the features).
+fn log2p_whole(x: u64) -> f32 {
+    static TABLE: OnceLock<Vec<f32>> = OnceLock::new();
+    let table = TABLE.get_or_init(|| (0..SMALL).map(|i| log2p(i as f64)).collect());
+    match usize::try_from(x).ok().and_then(|i| table.get(i)) {
+        Some(&v) => v,
+        None => log2p(x as f64),
+    }
+}
+
+/// Whole numbers below this have their [`log2p`] in a table (16 KiB).
+const SMALL: u64 = 4096;
+
+/// The float attributes of slot 28, the first present wins.
+const FLOAT_KEYS: [&str; 5] = ["p", "scale", "other", "threshold", "lr"];
+
+/// The attributes the features read, found in one pass over the op's.
+#[derive(Default)]
+struct Attrs<'a> {
+    /// `stride`, `padding`, `kernel_size` (empty when absent).
+    windows: [&'a [i64]; 3],
+    groups: Option<i64>,
+    /// `dim`, or the first of a list of them.
+    dim: f32,
+    output_mask: Option<&'a [i64]>,
+    /// [`FLOAT_KEYS`], in order (an int attribute counts as a float).
+    float: [Option<f64>; FLOAT_KEYS.len()],
+}
+
+impl<'a> Attrs<'a> {
+    fn of(op: &'a Op) -> Attrs<'a> {
+        let mut a = Attrs::default();
+        for (key, value) in &op.attrs {
+            match (key.as_str(), value) {
+                ("stride", AttrValue::Ints(v)) => a.windows[0] = v,
+                ("padding", AttrValue::Ints(v)) => a.windows[1] = v,
+                ("kernel_size", AttrValue::Ints(v)) => a.windows[2] = v,
+                ("groups", AttrValue::Int(g)) => a.groups = Some(*g),
+                ("dim", AttrValue::Int(d)) => a.dim = *d as f32,
+                ("dim", AttrValue::Ints(d)) => a.dim = d.first().map_or(0.0, |&d| d as f32),
+                ("output_mask", AttrValue::Ints(m)) => a.output_mask = Some(m),
+                (k, AttrValue::Float(x)) => a.set_float(k, *x),
+                (k, AttrValue::Int(x)) => a.set_float(k, *x as f64),
+                _ => {}
+            }
+        }
+        a
+    }
+
+    fn set_float(&mut self, key: &str, x: f64) {
+        if let Some(i) = FLOAT_KEYS.iter().position(|&k| k == key) {
+            self.float[i] = Some(x);
+        }
+    }
+}
+
 /// Writes `dims` right-aligned into `out` (length [`DIMS`]), folding leading
 /// dims beyond [`DIMS`] into the first slot.
 fn put_dims(out: &mut [f32], dims: &[u64]) {
-    let folded: Vec<f64> = if dims.len() > DIMS {
+    if dims.len() > DIMS {
         let split = dims.len() - DIMS + 1;
-        std::iter::once(dims[..split].iter().map(|&d| d as f64).product())
-            .chain(dims[split..].iter().map(|&d| d as f64))
-            .collect()
+        out[0] = log2p(dims[..split].iter().map(|&d| d as f64).product());
+        for (slot, &d) in out[1..].iter_mut().zip(&dims[split..]) {
+            *slot = log2p_whole(d);
+        }
     } else {
-        dims.iter().map(|&d| d as f64).collect()
-    };
-    let start = DIMS - folded.len();
-    for (slot, d) in out[start..].iter_mut().zip(folded) {
-        *slot = log2p(d);
+        let start = DIMS - dims.len();
+        for (slot, &d) in out[start..].iter_mut().zip(dims) {
+            *slot = log2p_whole(d);
+        }
     }
 }

@@ -1,12 +1,16 @@
-//! Op latency prediction for cold start.
+//! Op latency prediction for cold start: the serving side.
 //!
 //! Two predictors: the roofline cost model over device profiles (also the
 //! simulator's ground truth and the crude cold-start estimate), and the
 //! learned one of SPEC §5: per op type, a small ensemble of 4-layer MLPs
-//! correcting a roofline fitted to the op type, trained on latencies
-//! of real kernels measured through tch (libtorch), exported to ONNX and
-//! served with ONNX Runtime, batched over all ops of a graph, with the
-//! roofline as the fallback for op types without a model.
+//! correcting a roofline fitted to the op type, served from ONNX files with
+//! ONNX Runtime, batched over all ops of a graph, with the roofline as the
+//! fallback for op types without a model.
+//!
+//! This crate links no libtorch: profiling real kernels, training the
+//! models and writing their ONNX files live in `tensile-latency-train`
+//! (`latency-train/`), which depends on this one for the features, the
+//! samples and the model directory's format.
 //!
 //! # Layout
 //! - [`profile`]: [`DeviceProfile`] (memory, copy engines, peaks, per-class
@@ -18,26 +22,20 @@
 //!   [`true_latencies`] (roofline times a seeded per-op bias) and
 //!   [`estimate_latencies`] (one flat efficiency, no bias).
 //! - [`features`]: the fixed-length feature vector of an op.
-//! - [`measure`]: the shape grid and the profiler of real kernels (tch).
 //! - [`dataset`]: measured samples as JSON Lines, the split by shape.
-//! - [`train`]: the model of one op type (tch); [`onnx`]: its ONNX export
-//!   (prost, from ONNX's public schema); [`pipeline`]: profile to model
-//!   directory; [`calibrate`]: a roofline profile fitted to measurements.
+//! - [`manifest`]: the model directory's format (manifest, file names,
+//!   the models' input and output).
 //! - [`predict`]: [`Predictor`] (ort): every op of a graph, with its source.
 //! - [`eval`]: accuracy on held-out shapes and prediction speed.
 
-pub mod calibrate;
 pub mod dataset;
 pub mod eval;
 pub mod features;
 pub mod latencies;
-pub mod measure;
-pub mod onnx;
-pub mod pipeline;
+pub mod manifest;
 pub mod predict;
 pub mod profile;
 pub mod roofline;
-pub mod train;
 
 pub use features::{FEATURE_LEN, op_features};
 pub use latencies::{TRUE_BIAS_SIGMA, estimate_latencies, roofline_latencies, true_latencies};

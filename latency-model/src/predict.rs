@@ -1,31 +1,25 @@
 //! Serving the learned models with ONNX Runtime (ort, loaded at run time
 //! from a shared library): all ops of a graph in one batched call per op
-//! type, the roofline for op types without a model, and for every op the
-//! source of its prediction.
-//!
-//! A model directory holds `manifest.json` (see [`Manifest`]), one
-//! `<op>.onnx` per op type, `roofline.json` (the fallback device profile,
-//! calibrated on the same measurements) and the held-out samples.
+//! type, each distinct feature vector once, the roofline for op types
+//! without a model, and for every op the source of its prediction. The
+//! model directory's format is [`crate::manifest`].
 
-use std::collections::HashMap;
+mod batch;
+mod runtime;
+
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
 use tensile_graph::Graph;
 use thiserror::Error;
 
-use crate::features::{FEATURE_LEN, op_features};
-use crate::onnx::{INPUT, OUTPUT};
+use crate::features::op_features;
+use crate::manifest::Manifest;
 use crate::profile::{DeviceProfile, ProfileError};
 use crate::roofline::{op_cost, roofline_ns};
-
-/// The shipped CPU models (this crate's `models/cpu`).
-pub fn shipped_cpu_models() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("models")
-        .join("cpu")
-}
+use batch::{Batches, FastMap};
+use runtime::Model;
 
 /// The ONNX Runtime library: `ORT_DYLIB_PATH` when set at run time, else
 /// the one this crate was built against (`.cargo/config.toml` points it at
@@ -36,53 +30,6 @@ pub fn default_ort_library() -> Option<PathBuf> {
         .map(PathBuf::from)
         .or_else(|| option_env!("ORT_DYLIB_PATH").map(PathBuf::from))
 }
-
-/// `manifest.json` of a model directory.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Manifest {
-    /// Always `tensile-latency-models/v1`.
-    pub format: String,
-    /// What was profiled (`cpu`, `cuda`) and on what.
-    pub device: String,
-    pub feature_len: usize,
-    /// The fallback device profile's file, relative to the directory.
-    pub roofline: String,
-    /// Held-out samples (JSON Lines), relative to the directory.
-    pub heldout: String,
-    pub models: Vec<ModelEntry>,
-}
-
-/// One op type's model.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ModelEntry {
-    pub op_type: String,
-    pub file: String,
-    pub train_samples: usize,
-    pub heldout_samples: usize,
-}
-
-impl Manifest {
-    /// Reads and checks `dir/manifest.json` (format and feature length),
-    /// without loading any model.
-    pub fn read(dir: &Path) -> Result<Manifest, PredictError> {
-        let path = dir.join("manifest.json");
-        let bad = |reason: String| PredictError::Manifest {
-            path: path.clone(),
-            reason,
-        };
-        let text = std::fs::read_to_string(&path).map_err(|e| bad(e.to_string()))?;
-        let manifest: Manifest = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
-        if manifest.format != MANIFEST_FORMAT || manifest.feature_len != FEATURE_LEN {
-            return Err(bad(format!(
-                "format {:?} with {} features; this build reads {MANIFEST_FORMAT} with {FEATURE_LEN}",
-                manifest.format, manifest.feature_len
-            )));
-        }
-        Ok(manifest)
-    }
-}
-
-pub const MANIFEST_FORMAT: &str = "tensile-latency-models/v1";
 
 /// Where each op's prediction came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -128,32 +75,33 @@ pub enum PredictError {
     Run { op_type: String, reason: String },
 }
 
+/// Where the time of one [`Predictor::predict_graph_timed`] call went.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct PredictTiming {
+    /// Every op's feature vector, and grouping the distinct ones by op type.
+    pub features: Duration,
+    /// The ONNX Runtime calls, one per op type with a model and kernel ops.
+    pub runs: Duration,
+    /// The rest: the roofline of ops without a model, and handing each
+    /// model output to the ops that share its row.
+    pub other: Duration,
+    /// Calls to ONNX Runtime.
+    pub run_calls: usize,
+    /// Rows sent to the models: distinct feature vectors per op type.
+    pub rows: usize,
+}
+
 /// The loaded models of one directory.
 #[derive(Debug)]
 pub struct Predictor {
     manifest: Manifest,
-    sessions: HashMap<String, Mutex<ort::session::Session>>,
+    models: Vec<Model>,
+    /// Op type to its index in `models`.
+    index: FastMap<String, usize>,
     fallback: DeviceProfile,
-}
-
-static ENVIRONMENT: OnceLock<Result<ort::environment::Environment, String>> = OnceLock::new();
-
-/// Loads ONNX Runtime once per process.
-fn environment(lib: &Path) -> Result<&'static ort::environment::Environment, PredictError> {
-    let env = ENVIRONMENT.get_or_init(|| {
-        if !lib.is_file() {
-            return Err(format!("{}: no such file", lib.display()));
-        }
-        ort::init_from(lib)
-            .map_err(|e| e.to_string())?
-            .with_name("tensile-latency")
-            .build()
-            .map_err(|e| e.to_string())
-    });
-    env.as_ref().map_err(|reason| PredictError::Runtime {
-        path: lib.to_owned(),
-        reason: reason.clone(),
-    })
+    /// The batches of the last call, for their buffers; a call that finds
+    /// it taken (another thread predicting) uses its own.
+    scratch: Mutex<Batches>,
 }
 
 impl Predictor {
@@ -169,8 +117,12 @@ impl Predictor {
     pub fn load_with(dir: &Path, ort_lib: &Path) -> Result<Predictor, PredictError> {
         let manifest = Manifest::read(dir)?;
         let fallback = DeviceProfile::from_file(dir.join(&manifest.roofline))?;
-        let env = environment(ort_lib)?;
-        let mut sessions = HashMap::new();
+        let env = runtime::environment(ort_lib).map_err(|reason| PredictError::Runtime {
+            path: ort_lib.to_owned(),
+            reason: reason.to_owned(),
+        })?;
+        let mut models = Vec::with_capacity(manifest.models.len());
+        let mut index = FastMap::default();
         for m in &manifest.models {
             let file = dir.join(&m.file);
             let model = |reason: String| PredictError::Model {
@@ -178,27 +130,15 @@ impl Predictor {
                 reason,
             };
             let bytes = std::fs::read(&file).map_err(|e| model(e.to_string()))?;
-            let session = ort::session::Session::builder(env)
-                .map_err(|e| model(e.to_string()))?
-                .with_intra_threads(1)
-                .map_err(|e| model(e.to_string()))?
-                .commit_from_memory(&bytes)
-                .map_err(|e| model(e.to_string()))?;
-            let io_ok = session.inputs().len() == 1
-                && session.inputs()[0].name() == INPUT
-                && session.outputs().len() == 1
-                && session.outputs()[0].name() == OUTPUT;
-            if !io_ok {
-                return Err(model(format!(
-                    "expected one input {INPUT:?} and one output {OUTPUT:?}"
-                )));
-            }
-            sessions.insert(m.op_type.clone(), Mutex::new(session));
+            models.push(Model::load(env, &bytes).map_err(model)?);
+            index.insert(m.op_type.clone(), models.len() - 1);
         }
         Ok(Predictor {
             manifest,
-            sessions,
+            models,
+            index,
             fallback,
+            scratch: Mutex::default(),
         })
     }
 
@@ -213,43 +153,22 @@ impl Predictor {
 
     /// Whether `op_type` has a learned model.
     pub fn has_model(&self, op_type: &str) -> bool {
-        self.sessions.contains_key(op_type)
+        self.index.contains_key(op_type)
     }
 
-    /// `ln(ns)` for rows of [`FEATURE_LEN`] features of one op type, in one
+    /// `ln(ns)` for rows of [`crate::FEATURE_LEN`] features of one op type, in one
     /// call; `None` when the op type has no model.
     pub fn predict_rows(
         &self,
         op_type: &str,
         rows: &[f32],
     ) -> Result<Option<Vec<f32>>, PredictError> {
-        let Some(session) = self.sessions.get(op_type) else {
+        let Some(&m) = self.index.get(op_type) else {
             return Ok(None);
         };
-        let run = |reason: String| PredictError::Run {
-            op_type: op_type.to_owned(),
-            reason,
-        };
-        let n = rows.len() / FEATURE_LEN;
-        if n == 0 {
-            return Ok(Some(Vec::new()));
-        }
-        let input =
-            ort::value::Tensor::from_array(([n, FEATURE_LEN], rows[..n * FEATURE_LEN].to_vec()))
-                .map_err(|e| run(e.to_string()))?;
-        let mut session = session
-            .lock()
-            .map_err(|_| run("a previous run panicked".into()))?;
-        let outputs = session
-            .run(ort::inputs![INPUT => input])
-            .map_err(|e| run(e.to_string()))?;
-        let (_, out) = outputs[0]
-            .try_extract_tensor::<f32>()
-            .map_err(|e| run(e.to_string()))?;
-        if out.len() != n {
-            return Err(run(format!("{} outputs for {n} rows", out.len())));
-        }
-        Ok(Some(out.to_vec()))
+        let mut ln_ns = Vec::new();
+        self.run(m, rows, &mut |out| ln_ns.extend_from_slice(out))?;
+        Ok(Some(ln_ns))
     }
 
     /// Predicts every op of `graph` under `utilization` (other work's share
@@ -260,39 +179,95 @@ impl Predictor {
         graph: &Graph,
         utilization: f32,
     ) -> Result<Prediction, PredictError> {
+        self.predict_graph_timed(graph, utilization).map(|(p, _)| p)
+    }
+
+    /// [`Predictor::predict_graph`], and where its time went.
+    pub fn predict_graph_timed(
+        &self,
+        graph: &Graph,
+        utilization: f32,
+    ) -> Result<(Prediction, PredictTiming), PredictError> {
+        /// What an op's prediction comes from.
+        #[derive(Clone, Copy)]
+        enum Slot {
+            View,
+            Roofline,
+            /// A model and a row of its batch.
+            Row(u32, u32),
+        }
+        let start = Instant::now();
         let ops = graph.ops();
+        let mut own = Batches::default();
+        let mut scratch = self.scratch.try_lock();
+        let batches = match scratch.as_deref_mut() {
+            Ok(b) => b,
+            Err(_) => &mut own,
+        };
+        batches.reset(self.models.len());
+        let mut slots = Vec::with_capacity(ops.len());
+        for op in ops {
+            let slot = match op_features(graph, op, utilization) {
+                None => Slot::View,
+                Some(f) => match self.index.get(op.op_type.as_str()) {
+                    Some(&m) => Slot::Row(m as u32, batches.row(m, &f)),
+                    None => Slot::Roofline,
+                },
+            };
+            slots.push(slot);
+        }
+        let features = start.elapsed();
+
+        let mut timing = PredictTiming {
+            features,
+            ..PredictTiming::default()
+        };
+        // ln(ns) of every row of every batch, one flat vector; offsets[m]
+        // is where model m's rows start.
+        let mut ln_ns = Vec::with_capacity(batches.rows());
+        let mut offsets = Vec::with_capacity(self.models.len());
+        for (m, batch) in batches.iter().enumerate() {
+            offsets.push(ln_ns.len());
+            if batch.len() == 0 {
+                continue;
+            }
+            self.run(m, &batch.rows, &mut |out| ln_ns.extend_from_slice(out))?;
+            timing.run_calls += 1;
+            timing.rows += batch.len();
+        }
+        drop(scratch);
+        timing.runs = start.elapsed() - features;
+
+        let roofline = |i: usize| roofline_ns(&self.fallback, &ops[i], &op_cost(graph, &ops[i]));
         let mut ns = vec![0u64; ops.len()];
         let mut source = vec![Source::View; ops.len()];
-        let mut batches: HashMap<&str, (Vec<usize>, Vec<f32>)> = HashMap::new();
-        for (i, op) in ops.iter().enumerate() {
-            let Some(f) = op_features(graph, op, utilization) else {
-                continue;
+        for (i, slot) in slots.into_iter().enumerate() {
+            let t = match slot {
+                Slot::View => continue,
+                Slot::Roofline => None,
+                Slot::Row(m, r) => Some(f64::from(ln_ns[offsets[m as usize] + r as usize]).exp())
+                    .filter(|t| t.is_finite()),
             };
-            if self.has_model(&op.op_type) {
-                let (ids, rows) = batches.entry(op.op_type.as_str()).or_default();
-                ids.push(i);
-                rows.extend_from_slice(&f);
-            } else {
-                ns[i] = roofline_ns(&self.fallback, op, &op_cost(graph, op));
-                source[i] = Source::Roofline;
-            }
+            (ns[i], source[i]) = match t {
+                Some(t) => (t.round().clamp(1.0, u64::MAX as f64) as u64, Source::Model),
+                None => (roofline(i), Source::Roofline),
+            };
         }
-        for (op_type, (ids, rows)) in batches {
-            let out = self.predict_rows(op_type, &rows)?.unwrap_or_default();
-            for (&i, &ln) in ids.iter().zip(&out) {
-                let t = f64::from(ln).exp();
-                if t.is_finite() {
-                    ns[i] = t.round().clamp(1.0, u64::MAX as f64) as u64;
-                    source[i] = Source::Model;
-                } else {
-                    ns[i] = roofline_ns(&self.fallback, &ops[i], &op_cost(graph, &ops[i]));
-                    source[i] = Source::Roofline;
-                }
-            }
-        }
-        Ok(Prediction {
+        timing.other = start.elapsed() - features - timing.runs;
+        let prediction = Prediction {
             ns_per_op: ns,
             source_per_op: source,
-        })
+        };
+        Ok((prediction, timing))
+    }
+
+    /// Runs model `m` on `rows`, naming its op type in an error.
+    fn run(&self, m: usize, rows: &[f32], out: &mut dyn FnMut(&[f32])) -> Result<(), PredictError> {
+        self.models[m]
+            .run(rows, out)
+            .map_err(|reason| PredictError::Run {
+                op_type: self.manifest.models[m].op_type.clone(),
+                reason,
+            })
     }
 }

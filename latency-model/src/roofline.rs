@@ -176,6 +176,12 @@ pub fn op_cost(graph: &Graph, op: &Op) -> OpCost {
     if op_class(op) == OpClass::View {
         return OpCost::ZERO;
     }
+    kernel_cost(graph, op)
+}
+
+/// [`op_cost`] of an op already known not to be a view (the features,
+/// which have checked, skip a second look at its class).
+pub(crate) fn kernel_cost(graph: &Graph, op: &Op) -> OpCost {
     let c = Operands { graph, op };
     let io = c.in_bytes() + c.out_bytes();
     // FLOPs per output element of simple elementwise kernels.

@@ -9,14 +9,19 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use serde_json::json;
-use tensile_latency_model::calibrate::Base;
 use tensile_latency_model::dataset::read_samples;
-use tensile_latency_model::measure::{self, BenchDevice, ProfileConfig};
-use tensile_latency_model::predict::shipped_cpu_models;
-use tensile_latency_model::train::TrainConfig;
-use tensile_latency_model::{Predictor, eval, pipeline};
+use tensile_latency_model::manifest::shipped_cpu_models;
+use tensile_latency_model::{Predictor, eval};
+use tensile_latency_train::calibrate::Base;
+use tensile_latency_train::measure::{self, BenchDevice, ProfileConfig};
+use tensile_latency_train::pipeline;
+use tensile_latency_train::train::TrainConfig;
 
 use crate::args::{EvalArgs, ProfileArgs, TrainArgs};
+
+/// Timed predictions per zoo model in `latency eval`: enough for a steady
+/// median on a shared machine, well under a second in all.
+const SPEED_REPEATS: usize = 50;
 
 pub(crate) fn profile(a: &ProfileArgs) -> Result<()> {
     let device = match a.device.as_str() {
@@ -165,7 +170,7 @@ pub(crate) fn eval(a: &EvalArgs) -> Result<()> {
         .unwrap_or_else(|| dir.join(&predictor.manifest().heldout));
     let samples = read_samples(&data)?;
     let acc = eval::accuracy(&predictor, &samples)?;
-    let speed = eval::speed(&predictor, a.batch, 20)?;
+    let speed = eval::speed(&predictor, a.batch, SPEED_REPEATS)?;
     let shipped = dir_bytes(&dir, &predictor)?;
     if a.json {
         let per_op_type: serde_json::Map<String, serde_json::Value> = acc
@@ -187,8 +192,10 @@ pub(crate) fn eval(a: &EvalArgs) -> Result<()> {
             .iter()
             .map(|s| {
                 json!({"model": s.model, "batch": s.batch, "ops": s.ops,
-                            "from_model": s.from_model, "from_roofline": s.from_roofline,
-                            "predict_ms": s.predict_ms})
+                       "from_model": s.from_model, "from_roofline": s.from_roofline,
+                       "predict_ms": s.predict_ms, "features_ms": s.features_ms,
+                       "runs_ms": s.runs_ms, "other_ms": s.other_ms,
+                       "run_calls": s.run_calls, "rows": s.rows})
             })
             .collect();
         let out = json!({
@@ -225,13 +232,24 @@ pub(crate) fn eval(a: &EvalArgs) -> Result<()> {
         );
     }
     println!(
-        "\ntime to predict every op of a zoo model (batch {}, median of 20):",
+        "\ntime to predict every op of a zoo model (batch {}, medians of {SPEED_REPEATS} calls; \
+         the parts: features, ONNX Runtime calls on the distinct rows, the rest):",
         a.batch
     );
     for s in &speed {
         println!(
-            "{:<14} {:>5} ops ({:>4} model, {:>3} roofline, rest views) {:>8.3} ms",
-            s.model, s.ops, s.from_model, s.from_roofline, s.predict_ms
+            "{:<14} {:>5} ops ({:>4} model, {:>3} roofline, rest views) {:>8.3} ms \
+             = features {:.3} + {:>2} runs of {:>4} rows {:.3} + other {:.3}",
+            s.model,
+            s.ops,
+            s.from_model,
+            s.from_roofline,
+            s.predict_ms,
+            s.features_ms,
+            s.run_calls,
+            s.rows,
+            s.runs_ms,
+            s.other_ms
         );
     }
     println!(

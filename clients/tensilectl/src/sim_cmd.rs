@@ -13,7 +13,7 @@ use tensile_executor::replan::TimedReplanner;
 use tensile_executor::sim::{FixedPlans, JobResult, SimConfig, SimJob, SimResult, simulate};
 use tensile_graph::zoo::{self, ZooConfig};
 use tensile_graph::{Graph, Liveness};
-use tensile_latency_model::predict::{Manifest, shipped_cpu_models};
+use tensile_latency_model::manifest::{Manifest, shipped_cpu_models};
 use tensile_latency_model::{DeviceProfile, Predictor, Source, estimate_latencies, true_latencies};
 use tensile_planner::{CopyModel, EventKind, JobSettings, PlannerConfig};
 

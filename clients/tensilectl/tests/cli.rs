@@ -317,6 +317,15 @@ fn latency_eval_json_scores_the_shipped_models() {
     assert_eq!(conv["source"], "model");
     let ms = v["predict_ms_per_model"].as_object().unwrap();
     assert!(ms["resnet50"].as_f64().unwrap() > 0.0);
+    // The split of each prediction's time, and the distinct rows it ran.
+    for d in v["predict_detail"].as_array().unwrap() {
+        for part in ["features_ms", "runs_ms", "other_ms"] {
+            assert!(d[part].as_f64().unwrap() >= 0.0, "{part} in {d}");
+        }
+        let rows = d["rows"].as_u64().unwrap();
+        assert!(d["run_calls"].as_u64().unwrap() > 0, "{d}");
+        assert!(rows > 0 && rows <= d["from_model"].as_u64().unwrap(), "{d}");
+    }
     assert!(
         v["model_bytes"].as_u64().unwrap() < 10 << 20,
         "shipped models under 10 MB"

@@ -1,6 +1,12 @@
-//! Feature vectors of small readable graphs, pinned.
+//! Feature vectors of small readable graphs, pinned; and, bit for bit, the
+//! features the shipped models were trained on.
+
+use std::collections::{BTreeMap, HashSet};
 
 use expect_test::expect;
+use tensile_graph::zoo::{self, ZooConfig};
+use tensile_latency_model::dataset::read_samples;
+use tensile_latency_model::manifest::shipped_cpu_models;
 use tensile_latency_model::{FEATURE_LEN, op_features};
 
 use crate::util::{grouped_conv, tiny_cnn};
@@ -78,4 +84,55 @@ fn utilization_is_clamped_and_only_changes_slot_zero() {
         assert_eq!(c[0], 0.0);
         assert_eq!(a[1..], b[1..]);
     }
+}
+
+#[test]
+fn the_shipped_models_training_features_are_computed_bit_for_bit() {
+    // Every held-out sample measured on a zoo build (`model@BxR`) carries
+    // the features the profiler computed: serving must compute the same
+    // bits from the same graph, or the models see inputs they were not
+    // trained on.
+    let samples = read_samples(&shipped_cpu_models().join("heldout.jsonl")).unwrap();
+    let mut by_source: BTreeMap<&str, Vec<_>> = BTreeMap::new();
+    for s in &samples {
+        by_source.entry(s.source.as_str()).or_default().push(s);
+    }
+    let mut checked = 0;
+    for (source, group) in by_source {
+        let Some((name, size)) = source.split_once('@') else {
+            continue;
+        };
+        let Some((batch, res)) = size.split_once('x') else {
+            continue;
+        };
+        let (Ok(batch), Ok(res)) = (batch.parse(), res.parse()) else {
+            continue;
+        };
+        if zoo::MODELS.iter().all(|m| m.name != name) {
+            continue;
+        }
+        let mut cfg = ZooConfig::new(batch);
+        cfg.resolution = Some(res);
+        let g = zoo::build(name, &cfg).unwrap();
+        let loads: HashSet<u32> = group.iter().map(|s| s.features[0].to_bits()).collect();
+        let mut computed = HashSet::new();
+        for op in g.ops() {
+            for &u in &loads {
+                if let Some(f) = op_features(&g, op, f32::from_bits(u)) {
+                    computed.insert((op.op_type.as_str(), f.map(f32::to_bits)));
+                }
+            }
+        }
+        for s in group {
+            let bits: Vec<u32> = s.features.iter().map(|x| x.to_bits()).collect();
+            let bits: [u32; FEATURE_LEN] = bits.try_into().unwrap();
+            assert!(
+                computed.contains(&(s.op_type.as_str(), bits)),
+                "{source} {}: features differ from the profile's",
+                s.op_type
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked > 1000, "only {checked} samples from zoo builds");
 }

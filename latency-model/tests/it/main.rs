@@ -5,6 +5,7 @@
 mod costs;
 mod features;
 mod latencies;
+mod no_torch;
 mod predictor;
 mod profile;
 mod util;

@@ -1,14 +1,14 @@
-//! The learned predictor: ONNX export round trip against tch, the shipped
-//! models on every zoo op, and clear errors for bad model directories.
+//! The learned predictor: the shipped models on every zoo op, and clear
+//! errors for bad model directories. (The ONNX export's round trip against
+//! tch is tested in `tensile-latency-train`.)
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
-use tensile_latency_model::dataset::Sample;
-use tensile_latency_model::predict::{MANIFEST_FORMAT, Manifest, ModelEntry, shipped_cpu_models};
-use tensile_latency_model::train::{TrainConfig, train};
-use tensile_latency_model::{FEATURE_LEN, Predictor, Source, op_class, op_features};
+use tensile_latency_model::manifest::shipped_cpu_models;
+use tensile_latency_model::{Predictor, Source, op_class, op_features};
 
-use crate::util::{tiny_cnn, zoo_graphs};
+use crate::util::{zoo_graph, zoo_graphs};
 
 /// A fresh scratch directory under the system temp dir.
 fn scratch(name: &str) -> PathBuf {
@@ -25,94 +25,6 @@ fn copy_shipped(dir: &Path) {
         let name = path.file_name().unwrap();
         std::fs::copy(&path, dir.join(name)).unwrap();
     }
-}
-
-/// Synthetic samples: every kernel op of the tiny CNN at three loads, with
-/// a latency that grows with its work.
-fn synthetic() -> Vec<Sample> {
-    let g = tiny_cnn();
-    let mut out = Vec::new();
-    for op in g
-        .ops()
-        .iter()
-        .filter(|o| o.op_type == "aten::convolution_backward")
-    {
-        for load in 0..3 {
-            let f = op_features(&g, op, load as f32 / 2.0).unwrap();
-            out.push(Sample {
-                op_type: op.op_type.clone(),
-                features: f.to_vec(),
-                load,
-                ns: 1000 + 300 * u64::from(load),
-                runs: 1,
-                source: "synthetic".into(),
-            });
-        }
-    }
-    // Vary the shapes so the normalisation has spread to work with.
-    for (i, s) in out.clone().iter().enumerate() {
-        let mut t = s.clone();
-        t.features[2] += i as f32;
-        t.ns += 500 * i as u64;
-        out.push(t);
-    }
-    out
-}
-
-#[test]
-fn onnx_export_runs_in_ort_as_tch_computes_it() {
-    let samples = synthetic();
-    let refs: Vec<&Sample> = samples.iter().collect();
-    let config = TrainConfig {
-        epochs: 200,
-        hidden: 16,
-        ..TrainConfig::default()
-    };
-    let net = train(&refs, &config).unwrap();
-    let mlp = net.to_mlp().unwrap();
-    let dir = scratch("roundtrip");
-    let op_type = "aten::convolution_backward";
-    std::fs::write(
-        dir.join("m.onnx"),
-        tensile_latency_model::onnx::export(&mlp),
-    )
-    .unwrap();
-    std::fs::copy(
-        shipped_cpu_models().join("roofline.json"),
-        dir.join("roofline.json"),
-    )
-    .unwrap();
-    let manifest = Manifest {
-        format: MANIFEST_FORMAT.into(),
-        device: "test".into(),
-        feature_len: FEATURE_LEN,
-        roofline: "roofline.json".into(),
-        heldout: "heldout.jsonl".into(),
-        models: vec![ModelEntry {
-            op_type: op_type.into(),
-            file: "m.onnx".into(),
-            train_samples: samples.len(),
-            heldout_samples: 0,
-        }],
-    };
-    std::fs::write(
-        dir.join("manifest.json"),
-        serde_json::to_string(&manifest).unwrap(),
-    )
-    .unwrap();
-    let predictor = Predictor::load(&dir).unwrap();
-    let rows: Vec<f32> = samples.iter().flat_map(|s| s.features.clone()).collect();
-    let ours = predictor.predict_rows(op_type, &rows).unwrap().unwrap();
-    let theirs = net.forward(&rows).unwrap();
-    assert_eq!(ours.len(), samples.len());
-    for (a, b) in ours.iter().zip(&theirs) {
-        // ln(ns) is around 7 to 9 here: 1e-5 relative is a few ulps of f32.
-        assert!(
-            (a - b).abs() <= 1e-5 * b.abs().max(1.0),
-            "ort {a} vs tch {b}"
-        );
-    }
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -137,6 +49,39 @@ fn shipped_models_predict_every_zoo_op_positive() {
             .filter(|&&s| s == Source::Model)
             .count();
         assert!(learned > 0, "{}: no op used a learned model", g.name());
+    }
+}
+
+#[test]
+fn a_graph_predicts_what_its_ops_predict_one_by_one() {
+    // predict_graph batches each op type's rows and runs each distinct row
+    // once; neither may change a prediction beyond float rounding.
+    let predictor = Predictor::load(&shipped_cpu_models()).unwrap();
+    for (name, batch) in [("resnet50", 2), ("densenet121", 1), ("bert_base", 1)] {
+        let g = zoo_graph(name, batch);
+        let (p, timing) = predictor.predict_graph_timed(&g, 0.25).unwrap();
+        assert_eq!(p, predictor.predict_graph(&g, 0.25).unwrap());
+        let from_model = p.source_per_op.iter().filter(|&&s| s == Source::Model);
+        assert!(timing.rows < from_model.count(), "{name}: no row shared");
+        assert!(
+            timing.run_calls > 0 && timing.runs > Duration::ZERO,
+            "{name}"
+        );
+        for (op, (&ns, &src)) in g.ops().iter().zip(p.ns_per_op.iter().zip(&p.source_per_op)) {
+            if src != Source::Model {
+                continue;
+            }
+            let f = op_features(&g, op, 0.25).unwrap();
+            let alone = predictor.predict_rows(&op.op_type, &f).unwrap().unwrap();
+            let alone = f64::from(alone[0]).exp();
+            // Whole nanoseconds, and a few ulps of f32 in ln(ns).
+            let tolerance = (1e-5 * alone).max(1.0);
+            assert!(
+                (ns as f64 - alone).abs() <= tolerance,
+                "{name} {}: {ns} ns batched, {alone} alone",
+                op.name
+            );
+        }
     }
 }
 

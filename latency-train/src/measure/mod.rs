@@ -28,8 +28,8 @@ use thiserror::Error;
 
 pub use kernels::{KernelError, SUPPORTED, is_supported};
 
-use crate::dataset::{DatasetError, Sample, SampleWriter, read_samples};
-use crate::features::{op_features, shape_key};
+use tensile_latency_model::dataset::{DatasetError, Sample, SampleWriter, read_samples};
+use tensile_latency_model::features::{op_features, shape_key};
 
 /// Where kernels run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -256,7 +256,7 @@ pub fn profile(
                     let mut features = op_features(g, op, utilization)
                         .map(Vec::from)
                         .unwrap_or_default();
-                    features.resize(crate::FEATURE_LEN, 0.0);
+                    features.resize(tensile_latency_model::FEATURE_LEN, 0.0);
                     writer.write(&Sample {
                         op_type: op.op_type.clone(),
                         features,

@@ -9,9 +9,9 @@
 
 use std::collections::BTreeMap;
 
-use crate::dataset::Sample;
-use crate::profile::{DeviceProfile, MAX_COMPUTE_EFFICIENCY, ProfileError};
-use crate::roofline::{OpClass, op_class_of_type};
+use tensile_latency_model::dataset::Sample;
+use tensile_latency_model::profile::{DeviceProfile, MAX_COMPUTE_EFFICIENCY, ProfileError};
+use tensile_latency_model::roofline::{OpClass, op_class_of_type};
 
 /// The fixed part of a profile: what calibration does not fit.
 #[derive(Debug, Clone)]

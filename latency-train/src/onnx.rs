@@ -15,6 +15,7 @@
 //! Runtime 1.14 and later.
 
 use prost::Message;
+use tensile_latency_model::manifest::{INPUT, OUTPUT};
 
 use crate::train::Mlp;
 
@@ -28,11 +29,6 @@ use crate::train::Mlp;
 pub mod pb {
     include!(concat!(env!("OUT_DIR"), "/onnx.rs"));
 }
-
-/// The input's name: `float[n, FEATURE_LEN]`.
-pub const INPUT: &str = "features";
-/// The output's name: `float[n, 1]`, the natural log of the latency in ns.
-pub const OUTPUT: &str = "ln_ns";
 
 const FLOAT: i32 = 1;
 const IR_VERSION: i64 = 8;
@@ -169,7 +165,7 @@ pub fn export(mlp: &Mlp) -> Vec<u8> {
     ));
     let model = pb::ModelProto {
         ir_version: IR_VERSION,
-        producer_name: "tensile-latency-model".into(),
+        producer_name: env!("CARGO_PKG_NAME").into(),
         producer_version: env!("CARGO_PKG_VERSION").into(),
         doc_string: format!(
             "latency model of {}: ln(ns) from op features, the mean of {} MLPs over a roofline",

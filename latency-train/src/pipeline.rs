@@ -2,18 +2,19 @@
 //! small ensemble of MLPs over a roofline, [`crate::train`]) per op type on
 //! the training shapes, export each to ONNX, calibrate the
 //! fallback roofline on the training samples, and write the manifest and
-//! the held-out samples (see [`crate::predict`] for the layout).
+//! the held-out samples (see [`tensile_latency_model::manifest`] for the
+//! layout).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use tensile_latency_model::dataset::{DatasetError, Sample, write_samples};
+use tensile_latency_model::features::FEATURE_LEN;
+use tensile_latency_model::manifest::{MANIFEST_FORMAT, Manifest, ModelEntry, model_file};
+use tensile_latency_model::profile::ProfileError;
 use thiserror::Error;
 
 use crate::calibrate::{Base, calibrate, profile_json};
-use crate::dataset::{DatasetError, Sample, write_samples};
-use crate::features::FEATURE_LEN;
-use crate::predict::{MANIFEST_FORMAT, Manifest, ModelEntry};
-use crate::profile::ProfileError;
 use crate::train::{TrainConfig, TrainError, train};
 
 /// What [`train_dir`] did, per op type.
@@ -52,21 +53,6 @@ pub enum PipelineError {
         #[source]
         source: tch::TchError,
     },
-}
-
-/// The file name of an op type's model: `aten::relu_` is `aten__relu_.onnx`.
-pub fn model_file(op_type: &str) -> String {
-    let safe: String = op_type
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '_' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    format!("{safe}.onnx")
 }
 
 /// Trains every op type of `samples` and writes the model directory `out`.

@@ -1,6 +1,6 @@
 //! Compiles `proto/onnx.proto` (a subset of ONNX's public schema) with protox
 //! (pure Rust, no system protoc) into prost messages, and gives this
-//! package's tests and examples an rpath to libtorch so they run without
+//! package's tests an rpath to libtorch so they run without
 //! `LD_LIBRARY_PATH`.
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let proto = "proto/onnx.proto";

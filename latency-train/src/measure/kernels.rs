@@ -40,12 +40,12 @@ pub enum KernelError {
     },
 }
 
-/// Whether [`prepare`] knows `op_type`.
+/// Whether `prepare` knows `op_type`.
 pub fn is_supported(op_type: &str) -> bool {
     SUPPORTED.contains(&op_type)
 }
 
-/// Every op type [`prepare`] can run.
+/// Every op type `prepare` can run.
 pub const SUPPORTED: &[&str] = &[
     "aten::convolution",
     "aten::convolution_backward",

@@ -39,8 +39,8 @@ use tch::nn::{self, OptimizerConfig};
 use tch::{Device, Kind, Tensor};
 use thiserror::Error;
 
-use crate::dataset::Sample;
-use crate::features::FEATURE_LEN;
+use tensile_latency_model::dataset::Sample;
+use tensile_latency_model::features::FEATURE_LEN;
 
 /// How to train.
 #[derive(Debug, Clone, Copy)]
