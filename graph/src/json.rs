@@ -108,20 +108,7 @@ pub fn parse_draft(bytes: &[u8], limits: &Limits) -> Result<GraphDraft, GraphErr
         });
     }
     // Counts first, so that no per-item work runs on an absurd file.
-    if file.tensors.len() > limits.max_tensors {
-        return Err(GraphError::TooMany {
-            what: "tensors",
-            count: file.tensors.len(),
-            limit: limits.max_tensors,
-        });
-    }
-    if file.ops.len() > limits.max_ops {
-        return Err(GraphError::TooMany {
-            what: "ops",
-            count: file.ops.len(),
-            limit: limits.max_ops,
-        });
-    }
+    limits.check_counts(file.tensors.len(), file.ops.len())?;
     let tensors = file
         .tensors
         .into_iter()

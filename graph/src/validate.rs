@@ -30,6 +30,24 @@ pub struct Limits {
     pub max_input_bytes: u64,
 }
 
+impl Limits {
+    /// Rejects more tensors or ops than the limits allow. Every reader calls
+    /// this on the raw counts before any per-item work (decoding, checks), so
+    /// that an absurd file or message is turned away cheaply, and all of them
+    /// with the same message.
+    pub fn check_counts(&self, tensors: usize, ops: usize) -> Result<(), GraphError> {
+        for (what, count, limit) in [
+            ("tensors", tensors, self.max_tensors),
+            ("ops", ops, self.max_ops),
+        ] {
+            if count > limit {
+                return Err(GraphError::TooMany { what, count, limit });
+            }
+        }
+        Ok(())
+    }
+}
+
 impl Default for Limits {
     fn default() -> Self {
         Limits {
@@ -271,20 +289,7 @@ pub(crate) fn validate(draft: GraphDraft, limits: &Limits) -> Result<Graph, Grap
 }
 
 fn check_counts(draft: &GraphDraft, limits: &Limits) -> Result<(), GraphError> {
-    if draft.tensors.len() > limits.max_tensors {
-        return Err(GraphError::TooMany {
-            what: "tensors",
-            count: draft.tensors.len(),
-            limit: limits.max_tensors,
-        });
-    }
-    if draft.ops.len() > limits.max_ops {
-        return Err(GraphError::TooMany {
-            what: "ops",
-            count: draft.ops.len(),
-            limit: limits.max_ops,
-        });
-    }
+    limits.check_counts(draft.tensors.len(), draft.ops.len())?;
     if draft.name.len() > limits.max_name_len {
         return Err(GraphError::NameTooLong {
             what: "the graph".into(),

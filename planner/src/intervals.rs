@@ -24,17 +24,12 @@ impl IntervalSet {
     /// The earliest `start >= lo` such that `[start, start + len)` is free and
     /// `start + len <= hi`.
     pub fn earliest_fit(&self, lo: u64, hi: u64, len: u64) -> Option<u64> {
-        let mut start = lo;
-        for &(s, e) in &self.busy[self.first_ending_after(lo)..] {
-            if start.checked_add(len)? > hi {
-                return None;
-            }
-            if start + len <= s {
-                return Some(start);
-            }
-            start = start.max(e);
-        }
-        (start.checked_add(len)? <= hi).then_some(start)
+        first_fit(
+            self.busy[self.first_ending_after(lo)..].iter().copied(),
+            lo,
+            hi,
+            len,
+        )
     }
 
     /// The latest `start >= lo` such that `[start, start + len)` is free and
@@ -99,6 +94,33 @@ impl IntervalSet {
     }
 }
 
+/// The earliest `start >= lo` such that `[start, start + len)` overlaps no
+/// interval of `busy` and `start + len <= hi`. `busy` comes in order of start
+/// but need not be disjoint (an interval that ends by `start` is passed
+/// over), so that the planner's searches can run over a channel's copies as
+/// they stand, less the one being moved, without building a set first.
+pub(crate) fn first_fit(
+    busy: impl IntoIterator<Item = (u64, u64)>,
+    lo: u64,
+    hi: u64,
+    len: u64,
+) -> Option<u64> {
+    let mut start = lo;
+    for (s, e) in busy {
+        if e <= start {
+            continue;
+        }
+        if start.checked_add(len)? > hi {
+            return None;
+        }
+        if start + len <= s {
+            return Some(start);
+        }
+        start = e;
+    }
+    (start.checked_add(len)? <= hi).then_some(start)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -125,6 +147,34 @@ mod tests {
         assert_eq!(s.latest_fit(0, 30, 11), None);
         assert_eq!(s.latest_fit(1, 30, 11), None);
         assert_eq!(s.latest_fit(0, 5, 10), None);
+    }
+
+    #[test]
+    fn first_fit_passes_over_overlapping_and_finished_intervals() {
+        // Sorted by start, overlapping: (0, 50) covers (10, 20).
+        let busy = [(0, 50), (10, 20), (45, 60), (70, 80)];
+        assert_eq!(first_fit(busy, 0, 100, 10), Some(60));
+        assert_eq!(first_fit(busy, 0, 100, 11), Some(80));
+        assert_eq!(first_fit(busy, 0, 90, 11), None);
+        assert_eq!(first_fit(busy, 85, 100, 10), Some(85));
+        assert_eq!(first_fit(busy, 0, u64::MAX, 1 << 40), Some(80));
+        assert_eq!(first_fit([], 7, 7, 0), Some(7));
+        assert_eq!(first_fit([], 7, 7, 1), None);
+        assert_eq!(first_fit([], u64::MAX, u64::MAX, 1), None);
+    }
+
+    #[test]
+    fn earliest_fit_is_first_fit_over_the_set() {
+        let s = set(&[(10, 20), (20, 25), (30, 40), (60, 61)]);
+        for lo in 0..70 {
+            for len in 0..25 {
+                for hi in [lo, 35, 50, 70, 100u64] {
+                    let want = (lo..=hi.saturating_sub(len))
+                        .find(|&t| t + len <= hi && s.is_free(t, t + len));
+                    assert_eq!(s.earliest_fit(lo, hi, len), want, "{lo} {hi} {len}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -27,20 +27,8 @@ pub fn graph_from_proto(graph: pb::Graph, limits: &Limits) -> Result<Graph, Grap
 /// Wire -> unvalidated draft: enum values are checked here, the rest by
 /// [`Graph::new`].
 pub fn draft_from_proto(graph: pb::Graph, limits: &Limits) -> Result<GraphDraft, GraphError> {
-    if graph.tensors.len() > limits.max_tensors {
-        return Err(GraphError::TooMany {
-            what: "tensors",
-            count: graph.tensors.len(),
-            limit: limits.max_tensors,
-        });
-    }
-    if graph.ops.len() > limits.max_ops {
-        return Err(GraphError::TooMany {
-            what: "ops",
-            count: graph.ops.len(),
-            limit: limits.max_ops,
-        });
-    }
+    // Counts first, so that no per-item work runs on an absurd message.
+    limits.check_counts(graph.tensors.len(), graph.ops.len())?;
     let tensors = graph
         .tensors
         .into_iter()

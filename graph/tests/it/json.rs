@@ -85,3 +85,26 @@ fn deep_nesting_is_an_error() {
     let err = json::parse(deep.as_bytes(), &Limits::default()).unwrap_err();
     assert!(err.to_string().contains("invalid graph JSON"), "{err}");
 }
+
+#[test]
+fn counts_are_refused_before_any_item_is_decoded() {
+    // The tiny graph's tensors and ops are valid, but the limits are under
+    // its counts: the count, not a later check, is what gets reported, by
+    // the draft parser as by validation.
+    let text = json::to_string(&tiny().build().unwrap());
+    let limits = Limits {
+        max_tensors: 2,
+        ..Limits::default()
+    };
+    let err = json::parse_draft(text.as_bytes(), &limits).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "the graph has 11 tensors, over the limit of 2"
+    );
+    let limits = Limits {
+        max_ops: 2,
+        ..Limits::default()
+    };
+    let err = json::parse_draft(text.as_bytes(), &limits).unwrap_err();
+    assert_eq!(err.to_string(), "the graph has 9 ops, over the limit of 2");
+}
