@@ -9,6 +9,8 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 device="${1:-a6000}"
+# The build needs .venv/ (libtorch, ONNX Runtime): see scripts/run.sh.
+scripts/setup.sh >&2
 cargo build --release --locked -q -p tensilectl
 ctl=./target/release/tensilectl
 models=(vgg16 resnet50 inception_v3 inception_v4 densenet121)

@@ -6,6 +6,10 @@
 # target/tensile-demo.svg. Extra arguments go to `tensilectl sim`.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# The build links libtorch and loads ONNX Runtime from .venv/, which
+# scripts/setup.sh makes (idempotent: under a second once done). Its report
+# goes to stderr so that stdout is the demo's alone.
+scripts/setup.sh >&2
 cargo build --release --locked -q -p tensilectl
 ./target/release/tensilectl zoo
 echo

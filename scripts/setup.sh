@@ -32,10 +32,21 @@ if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" && -x "$venv/bin/python" ]]; t
   exit 0
 fi
 
+# .cargo/config.toml names .venv/lib/python3.11/...: another Python would
+# install fine and then fail the Rust build with "torch/torch.h: No such file".
+need_311() {
+  "$1" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' || {
+    echo "setup: $1 is not Python 3.11, which .cargo/config.toml expects (set PYTHON=python3.11)" >&2
+    exit 1
+  }
+}
+
 if [[ ! -x "$venv/bin/python" ]]; then
+  need_311 "$python"
   echo "setup: creating $venv"
   "$python" -m venv "$venv"
 fi
+need_311 "$venv/bin/python"
 
 echo "setup: installing ${pins[*]} (the first time takes a few minutes: torch is large)"
 "$venv/bin/python" -m pip install --quiet --progress-bar off "${pins[@]}"
