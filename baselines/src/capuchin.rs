@@ -192,7 +192,7 @@ impl<'g> Capuchin<'g> {
         };
         let c = &st.choices;
         let root = |s: StorageId| live.storages[s.index()].root;
-        let mut events = common::release_events(live);
+        let mut events = Event::releases_after_last_use(live);
         // Swap-outs, then those fetched on demand, then swap-ins: the order
         // the prediction queues them in after the same op.
         for w in &c.swaps {

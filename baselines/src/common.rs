@@ -6,22 +6,7 @@ use tensile_planner::{Event, EventKind, Plan, Trigger};
 
 /// Free after last use: a release after each storage's last access.
 pub fn vanilla(live: &Liveness) -> Plan {
-    assemble(release_events(live))
-}
-
-/// A release after the last access of every storage that has one.
-pub fn release_events(live: &Liveness) -> Vec<Event> {
-    live.storages
-        .iter()
-        .filter_map(|st| {
-            st.freed_after.map(|op| Event {
-                trigger: Trigger::After(op),
-                delay_ns: 0,
-                kind: EventKind::Release,
-                tensor: st.root,
-            })
-        })
-        .collect()
+    assemble(Event::releases_after_last_use(live))
 }
 
 /// The ops that read or write each storage, in execution order, indexed by

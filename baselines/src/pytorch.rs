@@ -131,7 +131,7 @@ fn offloaded(input: &BaselineInput<'_>, min_bytes: u64) -> Vec<Saved> {
 /// forward use. How the copies block is up to the executor options.
 fn swap_outs(input: &BaselineInput<'_>, saved: &[Saved]) -> Vec<Event> {
     let live = input.live;
-    let mut events = common::release_events(live);
+    let mut events = Event::releases_after_last_use(live);
     events.extend(saved.iter().map(|s| Event {
         trigger: Trigger::After(s.last_forward),
         delay_ns: 0,

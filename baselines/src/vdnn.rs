@@ -48,7 +48,7 @@ const CONV_BACKWARD: &str = "aten::convolution_backward";
 pub(crate) fn plan(input: &BaselineInput<'_>) -> Result<Plan, BaselineError> {
     let (g, live) = (input.graph, input.live);
     let acc = common::accesses(g, live);
-    let mut events = common::release_events(live);
+    let mut events = Event::releases_after_last_use(live);
     let Some(bw_start) = g.ops().iter().find(|o| o.phase == Phase::Backward) else {
         // No backward pass: nothing is saved for it, nothing to offload.
         return Ok(common::assemble(events));

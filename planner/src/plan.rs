@@ -1,6 +1,6 @@
 //! The planner's output: one versioned plan per job, and diagnostics.
 
-use tensile_graph::{OpId, TensorId};
+use tensile_graph::{Liveness, OpId, TensorId};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum EventKind {
@@ -44,6 +44,26 @@ pub struct Event {
     pub delay_ns: u64,
     pub kind: EventKind,
     pub tensor: TensorId,
+}
+
+impl Event {
+    /// Free after last use, as PyTorch does with no plan ("vanilla"): a
+    /// release after the last access of every storage that has one, in
+    /// storage order. Here, beside [`Event`], so that the baselines and the
+    /// executor's tests build it the same way.
+    pub fn releases_after_last_use(live: &Liveness) -> Vec<Event> {
+        live.storages
+            .iter()
+            .filter_map(|st| {
+                st.freed_after.map(|op| Event {
+                    trigger: Trigger::After(op),
+                    delay_ns: 0,
+                    kind: EventKind::Release,
+                    tensor: st.root,
+                })
+            })
+            .collect()
+    }
 }
 
 /// A wait of the job's compute for prefetches that cannot be hidden behind

@@ -3,9 +3,9 @@
 
 use std::collections::BTreeSet;
 
-use tensile_baselines::{Policy, common};
+use tensile_baselines::Policy;
 use tensile_graph::{Liveness, OpId, Phase, StorageId};
-use tensile_planner::{EventKind, Trigger};
+use tensile_planner::{Event, EventKind, Trigger};
 
 use crate::{convnet, fast_link, latencies, moved, plan_of, run, uses};
 
@@ -52,7 +52,7 @@ fn swaps_out_exactly_the_non_weight_inputs_of_convolutions() {
         .filter(|e| e.kind == EventKind::Release)
         .copied()
         .collect();
-    let mut vanilla = common::release_events(&live);
+    let mut vanilla = Event::releases_after_last_use(&live);
     releases.sort();
     vanilla.sort();
     assert_eq!(releases, vanilla);

@@ -13,20 +13,8 @@ use crate::mlp;
 
 /// Free after last use, nothing else.
 fn vanilla(live: &Liveness) -> Plan {
-    let events = live
-        .storages
-        .iter()
-        .filter_map(|st| {
-            st.freed_after.map(|op| Event {
-                trigger: Trigger::After(op),
-                delay_ns: 0,
-                kind: EventKind::Release,
-                tensor: st.root,
-            })
-        })
-        .collect();
     Plan {
-        events,
+        events: Event::releases_after_last_use(live),
         ..Plan::default()
     }
 }

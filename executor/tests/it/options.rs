@@ -46,18 +46,7 @@ fn saved(g: &Graph, live: &Liveness) -> Vec<(StorageId, OpId)> {
 /// Releases at last use, and a swap-out of every saved activation after
 /// its last forward use; no swap-in (the executor fetches on demand).
 fn offload_plan(g: &Graph, live: &Liveness) -> Plan {
-    let mut events: Vec<Event> = live
-        .storages
-        .iter()
-        .filter_map(|st| {
-            Some(Event {
-                trigger: Trigger::After(st.freed_after?),
-                delay_ns: 0,
-                kind: EventKind::Release,
-                tensor: st.root,
-            })
-        })
-        .collect();
+    let mut events = Event::releases_after_last_use(live);
     for (s, last) in saved(g, live) {
         events.push(Event {
             trigger: Trigger::After(last),
