@@ -321,7 +321,8 @@ pub struct GraphDraft {
 
 /// A validated graph.
 ///
-/// **Invariants** (checked by [`Graph::new`]): ids are dense and in order;
+/// **Invariants** (checked by [`Graph::new`]): there is at least one op; ids
+/// are dense and in order;
 /// every tensor is produced at most once, by an op listed before every op
 /// that reads it, or is an initial tensor (input, parameter, buffer,
 /// optimizer state) that no op produces; bytes equal shape times dtype; every

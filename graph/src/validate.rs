@@ -111,6 +111,8 @@ pub enum GraphError {
         count: usize,
         limit: usize,
     },
+    #[error("the graph {graph:?} has no ops: there is nothing to run or plan")]
+    NoOps { graph: String },
     #[error("the tensor at index {index} has id {id}; tensor ids must be 0, 1, 2, ... in order")]
     TensorIdOrder { index: usize, id: u64 },
     #[error("the op at index {index} has id {id}; op ids must be 0, 1, 2, ... in order")]
@@ -295,6 +297,15 @@ fn check_counts(draft: &GraphDraft, limits: &Limits) -> Result<(), GraphError> {
             what: "the graph".into(),
             len: draft.name.len(),
             limit: limits.max_name_len,
+        });
+    }
+    // Every consumer (planner, executor, simulator) needs at least one op,
+    // and an empty graph is most likely a truncated or mis-exported file.
+    // After the name check, so that the message never quotes an oversized
+    // name.
+    if draft.ops.is_empty() {
+        return Err(GraphError::NoOps {
+            graph: draft.name.clone(),
         });
     }
     Ok(())

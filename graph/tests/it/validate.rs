@@ -106,6 +106,18 @@ fn counts_are_limited() {
 }
 
 #[test]
+fn a_graph_needs_an_op() {
+    // Reported before anything else: a graph without ops also leaves every
+    // activation unproduced, which would be a less helpful message.
+    let mut g = tiny();
+    g.draft.ops.clear();
+    rejects(
+        g,
+        expect![[r#"the graph "tiny" has no ops: there is nothing to run or plan"#]],
+    );
+}
+
+#[test]
 fn a_tensor_is_produced_once() {
     let mut g = tiny();
     g.draft.ops[3].outputs.push(TensorId(2));
