@@ -4,8 +4,8 @@
 //!
 //! # Layout
 //! - [`pb`]: the generated prost messages and tonic client/server.
-//! - [`convert`]: `to_proto` / `from_proto` between [`pb`] and the graph IR;
-//!   nothing else in the workspace converts.
+//! - [`convert`]: `to_proto` / `from_proto` between [`pb`] and the graph IR
+//!   and the planner's diagnostics; nothing else in the workspace converts.
 
 pub mod convert;
 
