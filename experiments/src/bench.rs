@@ -12,10 +12,9 @@
 //! error, not dropped.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
+use rayon::prelude::*;
 use serde::Serialize;
 use tensile_baselines::Policy;
 use tensile_graph::Liveness;
@@ -43,7 +42,7 @@ pub struct BenchConfig {
     pub optimizer: Optimizer,
     /// Only ResNet-50 (and the mixed five) at fewer batch sizes.
     pub quick: bool,
-    /// Simulations run on this many threads.
+    /// The size of the thread pool the workloads run on.
     pub threads: usize,
 }
 
@@ -149,39 +148,27 @@ pub fn run_bench(
         cold_start: ColdStart::Auto,
     };
     let work = config.workloads();
-    let threads = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1)
-        .min(config.threads.max(1));
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(config.threads.max(1))
+        .build()
+        .map_err(|e| ExperimentError::Pool {
+            reason: e.to_string(),
+        })?;
     let mut devices = Vec::new();
     for profile in &config.devices {
         let t = Instant::now();
-        let next = AtomicUsize::new(0);
-        let slots: Mutex<Vec<Option<Result<WorkloadOutcome, ExperimentError>>>> =
-            Mutex::new((0..work.len()).map(|_| None).collect());
-        std::thread::scope(|s| {
-            for _ in 0..threads {
-                s.spawn(|| {
-                    loop {
-                        let i = next.fetch_add(1, Ordering::Relaxed);
-                        let Some(w) = work.get(i) else { break };
-                        let tick = |what: &str| tick(&format!("{} {what}", profile.name));
-                        let r = run_workload(w, &policies, profile, &base, config.optimizer, &tick);
-                        if let Ok(mut slots) = slots.lock() {
-                            slots[i] = Some(r);
-                        }
-                    }
-                });
-            }
+        // Workloads are independent and each is deterministic: the pool
+        // changes how long the bench takes, never what it reports.
+        let results: Vec<Result<WorkloadOutcome, ExperimentError>> = pool.install(|| {
+            work.par_iter()
+                .map(|w| {
+                    let tick = |what: &str| tick(&format!("{} {what}", profile.name));
+                    run_workload(w, &policies, profile, &base, config.optimizer, &tick)
+                })
+                .collect()
         });
-        let slots = slots.into_inner().map_err(|_| ExperimentError::Pool {
-            reason: "a simulation thread panicked".into(),
-        })?;
         let mut outcomes = Vec::new();
-        for (w, r) in work.iter().zip(slots) {
-            let r = r.ok_or_else(|| ExperimentError::Pool {
-                reason: format!("{} was not run", w.name),
-            })?;
+        for (w, r) in work.iter().zip(results) {
             outcomes.push(r.map_err(|e| ExperimentError::InWorkload {
                 workload: w.name.clone(),
                 device: profile.name.clone(),

@@ -2,13 +2,12 @@
 //! `tensile_experiments::run_bench` and prints them beside the paper's
 //! figures, with a Pareto summary; `--plot` draws them.
 
-use std::io::{IsTerminal, Write};
 use std::path::Path;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Instant;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::{Context, Result};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use tensile_baselines::Policy;
 use tensile_experiments::paper::{paper_figure, paper_phases};
 use tensile_experiments::pareto::EPS;
@@ -19,63 +18,56 @@ use tensile_experiments::{
 use crate::config::BenchCommand;
 use crate::plot::{Bars, Chart, Series, render_bars, render_svg};
 
-/// A progress bar on a terminal, a line every few percent otherwise.
+/// Progress of the bench on stderr: a bar on a terminal (indicatif), and
+/// otherwise, for logs, a line every 5% of the simulations.
 struct Progress {
-    total: usize,
-    done: AtomicUsize,
-    start: Instant,
-    tty: bool,
-    last_line: Mutex<usize>,
+    bar: ProgressBar,
+    total: u64,
+    done: AtomicU64,
+    /// The count at the last logged line (no terminal only).
+    logged: Mutex<u64>,
 }
 
 impl Progress {
-    fn tick(&self, what: &str) {
-        let k = self.done.fetch_add(1, Ordering::Relaxed) + 1;
-        let secs = self.start.elapsed().as_secs_f64();
-        let width = 30;
-        // Runs of ours at a baseline's peak come on top of the planned count.
-        let k = k.min(self.total);
-        let filled = width * k / self.total.max(1);
-        let line = format!(
-            "[{}{}] {k}/{} {:>5.0}s {what}",
-            "#".repeat(filled),
-            ".".repeat(width - filled),
-            self.total,
-            secs
-        );
-        if self.tty {
-            let mut err = std::io::stderr().lock();
-            let _ = write!(
-                err,
-                "\r\x1b[2K{}",
-                line.chars().take(120).collect::<String>()
-            );
-            let _ = err.flush();
-        } else if let Ok(mut last) = self.last_line.lock() {
-            let step = (self.total / 20).max(1);
-            if k >= *last + step || k == self.total {
-                *last = k;
-                eprintln!("{line}");
-            }
+    fn new(total: usize) -> Progress {
+        let total = total as u64;
+        // indicatif hides the bar itself when stderr is not a terminal.
+        let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
+        if let Ok(style) =
+            ProgressStyle::with_template("[{bar:30}] {pos}/{len} {elapsed:>4} {wide_msg}")
+        {
+            bar.set_style(style.progress_chars("#>."));
+        }
+        Progress {
+            bar,
+            total,
+            done: AtomicU64::new(0),
+            logged: Mutex::new(0),
         }
     }
 
-    fn finish(&self) {
-        if self.tty {
-            eprintln!();
+    fn tick(&self, what: &str) {
+        // Ours at a baseline's peak runs only where both ran: the count is
+        // an upper bound, and the position never passes it.
+        let k = (self.done.fetch_add(1, Ordering::Relaxed) + 1).min(self.total);
+        self.bar.set_position(k);
+        self.bar.set_message(what.to_string());
+        if self.bar.is_hidden()
+            && let Ok(mut logged) = self.logged.lock()
+        {
+            let step = (self.total / 20).max(1);
+            if k >= *logged + step || k == self.total {
+                *logged = k;
+                let secs = self.bar.elapsed().as_secs_f64();
+                eprintln!("{k}/{} {secs:>5.0}s {what}", self.total);
+            }
         }
     }
 }
 
 pub(crate) fn run(c: &BenchCommand) -> Result<()> {
     let config = &c.config;
-    let progress = Progress {
-        total: config.total_runs(),
-        done: AtomicUsize::new(0),
-        start: Instant::now(),
-        tty: std::io::stderr().is_terminal(),
-        last_line: Mutex::new(0),
-    };
+    let progress = Progress::new(config.total_runs());
     eprintln!(
         "bench paper: {} workloads x {} policies on {} ({} simulations of {} iterations, plus vanilla)",
         config.workloads().len(),
@@ -89,8 +81,9 @@ pub(crate) fn run(c: &BenchCommand) -> Result<()> {
         progress.total,
         config.iterations
     );
-    let report = run_bench(config, &|what| progress.tick(what))?;
-    progress.finish();
+    let report = run_bench(config, &|what| progress.tick(what));
+    progress.bar.finish();
+    let report = report?;
     if let Some(dir) = &c.plot {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
         for d in &report.devices {
