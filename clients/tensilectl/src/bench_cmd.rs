@@ -254,7 +254,7 @@ fn plots(d: &DeviceOutcome, policies: &[Policy], dir: &Path) -> Result<()> {
             };
             write(
                 format!("{}-{name}-{metric}.svg", d.device),
-                render_bars(&bars),
+                render_bars(&bars)?,
             )?;
         }
     }
@@ -284,7 +284,7 @@ fn plots(d: &DeviceOutcome, policies: &[Policy], dir: &Path) -> Result<()> {
         };
         write(
             format!("{}-memory-resnet50.svg", d.device),
-            render_svg(&chart),
+            render_svg(&chart)?,
         )?;
     }
     Ok(())

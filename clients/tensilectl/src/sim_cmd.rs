@@ -34,7 +34,7 @@ pub(crate) fn run(c: &SimCommand) -> Result<()> {
             &outcome.run.result,
             report,
         );
-        std::fs::write(path, render_svg(&chart))
+        std::fs::write(path, render_svg(&chart)?)
             .with_context(|| format!("cannot write {}", path.display()))?;
         eprintln!("memory plot written to {}", path.display());
     }
