@@ -4,13 +4,13 @@
 //! a command either starts with a complete configuration or fails with the
 //! flag named.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use tensile_baselines::Policy;
 use tensile_experiments::{BenchConfig, ColdStart, PlanOptions, SimOptions, device_profile};
-use tensile_graph::Graph;
 use tensile_graph::zoo::{self, ZooConfig};
+use tensile_graph::{Graph, Limits};
 use tensile_latency_model::DeviceProfile;
 
 use crate::args::{BenchPaperArgs, DeviceArgs, PlanArgs, SimArgs};
@@ -20,8 +20,9 @@ use crate::input;
 #[derive(Debug)]
 pub(crate) struct PlanCommand {
     pub(crate) graph: Graph,
-    /// The zoo model's name.
+    /// The zoo model's name, or the graph file's graph name.
     pub(crate) model: String,
+    /// The zoo batch size; none for a graph file.
     pub(crate) batch: Option<u64>,
     pub(crate) profile: DeviceProfile,
     pub(crate) options: PlanOptions,
@@ -31,11 +32,23 @@ pub(crate) struct PlanCommand {
 impl PlanCommand {
     pub(crate) fn from_args(a: &PlanArgs) -> Result<PlanCommand> {
         let profile = device_profile(&a.device.device)?;
-        let graph = input::zoo_graph(&a.model)?;
+        let (graph, model, batch) = match &a.file {
+            Some(path) => {
+                let graph = input::graph_file(path, &Limits::default())
+                    .with_context(|| path.display().to_string())?;
+                let name = graph.name().to_string();
+                (graph, name, None)
+            }
+            None => {
+                let graph = input::zoo_graph(&a.model)?;
+                let name = a.model.model.clone().unwrap_or_default();
+                (graph, name, Some(a.model.batch))
+            }
+        };
         Ok(PlanCommand {
             graph,
-            model: a.model.model.clone().unwrap_or_default(),
-            batch: Some(a.model.batch),
+            model,
+            batch,
             profile,
             options: PlanOptions {
                 seed: a.device.seed,
@@ -149,23 +162,82 @@ fn check_activation_budget(b: f64) -> Result<()> {
     Ok(())
 }
 
-/// `--jobs`: MODEL:BATCH entries, comma separated.
+/// One entry of `--jobs`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum JobSpec {
+    Zoo { model: String, batch: u64 },
+    File(PathBuf),
+}
+
+impl JobSpec {
+    /// A path when it looks like one (a `/`, a `.json` ending) or names an
+    /// existing file; else MODEL:BATCH.
+    fn parse(item: &str) -> Result<JobSpec> {
+        if item.contains('/') || item.ends_with(".json") || Path::new(item).is_file() {
+            return Ok(JobSpec::File(PathBuf::from(item)));
+        }
+        let (model, batch) = item.split_once(':').with_context(|| {
+            format!("job {item:?}: expected MODEL:BATCH or a graph file (a path with a / or ending in .json)")
+        })?;
+        let batch = batch
+            .parse()
+            .with_context(|| format!("job {item:?}: batch {batch:?} is not a number"))?;
+        Ok(JobSpec::Zoo {
+            model: model.to_string(),
+            batch,
+        })
+    }
+}
+
+/// `--jobs`: every entry's graph, built from the zoo or read from its file.
 fn parse_jobs(spec: &str, a: &SimArgs) -> Result<Vec<Graph>> {
     let optimizer = input::optimizer(&a.opt)?;
     let mut out = Vec::new();
     for item in list(spec) {
-        let (name, batch) = item
-            .split_once(':')
-            .with_context(|| format!("job {item:?}: expected MODEL:BATCH"))?;
-        let batch: u64 = batch
-            .parse()
-            .with_context(|| format!("job {item:?}: batch {batch:?} is not a number"))?;
-        let mut cfg = ZooConfig::new(batch);
-        cfg.optimizer = optimizer;
-        out.push(zoo::build(name, &cfg).with_context(|| format!("job {item:?}"))?);
+        let graph = match JobSpec::parse(item)? {
+            JobSpec::Zoo { model, batch } => {
+                let mut cfg = ZooConfig::new(batch);
+                cfg.optimizer = optimizer;
+                zoo::build(&model, &cfg).map_err(anyhow::Error::from)
+            }
+            JobSpec::File(path) => {
+                input::graph_file(&path, &Limits::default()).map_err(anyhow::Error::from)
+            }
+        };
+        out.push(graph.with_context(|| format!("job {item:?}"))?);
     }
     if out.is_empty() {
         bail!("--jobs is empty");
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::JobSpec;
+
+    #[test]
+    fn jobs_are_zoo_models_or_graph_files() {
+        let zoo = |m: &str, b| JobSpec::Zoo {
+            model: m.into(),
+            batch: b,
+        };
+        let file = |p: &str| JobSpec::File(p.into());
+        assert_eq!(JobSpec::parse("resnet50:16").unwrap(), zoo("resnet50", 16));
+        assert_eq!(
+            JobSpec::parse("traced/r18.json").unwrap(),
+            file("traced/r18.json")
+        );
+        assert_eq!(JobSpec::parse("r18.json").unwrap(), file("r18.json"));
+        assert_eq!(JobSpec::parse("/tmp/graph").unwrap(), file("/tmp/graph"));
+        // The crate's manifest exists, so it is taken as a (bad) graph file.
+        assert_eq!(JobSpec::parse("Cargo.toml").unwrap(), file("Cargo.toml"));
+        let err = JobSpec::parse("resnet50").unwrap_err().to_string();
+        assert!(
+            err.contains("expected MODEL:BATCH or a graph file"),
+            "{err}"
+        );
+        let err = JobSpec::parse("resnet50:x").unwrap_err().to_string();
+        assert!(err.contains("is not a number"), "{err}");
+    }
 }
