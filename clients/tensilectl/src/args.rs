@@ -183,6 +183,10 @@ pub(crate) struct PlanArgs {
     /// Print JSON.
     #[arg(long)]
     pub(crate) json: bool,
+    /// Also write the plan itself here: every event, the prediction and
+    /// the diagnostics (`tensile-plan/v1`, see `docs/plan-format.md`).
+    #[arg(short, long)]
+    pub(crate) output: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

@@ -27,6 +27,8 @@ pub(crate) struct PlanCommand {
     pub(crate) profile: DeviceProfile,
     pub(crate) options: PlanOptions,
     pub(crate) json: bool,
+    /// Where the plan file goes.
+    pub(crate) output: Option<PathBuf>,
 }
 
 impl PlanCommand {
@@ -58,6 +60,7 @@ impl PlanCommand {
                 cold_start: ColdStart::parse(&a.device.latency_models),
             },
             json: a.json,
+            output: a.output.clone(),
         })
     }
 }

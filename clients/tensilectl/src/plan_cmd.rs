@@ -1,7 +1,9 @@
-//! `tensilectl plan`: plan one job and print what the plan predicts.
+//! `tensilectl plan`: plan one job, print what the plan predicts, and
+//! write the plan itself as a `tensile-plan/v1` file when asked.
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use tensile_experiments::{PlanReport, plan_job};
+use tensile_proto::plan_json::plan_to_json;
 
 use crate::config::PlanCommand;
 use crate::report::bytes;
@@ -10,6 +12,12 @@ pub(crate) fn run(c: &PlanCommand) -> Result<()> {
     let outcome = plan_job(&c.graph, &c.profile, &c.options)?;
     for w in &outcome.warnings {
         eprintln!("note: {w}");
+    }
+    if let Some(path) = &c.output {
+        let mp = &outcome.plan;
+        let text = plan_to_json(&mp.plans[0], &mp.diagnostics, &c.graph) + "\n";
+        std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))?;
+        eprintln!("plan written to {}", path.display());
     }
     let r = PlanReport::new(c.model.clone(), c.batch, &c.profile, &outcome);
     if c.json {

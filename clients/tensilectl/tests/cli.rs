@@ -286,6 +286,52 @@ fn plan_takes_a_graph_file_and_plans_it_as_the_zoo_model() {
 }
 
 #[test]
+fn plan_writes_the_plan_itself_for_a_worker_to_read() {
+    use tensile_graph::zoo::{self, ZooConfig};
+    use tensile_planner::EventKind;
+    use tensile_proto::plan_json::read_plan_file;
+    let dir = TempDir::new("plan-out");
+    let out = dir.path("plan.json");
+    let report = json_of(&[
+        "plan", "--model", "resnet50", "--batch", "2", "--json", "-o", &out,
+    ]);
+    let written = std::fs::read_to_string(&out).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&written).unwrap();
+    assert_eq!(v["format"], "tensile-plan/v1");
+    assert_eq!(v["graph"], "resnet50_b2_r224_adam");
+    let graph = zoo::build("resnet50", &ZooConfig::new(2)).unwrap();
+    let file = read_plan_file(&written, &graph).unwrap();
+    let count = |kind| file.plan.count(kind) as u64;
+    assert_eq!(
+        count(EventKind::SwapOut),
+        report["swap_outs"].as_u64().unwrap()
+    );
+    assert_eq!(
+        count(EventKind::SwapIn),
+        report["swap_ins"].as_u64().unwrap()
+    );
+    assert_eq!(
+        count(EventKind::Release),
+        report["releases"].as_u64().unwrap()
+    );
+    assert_eq!(
+        file.plan.prediction.planned_peak_bytes,
+        report["planned_peak_bytes"].as_u64().unwrap()
+    );
+    // The same plan, from the exported graph: a file plans like the zoo.
+    let graph_file = exported(&dir, "resnet50", "2");
+    let out2 = dir.path("plan2.json");
+    let o = tensilectl(&["plan", &graph_file, "-o", &out2]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let again = read_plan_file(std::fs::read(&out2).unwrap(), &graph).unwrap();
+    assert_eq!(again, file);
+    // A plan is checked against the graph it is read with.
+    let other = zoo::build("vgg16", &ZooConfig::new(2)).unwrap();
+    let err = read_plan_file(&written, &other).unwrap_err().to_string();
+    assert!(err.contains("the plan is for graph"), "{err}");
+}
+
+#[test]
 fn sim_jobs_mix_zoo_models_and_graph_files() {
     let dir = TempDir::new("sim-file");
     let file = exported(&dir, "resnet50", "2");
