@@ -39,7 +39,9 @@ use tensile_graph::{Graph, Liveness, StorageId, TensorId};
 
 pub use config::{CopyModel, JobSettings, PlannerConfig};
 pub use intervals::IntervalSet;
-pub use plan::{Diagnostic, Event, EventKind, MultiPlan, Plan, Prediction, Trigger, Wait};
+pub use plan::{
+    Diagnostic, DiagnosticKind, Event, EventKind, MultiPlan, Plan, Prediction, Trigger, Wait,
+};
 pub use replan::{FixedPlans, JobId, Measurements, Replan, ReplanError, ReplanReason, Replanner};
 
 use job::Job;
@@ -159,6 +161,8 @@ pub fn plan(jobs: &[JobInput<'_>], config: &PlannerConfig) -> Result<MultiPlan, 
         if out.rounds > config.max_rounds {
             out.diagnostics.push(Diagnostic {
                 job: 0,
+                kind: DiagnosticKind::PlanningCapped,
+                tensor: None,
                 message: format!("stopped after {} rounds", config.max_rounds),
             });
             break;
@@ -198,6 +202,8 @@ pub fn plan(jobs: &[JobInput<'_>], config: &PlannerConfig) -> Result<MultiPlan, 
         };
         out.diagnostics.push(Diagnostic {
             job: 0,
+            kind: DiagnosticKind::OverBudget,
+            tensor: None,
             message: format!(
                 "the planned peaks add up to {total} bytes, over the budget of {b} bytes: {why} (no plan goes under {floor} bytes, the largest working set of one op plus the base, per job)"
             ),
@@ -212,6 +218,8 @@ pub fn plan(jobs: &[JobInput<'_>], config: &PlannerConfig) -> Result<MultiPlan, 
         if job.swap_outs == 0 && job.settings.swap && job.n() > 0 {
             out.diagnostics.push(Diagnostic {
                 job: j,
+                kind: DiagnosticKind::NoSwapWindow,
+                tensor: None,
                 message:
                     "no swap could be placed: no idle tensor at the peak fits the copy channels"
                         .into(),

@@ -127,11 +127,67 @@ impl Plan {
     }
 }
 
-/// Something the planner could not do, and why.
+/// What kind of thing the planner could not do. Mirrors the contract's
+/// `DiagnosticKind` (`proto/src/convert.rs` maps one to the other), so that
+/// a client can act on the kind instead of parsing the message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum DiagnosticKind {
+    /// No copy window on the link fits between the tensor's accesses.
+    NoSwapWindow,
+    /// The job's maximum swapping rate is reached.
+    SwapRateLimit,
+    /// The producer's inputs are not resident across the gap.
+    NotRecomputable,
+    /// The budget still does not hold after swapping and recomputing.
+    OverBudget,
+    /// Planning stopped at a cap (its round limit): the plan is valid, but
+    /// may save less than it could.
+    PlanningCapped,
+}
+
+impl DiagnosticKind {
+    pub const ALL: [DiagnosticKind; 5] = [
+        DiagnosticKind::NoSwapWindow,
+        DiagnosticKind::SwapRateLimit,
+        DiagnosticKind::NotRecomputable,
+        DiagnosticKind::OverBudget,
+        DiagnosticKind::PlanningCapped,
+    ];
+
+    /// The snake-case name files and reports use.
+    pub fn name(self) -> &'static str {
+        match self {
+            DiagnosticKind::NoSwapWindow => "no_swap_window",
+            DiagnosticKind::SwapRateLimit => "swap_rate_limit",
+            DiagnosticKind::NotRecomputable => "not_recomputable",
+            DiagnosticKind::OverBudget => "over_budget",
+            DiagnosticKind::PlanningCapped => "planning_capped",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<DiagnosticKind> {
+        DiagnosticKind::ALL.into_iter().find(|k| k.name() == name)
+    }
+}
+
+/// Something the planner could not do, and why: an infeasible plan is
+/// data, not an error.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Diagnostic {
+    /// The job (index into the planned jobs); 0 for what concerns all jobs
+    /// together (the budget, the round limit).
     pub job: usize,
+    pub kind: DiagnosticKind,
+    /// The tensor concerned, if any (a storage root of the job's graph).
+    pub tensor: Option<TensorId>,
+    /// For people; the kind and the tensor say the same for programs.
     pub message: String,
+}
+
+impl std::fmt::Display for Diagnostic {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
 }
 
 /// The result of planning all jobs on one device.
@@ -148,4 +204,17 @@ pub struct MultiPlan {
     pub vanilla_sum_of_peaks_bytes: u64,
     pub rounds: usize,
     pub diagnostics: Vec<Diagnostic>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DiagnosticKind;
+
+    #[test]
+    fn diagnostic_kinds_round_trip_by_name() {
+        for k in DiagnosticKind::ALL {
+            assert_eq!(DiagnosticKind::from_name(k.name()), Some(k));
+        }
+        assert_eq!(DiagnosticKind::from_name("unspecified"), None);
+    }
 }

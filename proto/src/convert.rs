@@ -1,12 +1,15 @@
 //! Conversions between the wire types of [`crate::pb`] and the domain types
-//! of `tensile-graph`. Decoding validates: a graph that arrives over gRPC is
-//! held to the same rules, with the same messages, as one read from a file.
+//! of `tensile-graph` and `tensile-planner`. Decoding validates: a graph
+//! that arrives over gRPC is held to the same rules, with the same
+//! messages, as one read from a file.
 
 use tensile_graph::validate::{OpRef, TensorRef};
 use tensile_graph::{
     Alias, AliasKind, AttrValue, DType, Graph, GraphDraft, GraphError, Limits, Op, OpId, Phase,
     Tensor, TensorId, TensorKind,
 };
+
+use tensile_planner::{Diagnostic, DiagnosticKind};
 
 use crate::pb;
 
@@ -263,5 +266,63 @@ pub fn phase_from_proto(p: pb::Phase) -> Option<Phase> {
         pb::Phase::Forward => Phase::Forward,
         pb::Phase::Backward => Phase::Backward,
         pb::Phase::Optimizer => Phase::Optimizer,
+    })
+}
+
+/// Domain -> wire. `job_id` is the service's id of the job the planner
+/// knew as `d.job` (an index into the jobs it planned together).
+pub fn diagnostic_to_proto(d: &Diagnostic, job_id: u64) -> pb::Diagnostic {
+    pb::Diagnostic {
+        kind: diagnostic_kind_to_proto(d.kind) as i32,
+        job_id,
+        tensor: d.tensor.map(|t| t.0),
+        message: d.message.clone(),
+    }
+}
+
+/// Wire -> domain, for the job at index `job` of the caller's batch. An
+/// unknown or unspecified kind is an error naming the value.
+pub fn diagnostic_from_proto(d: &pb::Diagnostic, job: usize) -> Result<Diagnostic, UnknownEnum> {
+    let kind = pb::DiagnosticKind::try_from(d.kind)
+        .ok()
+        .and_then(diagnostic_kind_from_proto)
+        .ok_or(UnknownEnum {
+            what: "diagnostic kind",
+            value: d.kind,
+        })?;
+    Ok(Diagnostic {
+        job,
+        kind,
+        tensor: d.tensor.map(TensorId),
+        message: d.message.clone(),
+    })
+}
+
+/// A wire enum value this side does not know, or left unspecified.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown or unspecified {what} {value}")]
+pub struct UnknownEnum {
+    pub what: &'static str,
+    pub value: i32,
+}
+
+pub fn diagnostic_kind_to_proto(k: DiagnosticKind) -> pb::DiagnosticKind {
+    match k {
+        DiagnosticKind::NoSwapWindow => pb::DiagnosticKind::NoSwapWindow,
+        DiagnosticKind::SwapRateLimit => pb::DiagnosticKind::SwapRateLimit,
+        DiagnosticKind::NotRecomputable => pb::DiagnosticKind::NotRecomputable,
+        DiagnosticKind::OverBudget => pb::DiagnosticKind::OverBudget,
+        DiagnosticKind::PlanningCapped => pb::DiagnosticKind::PlanningCapped,
+    }
+}
+
+pub fn diagnostic_kind_from_proto(k: pb::DiagnosticKind) -> Option<DiagnosticKind> {
+    Some(match k {
+        pb::DiagnosticKind::Unspecified => return None,
+        pb::DiagnosticKind::NoSwapWindow => DiagnosticKind::NoSwapWindow,
+        pb::DiagnosticKind::SwapRateLimit => DiagnosticKind::SwapRateLimit,
+        pb::DiagnosticKind::NotRecomputable => DiagnosticKind::NotRecomputable,
+        pb::DiagnosticKind::OverBudget => DiagnosticKind::OverBudget,
+        pb::DiagnosticKind::PlanningCapped => DiagnosticKind::PlanningCapped,
     })
 }

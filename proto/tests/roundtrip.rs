@@ -84,3 +84,25 @@ fn wire_graphs_are_validated_like_files() {
         "{err}"
     );
 }
+
+#[test]
+fn diagnostics_keep_their_kind_and_tensor_on_the_wire() {
+    use tensile_planner::{Diagnostic, DiagnosticKind};
+    use tensile_proto::convert::{diagnostic_from_proto, diagnostic_to_proto};
+    for (i, kind) in DiagnosticKind::ALL.into_iter().enumerate() {
+        let d = Diagnostic {
+            job: i,
+            kind,
+            tensor: (i % 2 == 0).then_some(tensile_graph::TensorId(i as u32 * 7)),
+            message: format!("{} happened", kind.name()),
+        };
+        let wire = diagnostic_to_proto(&d, 100 + i as u64);
+        assert_eq!(wire.job_id, 100 + i as u64);
+        let bytes = wire.encode_to_vec();
+        let back = pb::Diagnostic::decode(bytes.as_slice()).unwrap();
+        assert_eq!(diagnostic_from_proto(&back, i).unwrap(), d);
+    }
+    let unspecified = pb::Diagnostic::default();
+    let err = diagnostic_from_proto(&unspecified, 0).unwrap_err();
+    assert_eq!(err.to_string(), "unknown or unspecified diagnostic kind 0");
+}

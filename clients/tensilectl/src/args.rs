@@ -20,7 +20,8 @@ pub(crate) enum Command {
     /// Inspect, export and validate compute graphs.
     #[command(subcommand)]
     Graph(GraphCommand),
-    /// Plan one zoo job: predicted vanilla and planned peaks, events, time.
+    /// Plan one job (a zoo model or a graph file): predicted vanilla and
+    /// planned peaks, events, time.
     Plan(PlanArgs),
     /// Simulate jobs sharing one GPU under a policy, against vanilla.
     Sim(SimArgs),
@@ -174,11 +175,18 @@ pub(crate) struct EvalArgs {
 pub(crate) struct PlanArgs {
     #[command(flatten)]
     pub(crate) model: ModelArgs,
+    /// A JSON graph file (`-` for standard input), instead of --model.
+    #[arg(conflicts_with = "model")]
+    pub(crate) file: Option<PathBuf>,
     #[command(flatten)]
     pub(crate) device: DeviceArgs,
     /// Print JSON.
     #[arg(long)]
     pub(crate) json: bool,
+    /// Also write the plan itself here: every event, the prediction and
+    /// the diagnostics (`tensile-plan/v1`, see `docs/plan-format.md`).
+    #[arg(short, long)]
+    pub(crate) output: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -210,7 +218,9 @@ pub(crate) struct DeviceArgs {
 
 #[derive(Debug, Args)]
 pub(crate) struct SimArgs {
-    /// Jobs as MODEL:BATCH, comma separated (e.g. resnet50:16,vgg16:2).
+    /// Jobs, comma separated: a zoo model as MODEL:BATCH, or a JSON graph
+    /// file (an entry with a `/`, ending in `.json`, or naming an existing
+    /// file), e.g. resnet50:16,vgg16:2,traced/bert.json.
     #[arg(long, default_value = "resnet50:2,vgg16:2,inception_v3:2")]
     pub(crate) jobs: String,
     /// `tensile` (ours), `vanilla` (free after last use), or a baseline:

@@ -1,13 +1,17 @@
 //! `tensilectl`: the command-line client of the TENSILE service.
 //!
-//! Thin: parses arguments into a validated command, runs it, maps errors to
-//! exit codes (1: the command failed or the input is invalid; 2: bad usage).
+//! Thin: parses arguments (`args`) into a validated command (`config`),
+//! runs it, maps errors to exit codes (1: the command failed or the input
+//! is invalid; 2: bad usage). Planning and simulation experiments live in
+//! `tensile-experiments`; this crate prints and plots what they return.
 
 mod args;
 mod bench_cmd;
+mod config;
 mod graph_cmd;
 mod input;
 mod latency_cmd;
+mod plan_cmd;
 mod plot;
 mod report;
 mod sim_cmd;
@@ -26,12 +30,14 @@ fn main() -> ExitCode {
         Command::Graph(GraphCommand::Stats(a)) => graph_cmd::stats(&a),
         Command::Graph(GraphCommand::Export(a)) => graph_cmd::export(&a),
         Command::Graph(GraphCommand::Check(a)) => graph_cmd::check(&a),
-        Command::Plan(a) => sim_cmd::plan(&a),
-        Command::Sim(a) => sim_cmd::sim(&a),
+        Command::Plan(a) => config::PlanCommand::from_args(&a).and_then(|c| plan_cmd::run(&c)),
+        Command::Sim(a) => config::SimCommand::from_args(&a).and_then(|c| sim_cmd::run(&c)),
         Command::Latency(LatencyCommand::Profile(a)) => latency_cmd::profile(&a),
         Command::Latency(LatencyCommand::Train(a)) => latency_cmd::train(&a),
         Command::Latency(LatencyCommand::Eval(a)) => latency_cmd::eval(&a),
-        Command::Bench(BenchCommand::Paper(a)) => bench_cmd::paper(&a),
+        Command::Bench(BenchCommand::Paper(a)) => {
+            config::BenchCommand::from_args(&a).and_then(|c| bench_cmd::run(&c))
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,9 +1,18 @@
-//! A dependency-free SVG chart of memory over time: step lines per series,
-//! axes with round ticks, a legend, and an optional budget line. Long
-//! series are reduced per pixel column to their first, minimum, maximum and
-//! last points, so no peak is lost.
+//! SVG charts with plotters (its SVG backend: no fonts, no bitmaps): memory
+//! over time as step lines per series, and grouped bars. Long series are
+//! reduced per pixel column to their first, lowest, highest and last
+//! points, so no peak is lost.
+//!
+//! The legend is a column right of the plot, as wide as its longest label
+//! needs: the job names of `sim --plot` used to run off the right edge.
+//! SVG has no text metrics, so widths are estimated with a per-character
+//! width that errs on the wide side.
 
-use std::fmt::Write;
+use anyhow::Result;
+use plotters::coord::Shift;
+use plotters::element::DashedPathElement;
+use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 pub(crate) struct Series {
     pub(crate) label: String,
@@ -17,22 +26,102 @@ pub(crate) struct Chart {
     pub(crate) series: Vec<Series>,
 }
 
-const W: f64 = 900.0;
-const H: f64 = 500.0;
-const LEFT: f64 = 80.0;
-const RIGHT: f64 = 220.0;
-const TOP: f64 = 40.0;
-const BOTTOM: f64 = 50.0;
-const PALETTE: [&str; 10] = [
-    "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
-    "#bcbd22", "#17becf",
-];
+/// A grouped bar chart: one group per label, one bar per series in each;
+/// a missing value (`None`: the run failed) is drawn as a cross.
+pub(crate) struct Bars {
+    pub(crate) title: String,
+    pub(crate) y_label: String,
+    pub(crate) groups: Vec<String>,
+    pub(crate) series: Vec<(String, Vec<Option<f64>>)>,
+}
 
-fn escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
+/// Width of the plot, legend aside, and height of the memory chart.
+const PLOT_W: u32 = 720;
+const H: u32 = 500;
+/// plotters writes `font-size` as the size given / 1.24: these are 12 px
+/// and 15 px in the SVG.
+const FONT: f64 = 15.0;
+const TITLE_FONT: f64 = 18.6;
+/// A generous width of one character at 12 px (sans-serif fonts average
+/// 6-7 px; DejaVu Sans, common on Linux, is wide).
+const CHAR_W: u32 = 8;
+/// Legend: left padding, swatch width, gap before the text, right padding.
+const LEGEND_PAD: u32 = 10;
+const SWATCH_W: u32 = 25;
+const SWATCH_GAP: u32 = 7;
+const PALETTE: [RGBColor; 10] = [
+    RGBColor(0x1f, 0x77, 0xb4),
+    RGBColor(0xd6, 0x27, 0x28),
+    RGBColor(0x2c, 0xa0, 0x2c),
+    RGBColor(0xff, 0x7f, 0x0e),
+    RGBColor(0x94, 0x67, 0xbd),
+    RGBColor(0x8c, 0x56, 0x4b),
+    RGBColor(0xe3, 0x77, 0xc2),
+    RGBColor(0x7f, 0x7f, 0x7f),
+    RGBColor(0xbc, 0xbd, 0x22),
+    RGBColor(0x17, 0xbe, 0xcf),
+];
+const GRID: RGBColor = RGBColor(0xdd, 0xdd, 0xdd);
+
+fn color(i: usize) -> RGBColor {
+    PALETTE[i % PALETTE.len()]
+}
+
+fn font() -> TextStyle<'static> {
+    TextStyle::from(("sans-serif", FONT).into_font())
+}
+
+fn text_w(s: &str) -> u32 {
+    s.chars().count() as u32 * CHAR_W
+}
+
+/// How one legend entry is drawn.
+enum Swatch {
+    Line { dashed: bool },
+    Box,
+}
+
+/// The legend column's width for these labels.
+fn legend_width<'a>(labels: impl Iterator<Item = &'a str>) -> u32 {
+    let longest = labels.map(text_w).max().unwrap_or(0);
+    LEGEND_PAD + SWATCH_W + SWATCH_GAP + longest + LEGEND_PAD
+}
+
+fn draw_legend(
+    area: &DrawingArea<SVGBackend<'_>, Shift>,
+    entries: &[(&str, RGBColor, Swatch)],
+) -> Result<()> {
+    let left = LEGEND_PAD as i32;
+    let right = left + SWATCH_W as i32;
+    for (i, (label, c, swatch)) in entries.iter().enumerate() {
+        let y = 50 + 18 * i as i32;
+        match swatch {
+            Swatch::Line { dashed: false } => {
+                area.draw(&PathElement::new(
+                    [(left, y), (right, y)],
+                    c.stroke_width(2),
+                ))?;
+            }
+            Swatch::Line { dashed: true } => {
+                area.draw(&DashedPathElement::new(
+                    [(left, y), (right, y)],
+                    5,
+                    3,
+                    c.stroke_width(2),
+                ))?;
+            }
+            Swatch::Box => {
+                area.draw(&Rectangle::new([(left, y - 5), (right, y + 5)], c.filled()))?;
+            }
+        }
+        let style = font().pos(Pos::new(HPos::Left, VPos::Center));
+        area.draw(&Text::new(
+            label.to_string(),
+            (right + SWATCH_GAP as i32, y),
+            style,
+        ))?;
+    }
+    Ok(())
 }
 
 /// A round step near `span / 5`.
@@ -93,220 +182,191 @@ fn reduce(points: &[(f64, f64)], x: impl Fn(f64) -> f64) -> Vec<(f64, f64)> {
     out
 }
 
-/// An SVG document of the chart size on white, with `title` centred at `x`.
-fn svg_start(title: &str, x: f64) -> String {
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">"#
-    );
-    let _ = writeln!(s, r#"<rect width="{W}" height="{H}" fill="white"/>"#);
-    let _ = writeln!(
-        s,
-        r#"<text x="{x}" y="22" text-anchor="middle" font-size="15">{}</text>"#,
-        escape(title)
-    );
-    s
+/// The corners of a step line through `points`, held to `t_end`.
+fn steps(points: &[(f64, f64)], t_end: f64) -> Vec<(f64, f64)> {
+    let mut out = Vec::with_capacity(points.len() * 2 + 1);
+    for (i, &(t, v)) in points.iter().enumerate() {
+        if i > 0 {
+            out.push((t, points[i - 1].1));
+        }
+        out.push((t, v));
+    }
+    if let Some(&(t, v)) = points.last()
+        && t < t_end
+    {
+        out.push((t_end, v));
+    }
+    out
 }
 
-pub(crate) fn render_svg(chart: &Chart) -> String {
+/// Memory over time, one step line per series.
+pub(crate) fn render_svg(chart: &Chart) -> Result<String> {
     let finite = |p: &&(f64, f64)| p.0.is_finite() && p.1.is_finite();
-    let all: Vec<(f64, f64)> = chart
-        .series
-        .iter()
-        .flat_map(|s| s.points.iter().filter(finite).copied())
-        .collect();
-    let t_max = all.iter().map(|p| p.0).fold(0.0, f64::max).max(1e-9);
-    let y_max = all.iter().map(|p| p.1).fold(0.0, f64::max).max(1.0) * 1.05;
-    let (pw, ph) = (W - LEFT - RIGHT, H - TOP - BOTTOM);
-    let x = |t: f64| LEFT + t / t_max * pw;
-    let y = |v: f64| TOP + ph - v / y_max * ph;
-    let mut s = svg_start(&chart.title, LEFT + pw / 2.0);
-    let step = tick_step(y_max);
-    let mut v = 0.0;
-    while v <= y_max {
-        let _ = writeln!(
-            s,
-            r##"<line x1="{LEFT}" x2="{}" y1="{y:.1}" y2="{y:.1}" stroke="#ddd"/><text x="{}" y="{:.1}" text-anchor="end">{}</text>"##,
-            LEFT + pw,
-            LEFT - 6.0,
-            y(v) + 4.0,
-            fmt_bytes(v),
-            y = y(v)
+    let all = || {
+        chart
+            .series
+            .iter()
+            .flat_map(|s| s.points.iter().filter(finite))
+    };
+    let t_max = all().map(|p| p.0).fold(0.0, f64::max).max(1e-9);
+    let y_max = all().map(|p| p.1).fold(0.0, f64::max).max(1.0) * 1.05;
+    let legend_w = legend_width(chart.series.iter().map(|s| s.label.as_str()));
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (PLOT_W + legend_w, H)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let (plot, legend) = root.split_horizontally(PLOT_W);
+        let mut c = ChartBuilder::on(&plot)
+            .caption(&chart.title, ("sans-serif", TITLE_FONT))
+            .margin(12)
+            .x_label_area_size(30)
+            .y_label_area_size(70)
+            .build_cartesian_2d(0f64..t_max, 0f64..y_max)?;
+        let (x_step, y_step) = (tick_step(t_max), tick_step(y_max));
+        c.configure_mesh()
+            .disable_x_mesh()
+            .bold_line_style(GRID)
+            .max_light_lines(0)
+            .x_labels((t_max / x_step) as usize + 1)
+            .y_labels((y_max / y_step) as usize + 1)
+            .x_label_formatter(&|t| fmt_time(*t, t_max))
+            .y_label_formatter(&|b| fmt_bytes(*b))
+            .label_style(font())
+            .draw()?;
+        let (x0, x1) = (
+            c.backend_coord(&(0.0, 0.0)).0,
+            c.backend_coord(&(t_max, 0.0)).0,
         );
-        v += step;
-    }
-    let step = tick_step(t_max);
-    let mut t = 0.0;
-    while t <= t_max * 1.0001 {
-        let _ = writeln!(
-            s,
-            r#"<text x="{:.1}" y="{}" text-anchor="middle">{}</text>"#,
-            x(t),
-            TOP + ph + 18.0,
-            fmt_time(t, t_max)
-        );
-        t += step;
-    }
-    let _ = writeln!(
-        s,
-        r#"<rect x="{LEFT}" y="{TOP}" width="{pw}" height="{ph}" fill="none" stroke="black"/>"#
-    );
-    for (i, series) in chart.series.iter().enumerate() {
-        let color = PALETTE[i % PALETTE.len()];
-        let pts: Vec<(f64, f64)> = series.points.iter().filter(finite).copied().collect();
-        let pts = reduce(&pts, x);
-        if !pts.is_empty() {
-            let mut d = format!("M{:.1},{:.1}", x(pts[0].0), y(pts[0].1));
-            for w in pts.windows(2) {
-                let _ = write!(d, " H{:.1} V{:.1}", x(w[1].0), y(w[1].1));
+        let px_per_s = f64::from(x1 - x0) / t_max;
+        for (i, s) in chart.series.iter().enumerate() {
+            let points: Vec<(f64, f64)> = s.points.iter().filter(finite).copied().collect();
+            let points = steps(&reduce(&points, |t| t * px_per_s), t_max);
+            let style = color(i).stroke_width(1);
+            if s.dashed {
+                c.draw_series(DashedLineSeries::new(points, 5, 3, style))?;
+            } else {
+                c.draw_series(LineSeries::new(points, style))?;
             }
-            let _ = write!(d, " H{:.1}", x(t_max));
-            let dash = if series.dashed {
-                r#" stroke-dasharray="5,3""#
-            } else {
-                ""
-            };
-            let _ = writeln!(
-                s,
-                r#"<path d="{d}" fill="none" stroke="{color}" stroke-width="1.3"{dash}/>"#
-            );
         }
-        let ly = TOP + 14.0 + 18.0 * i as f64;
-        let _ = writeln!(
-            s,
-            r#"<line x1="{}" x2="{}" y1="{ly}" y2="{ly}" stroke="{color}" stroke-width="2"{}/><text x="{}" y="{}">{}</text>"#,
-            W - RIGHT + 15.0,
-            W - RIGHT + 40.0,
-            if series.dashed {
-                r#" stroke-dasharray="5,3""#
-            } else {
-                ""
-            },
-            W - RIGHT + 46.0,
-            ly + 4.0,
-            escape(&series.label)
-        );
+        let entries: Vec<(&str, RGBColor, Swatch)> = chart
+            .series
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                (
+                    s.label.as_str(),
+                    color(i),
+                    Swatch::Line { dashed: s.dashed },
+                )
+            })
+            .collect();
+        draw_legend(&legend, &entries)?;
+        root.present()?;
     }
-    s.push_str("</svg>\n");
-    s
+    Ok(svg)
 }
 
-/// A grouped bar chart: one group per label, one bar per series in each;
-/// a missing value (`None`: the run failed) is drawn as an empty slot with
-/// a cross.
-pub(crate) struct Bars {
-    pub(crate) title: String,
-    pub(crate) y_label: String,
-    pub(crate) groups: Vec<String>,
-    pub(crate) series: Vec<(String, Vec<Option<f64>>)>,
-}
-
-pub(crate) fn render_bars(b: &Bars) -> String {
-    let vals = || b.series.iter().flat_map(|s| s.1.iter().flatten().copied());
-    let y_max = vals()
-        .filter(|v| v.is_finite())
-        .fold(0.0, f64::max)
-        .max(1e-9)
-        * 1.08;
-    let y_min = vals().filter(|v| v.is_finite()).fold(0.0, f64::min) * 1.08;
-    let (pw, ph) = (W - LEFT - RIGHT, H - TOP - BOTTOM - 30.0);
-    let y = |v: f64| TOP + ph - (v - y_min) / (y_max - y_min) * ph;
-    let groups = b.groups.len().max(1) as f64;
-    let gw = pw / groups;
-    let bw = gw * 0.8 / b.series.len().max(1) as f64;
-    let mut s = svg_start(&b.title, LEFT + pw / 2.0);
-    let _ = writeln!(
-        s,
-        r#"<text x="16" y="{}" transform="rotate(-90 16 {})" text-anchor="middle">{}</text>"#,
-        TOP + ph / 2.0,
-        TOP + ph / 2.0,
-        escape(&b.y_label)
-    );
-    let step = tick_step(y_max - y_min);
-    let mut v = (y_min / step).ceil() * step;
-    while v <= y_max {
-        let _ = writeln!(
-            s,
-            r##"<line x1="{LEFT}" x2="{}" y1="{yv:.1}" y2="{yv:.1}" stroke="#ddd"/><text x="{}" y="{:.1}" text-anchor="end">{}</text>"##,
-            LEFT + pw,
-            LEFT - 6.0,
-            y(v) + 4.0,
-            fmt_value(v, step),
-            yv = y(v)
-        );
-        v += step;
-    }
-    for (g, label) in b.groups.iter().enumerate() {
-        let gx = LEFT + gw * g as f64 + gw * 0.1;
-        for (i, (_, values)) in b.series.iter().enumerate() {
-            let color = PALETTE[i % PALETTE.len()];
-            let x = gx + bw * i as f64;
-            match values.get(g).copied().flatten().filter(|v| v.is_finite()) {
-                Some(v) => {
-                    let (top, bottom) = (y(v.max(0.0)), y(v.min(0.0)));
-                    let _ = writeln!(
-                        s,
-                        r#"<rect x="{x:.1}" y="{top:.1}" width="{:.1}" height="{:.1}" fill="{color}"><title>{}: {v:.4}</title></rect>"#,
-                        (bw - 1.0).max(0.5),
-                        (bottom - top).max(0.5),
-                        escape(&b.series[i].0)
-                    );
-                }
-                None => {
-                    let y0 = y(0.0);
-                    let _ = writeln!(
-                        s,
-                        r#"<path d="M{x:.1},{:.1} l{:.1},-8 M{x:.1},{:.1} l{:.1},8" stroke="{color}"/>"#,
-                        y0,
-                        bw - 1.0,
-                        y0 - 8.0,
-                        bw - 1.0
-                    );
+/// Grouped bars, group labels below the axis, reading upwards.
+pub(crate) fn render_bars(b: &Bars) -> Result<String> {
+    let values = || {
+        b.series
+            .iter()
+            .flat_map(|s| s.1.iter().flatten().copied())
+            .filter(|v| v.is_finite())
+    };
+    let y_max = values().fold(0.0, f64::max).max(1e-9) * 1.08;
+    let y_min = values().fold(0.0, f64::min) * 1.08;
+    let groups = b.groups.len().max(1);
+    let label_h = b.groups.iter().map(|g| text_w(g)).max().unwrap_or(0) + 12;
+    let legend_w = legend_width(b.series.iter().map(|s| s.0.as_str()));
+    let mut svg = String::new();
+    {
+        let size = (PLOT_W + legend_w, H - 30 + label_h);
+        let root = SVGBackend::with_string(&mut svg, size).into_drawing_area();
+        root.fill(&WHITE)?;
+        let (plot, legend) = root.split_horizontally(PLOT_W);
+        let mut c = ChartBuilder::on(&plot)
+            .caption(&b.title, ("sans-serif", TITLE_FONT))
+            .margin(12)
+            .x_label_area_size(label_h)
+            .y_label_area_size(70)
+            .build_cartesian_2d(0f64..groups as f64, y_min..y_max)?;
+        c.configure_mesh()
+            .disable_x_mesh()
+            .bold_line_style(GRID)
+            .max_light_lines(0)
+            .x_labels(0)
+            .y_desc(b.y_label.as_str())
+            .label_style(font())
+            .axis_desc_style(font())
+            .draw()?;
+        let per_bar = 0.8 / b.series.len().max(1) as f64;
+        let cross = (y_max - y_min) * 0.02;
+        for (i, (_, vals)) in b.series.iter().enumerate() {
+            let c_i = color(i);
+            for g in 0..b.groups.len() {
+                let x0 = g as f64 + 0.1 + per_bar * i as f64;
+                let x1 = x0 + per_bar * 0.9;
+                match vals.get(g).copied().flatten().filter(|v| v.is_finite()) {
+                    Some(v) => {
+                        c.draw_series([Rectangle::new([(x0, 0.0), (x1, v)], c_i.filled())])?;
+                    }
+                    None => {
+                        let style = c_i.stroke_width(1);
+                        c.draw_series([
+                            PathElement::new([(x0, -cross), (x1, cross)], style),
+                            PathElement::new([(x0, cross), (x1, -cross)], style),
+                        ])?;
+                    }
                 }
             }
         }
-        let lx = LEFT + gw * (g as f64 + 0.5);
-        let ly = TOP + ph + 14.0;
-        let _ = writeln!(
-            s,
-            r#"<text x="{lx:.1}" y="{ly:.1}" text-anchor="end" transform="rotate(-30 {lx:.1} {ly:.1})">{}</text>"#,
-            escape(label)
-        );
+        if y_min < 0.0 {
+            c.draw_series([PathElement::new(
+                [(0.0, 0.0), (groups as f64, 0.0)],
+                BLACK.stroke_width(1),
+            )])?;
+        }
+        let style = font()
+            .transform(FontTransform::Rotate270)
+            .pos(Pos::new(HPos::Right, VPos::Center));
+        for (g, label) in b.groups.iter().enumerate() {
+            let (x, y) = c.backend_coord(&(g as f64 + 0.5, y_min));
+            plot.draw(&Text::new(label.clone(), (x, y + 6), style.clone()))?;
+        }
+        let entries: Vec<(&str, RGBColor, Swatch)> = b
+            .series
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (s.0.as_str(), color(i), Swatch::Box))
+            .collect();
+        draw_legend(&legend, &entries)?;
+        root.present()?;
     }
-    let _ = writeln!(
-        s,
-        r#"<rect x="{LEFT}" y="{TOP}" width="{pw}" height="{ph}" fill="none" stroke="black"/>"#
-    );
-    for (i, (label, _)) in b.series.iter().enumerate() {
-        let ly = TOP + 14.0 + 18.0 * i as f64;
-        let _ = writeln!(
-            s,
-            r#"<rect x="{}" y="{}" width="18" height="10" fill="{}"/><text x="{}" y="{}">{}</text>"#,
-            W - RIGHT + 15.0,
-            ly - 5.0,
-            PALETTE[i % PALETTE.len()],
-            W - RIGHT + 40.0,
-            ly + 4.0,
-            escape(label)
-        );
-    }
-    s.push_str("</svg>\n");
-    s
-}
-
-fn fmt_value(v: f64, step: f64) -> String {
-    if step >= 1.0 {
-        format!("{v:.0}")
-    } else {
-        let digits = (-step.log10()).ceil().max(0.0) as usize;
-        format!("{v:.digits$}")
-    }
+    Ok(svg)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The SVG's width, and every left-anchored text's x and content.
+    fn texts(svg: &str) -> (u32, Vec<(f64, String)>) {
+        let attr = |tag: &str, name: &str| -> Option<String> {
+            let at = tag.find(&format!(" {name}=\""))? + name.len() + 3;
+            Some(tag[at..].split('"').next()?.to_string())
+        };
+        let width = attr(svg, "width").unwrap().parse().unwrap();
+        let mut out = Vec::new();
+        for part in svg.split("<text").skip(1) {
+            let (tag, rest) = part.split_once('>').unwrap();
+            if attr(tag, "text-anchor").as_deref() == Some("start") && !tag.contains("rotate") {
+                let x = attr(tag, "x").unwrap().parse().unwrap();
+                out.push((x, rest.split('<').next().unwrap().trim().to_string()));
+            }
+        }
+        (width, out)
+    }
 
     #[test]
     fn renders_escaped_and_keeps_the_peak() {
@@ -320,12 +380,37 @@ mod tests {
                 dashed: false,
             }],
         };
-        let svg = render_svg(&chart);
-        assert!(svg.starts_with("<svg") && svg.ends_with("</svg>\n"));
+        let svg = render_svg(&chart).unwrap();
+        assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
         assert!(svg.contains("a &lt;b&gt; &amp; c") && svg.contains("job&lt;1&gt;"));
         let reduced = reduce(&points, |t| t * 100.0);
         assert!(reduced.len() < 2000);
         assert!(reduced.iter().any(|p| p.1 == 9e8));
+    }
+
+    #[test]
+    fn long_legend_labels_stay_inside_the_drawing() {
+        let series = |label: &str, dashed| Series {
+            label: label.into(),
+            points: vec![(0.0, 1e8), (0.5, 3e8), (1.0, 2e8)],
+            dashed,
+        };
+        let chart = Chart {
+            title: "Memory over time".into(),
+            series: vec![
+                series("total, vanilla", true),
+                series("inception_v3_b2_r299_adam checkpoint-blocks", false),
+            ],
+        };
+        let svg = render_svg(&chart).unwrap();
+        let (width, texts) = texts(&svg);
+        let legend: Vec<_> = texts.iter().filter(|(x, _)| *x > PLOT_W as f64).collect();
+        assert_eq!(legend.len(), 2, "{texts:?}");
+        for (x, text) in &legend {
+            let end = x + text_w(text) as f64;
+            assert!(end <= width as f64, "{text:?} ends at {end} > {width}");
+        }
+        assert!(svg.contains("stroke-dasharray") || svg.matches("<polyline").count() > 3);
     }
 
     #[test]
@@ -339,13 +424,17 @@ mod tests {
                 ("vdnn".into(), vec![Some(-0.1), None]),
             ],
         };
-        let svg = render_bars(&b);
-        assert!(svg.starts_with("<svg") && svg.ends_with("</svg>\n"));
-        assert_eq!(svg.matches("<title>").count(), 3, "{svg}");
-        assert!(svg.contains("tensile: 0.4000") && svg.contains("vdnn: -0.1000"));
+        let svg = render_bars(&b).unwrap();
+        assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
         assert!(svg.contains("MSR &lt;single&gt;"));
-        // The missing value is a cross, not a bar.
-        assert_eq!(svg.matches(" l").count(), 2, "{svg}");
+        // Each series: its bars and its legend swatch; the missing value
+        // is a cross (two lines), not a bar.
+        let fill = |c: RGBColor| format!("fill=\"#{:02X}{:02X}{:02X}\"", c.0, c.1, c.2);
+        assert_eq!(svg.matches(&fill(color(0))).count(), 3, "{svg}");
+        assert_eq!(svg.matches(&fill(color(1))).count(), 2, "{svg}");
+        for label in ["vgg16", "resnet50", "tensile", "vdnn"] {
+            assert!(svg.contains(&format!(">\n{label}\n<")), "{label}: {svg}");
+        }
     }
 
     #[test]
@@ -365,6 +454,13 @@ mod tests {
                 },
             ],
         };
-        assert!(render_svg(&chart).ends_with("</svg>\n"));
+        assert!(render_svg(&chart).unwrap().contains("</svg>"));
+        let bars = Bars {
+            title: String::new(),
+            y_label: String::new(),
+            groups: vec![],
+            series: vec![],
+        };
+        assert!(render_bars(&bars).unwrap().contains("</svg>"));
     }
 }

@@ -219,6 +219,145 @@ fn plan_prints_the_figures_as_json() {
     assert!(v["swap_outs"].as_u64().unwrap() > 0);
 }
 
+/// A temporary directory of this test process, removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> TempDir {
+        let dir = std::env::temp_dir().join(format!("tensilectl-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+
+    fn path(&self, file: &str) -> String {
+        self.0.join(file).to_str().unwrap().to_string()
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// `graph export` of a zoo model into `dir`.
+fn exported(dir: &TempDir, model: &str, batch: &str) -> String {
+    let path = dir.path(&format!("{model}-b{batch}.json"));
+    let out = tensilectl(&[
+        "graph", "export", "--model", model, "--batch", batch, "-o", &path,
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    path
+}
+
+#[test]
+fn plan_takes_a_graph_file_and_plans_it_as_the_zoo_model() {
+    let dir = TempDir::new("plan-file");
+    let file = exported(&dir, "resnet50", "2");
+    let mut from_file = json_of(&["plan", &file, "--json"]);
+    let mut from_zoo = json_of(&["plan", "--model", "resnet50", "--batch", "2", "--json"]);
+    assert_eq!(
+        from_file["model"], "resnet50_b2_r224_adam",
+        "the graph's name"
+    );
+    assert_eq!(from_file["batch"], serde_json::Value::Null);
+    assert_eq!(from_zoo["batch"], 2);
+    for v in [&mut from_file, &mut from_zoo] {
+        let o = v.as_object_mut().unwrap();
+        for key in ["model", "batch", "plan_ms"] {
+            o.remove(key);
+        }
+    }
+    assert_eq!(from_file, from_zoo);
+    let tiny = data("valid/tiny.json");
+    let out = tensilectl(&["plan", tiny.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).starts_with("tiny on a6000\n"),
+        "{}",
+        text(&out.stdout)
+    );
+    // A bad file names itself; a file and a model at once is bad usage.
+    let bad = data("malformed/cyclic.json");
+    let out = tensilectl(&["plan", bad.to_str().unwrap()]);
+    assert_rejected(&out, "cyclic.json", "cyclic.json");
+    let out = tensilectl(&["plan", tiny.to_str().unwrap(), "--model", "vgg16"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+}
+
+#[test]
+fn plan_writes_the_plan_itself_for_a_worker_to_read() {
+    use tensile_graph::zoo::{self, ZooConfig};
+    use tensile_planner::EventKind;
+    use tensile_proto::plan_json::read_plan_file;
+    let dir = TempDir::new("plan-out");
+    let out = dir.path("plan.json");
+    let report = json_of(&[
+        "plan", "--model", "resnet50", "--batch", "2", "--json", "-o", &out,
+    ]);
+    let written = std::fs::read_to_string(&out).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&written).unwrap();
+    assert_eq!(v["format"], "tensile-plan/v1");
+    assert_eq!(v["graph"], "resnet50_b2_r224_adam");
+    let graph = zoo::build("resnet50", &ZooConfig::new(2)).unwrap();
+    let file = read_plan_file(&written, &graph).unwrap();
+    let count = |kind| file.plan.count(kind) as u64;
+    assert_eq!(
+        count(EventKind::SwapOut),
+        report["swap_outs"].as_u64().unwrap()
+    );
+    assert_eq!(
+        count(EventKind::SwapIn),
+        report["swap_ins"].as_u64().unwrap()
+    );
+    assert_eq!(
+        count(EventKind::Release),
+        report["releases"].as_u64().unwrap()
+    );
+    assert_eq!(
+        file.plan.prediction.planned_peak_bytes,
+        report["planned_peak_bytes"].as_u64().unwrap()
+    );
+    // The same plan, from the exported graph: a file plans like the zoo.
+    let graph_file = exported(&dir, "resnet50", "2");
+    let out2 = dir.path("plan2.json");
+    let o = tensilectl(&["plan", &graph_file, "-o", &out2]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let again = read_plan_file(std::fs::read(&out2).unwrap(), &graph).unwrap();
+    assert_eq!(again, file);
+    // A plan is checked against the graph it is read with.
+    let other = zoo::build("vgg16", &ZooConfig::new(2)).unwrap();
+    let err = read_plan_file(&written, &other).unwrap_err().to_string();
+    assert!(err.contains("the plan is for graph"), "{err}");
+}
+
+#[test]
+fn sim_jobs_mix_zoo_models_and_graph_files() {
+    let dir = TempDir::new("sim-file");
+    let file = exported(&dir, "resnet50", "2");
+    let tiny = data("valid/tiny.json");
+    let jobs = format!("{file},vgg16:2,{}", tiny.to_str().unwrap());
+    let v = json_of(&["sim", "--jobs", &jobs, "--iterations", "2", "--json"]);
+    let names: Vec<&str> = v["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| j["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        ["resnet50_b2_r224_adam", "vgg16_b2_r224_adam", "tiny"]
+    );
+    // The exported graph runs exactly as the zoo model it came from.
+    let zoo = json_of(&["sim", "--jobs", "resnet50:2", "--iterations", "2", "--json"]);
+    let alone = json_of(&["sim", "--jobs", &file, "--iterations", "2", "--json"]);
+    assert_eq!(alone["system"]["peak_bytes"], zoo["system"]["peak_bytes"]);
+    assert_eq!(alone["system"]["time_s"], zoo["system"]["time_s"]);
+    let missing = dir.path("missing.json");
+    let out = tensilectl(&["sim", "--jobs", &missing]);
+    assert_rejected(&out, "missing", "missing.json");
+}
+
 #[test]
 fn sim_with_exact_latencies_and_no_sharing_never_stalls() {
     let out = tensilectl(&[
@@ -277,7 +416,10 @@ fn sim_with_exact_latencies_and_no_sharing_never_stalls() {
 #[test]
 fn sim_refuses_bad_input_with_a_reason() {
     for (args, reason) in [
-        (vec!["sim", "--jobs", "resnet50"], "expected MODEL:BATCH"),
+        (
+            vec!["sim", "--jobs", "resnet50"],
+            "expected MODEL:BATCH or a graph file",
+        ),
         (vec!["sim", "--jobs", "resnet50:x"], "is not a number"),
         (vec!["sim", "--jobs", "nope:2"], "unknown model"),
         (vec!["sim", "--policy", "magic"], "unknown policy"),

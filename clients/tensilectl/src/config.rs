@@ -1,0 +1,246 @@
+//! Validated configurations: what the raw arguments of `args` become before
+//! anything runs (ripgrep's low-level → high-level arguments). Every check
+//! of a flag's value, every device and graph lookup happens here, so that
+//! a command either starts with a complete configuration or fails with the
+//! flag named.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use tensile_baselines::Policy;
+use tensile_experiments::{BenchConfig, ColdStart, PlanOptions, SimOptions, device_profile};
+use tensile_graph::zoo::{self, ZooConfig};
+use tensile_graph::{Graph, Limits};
+use tensile_latency_model::DeviceProfile;
+
+use crate::args::{BenchPaperArgs, DeviceArgs, PlanArgs, SimArgs};
+use crate::input;
+
+/// `tensilectl plan`.
+#[derive(Debug)]
+pub(crate) struct PlanCommand {
+    pub(crate) graph: Graph,
+    /// The zoo model's name, or the graph file's graph name.
+    pub(crate) model: String,
+    /// The zoo batch size; none for a graph file.
+    pub(crate) batch: Option<u64>,
+    pub(crate) profile: DeviceProfile,
+    pub(crate) options: PlanOptions,
+    pub(crate) json: bool,
+    /// Where the plan file goes.
+    pub(crate) output: Option<PathBuf>,
+}
+
+impl PlanCommand {
+    pub(crate) fn from_args(a: &PlanArgs) -> Result<PlanCommand> {
+        let profile = device_profile(&a.device.device)?;
+        let (graph, model, batch) = match &a.file {
+            Some(path) => {
+                let graph = input::graph_file(path, &Limits::default())
+                    .with_context(|| path.display().to_string())?;
+                let name = graph.name().to_string();
+                (graph, name, None)
+            }
+            None => {
+                let graph = input::zoo_graph(&a.model)?;
+                let name = a.model.model.clone().unwrap_or_default();
+                (graph, name, Some(a.model.batch))
+            }
+        };
+        Ok(PlanCommand {
+            graph,
+            model,
+            batch,
+            profile,
+            options: PlanOptions {
+                seed: a.device.seed,
+                exact: a.device.exact,
+                budget_bytes: budget_bytes(&a.device),
+                stop_at_budget: a.device.stop_at_budget,
+                cold_start: ColdStart::parse(&a.device.latency_models),
+            },
+            json: a.json,
+            output: a.output.clone(),
+        })
+    }
+}
+
+/// `tensilectl sim`.
+#[derive(Debug)]
+pub(crate) struct SimCommand {
+    pub(crate) graphs: Vec<Graph>,
+    pub(crate) policy: Policy,
+    pub(crate) profile: DeviceProfile,
+    pub(crate) options: SimOptions,
+    pub(crate) json: bool,
+    pub(crate) plot: Option<PathBuf>,
+}
+
+impl SimCommand {
+    pub(crate) fn from_args(a: &SimArgs) -> Result<SimCommand> {
+        if a.iterations == 0 || a.iterations > 10_000 {
+            bail!("--iterations must be in 1..=10000, got {}", a.iterations);
+        }
+        let profile = device_profile(&a.device.device)?;
+        let graphs = parse_jobs(&a.jobs, a)?;
+        let policy = Policy::parse(&a.policy)?;
+        check_activation_budget(a.activation_budget)?;
+        Ok(SimCommand {
+            graphs,
+            policy,
+            profile,
+            options: SimOptions {
+                iterations: a.iterations,
+                seed: a.device.seed,
+                exact: a.device.exact,
+                no_sharing: a.no_sharing,
+                budget_bytes: budget_bytes(&a.device),
+                stop_at_budget: a.device.stop_at_budget,
+                activation_budget: a.activation_budget,
+                starts: Vec::new(),
+                cold_start: ColdStart::parse(&a.device.latency_models),
+            },
+            json: a.json,
+            plot: a.plot.clone(),
+        })
+    }
+}
+
+/// `tensilectl bench paper`.
+#[derive(Debug)]
+pub(crate) struct BenchCommand {
+    pub(crate) config: BenchConfig,
+    pub(crate) json: bool,
+    pub(crate) plot: Option<PathBuf>,
+}
+
+impl BenchCommand {
+    pub(crate) fn from_args(a: &BenchPaperArgs) -> Result<BenchCommand> {
+        if a.iterations < 2 || a.iterations > 1000 {
+            bail!(
+                "--iterations must be in 2..=1000 (the first is the cold start), got {}",
+                a.iterations
+            );
+        }
+        let devices: Vec<DeviceProfile> = list(&a.device)
+            .map(device_profile)
+            .collect::<Result<_, _>>()?;
+        if devices.is_empty() {
+            bail!("--device is empty");
+        }
+        let policies: Vec<Policy> = list(&a.policies)
+            .map(Policy::parse)
+            .collect::<Result<_, _>>()?;
+        check_activation_budget(a.activation_budget)?;
+        Ok(BenchCommand {
+            config: BenchConfig {
+                devices,
+                policies,
+                iterations: a.iterations,
+                seed: a.seed,
+                activation_budget: a.activation_budget,
+                optimizer: input::optimizer(&a.opt)?,
+                quick: a.quick,
+                threads: a.jobs,
+            },
+            json: a.json,
+            plot: a.plot.clone(),
+        })
+    }
+}
+
+/// The non-empty items of a comma-separated list.
+fn list(s: &str) -> impl Iterator<Item = &str> {
+    s.split(',').map(str::trim).filter(|x| !x.is_empty())
+}
+
+fn budget_bytes(d: &DeviceArgs) -> Option<u64> {
+    d.budget_mb.map(|mb| mb * 1_000_000)
+}
+
+fn check_activation_budget(b: f64) -> Result<()> {
+    if !(0.0..=1.0).contains(&b) {
+        bail!("--activation-budget must be in [0, 1], got {b}");
+    }
+    Ok(())
+}
+
+/// One entry of `--jobs`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum JobSpec {
+    Zoo { model: String, batch: u64 },
+    File(PathBuf),
+}
+
+impl JobSpec {
+    /// A path when it looks like one (a `/`, a `.json` ending) or names an
+    /// existing file; else MODEL:BATCH.
+    fn parse(item: &str) -> Result<JobSpec> {
+        if item.contains('/') || item.ends_with(".json") || Path::new(item).is_file() {
+            return Ok(JobSpec::File(PathBuf::from(item)));
+        }
+        let (model, batch) = item.split_once(':').with_context(|| {
+            format!("job {item:?}: expected MODEL:BATCH or a graph file (a path with a / or ending in .json)")
+        })?;
+        let batch = batch
+            .parse()
+            .with_context(|| format!("job {item:?}: batch {batch:?} is not a number"))?;
+        Ok(JobSpec::Zoo {
+            model: model.to_string(),
+            batch,
+        })
+    }
+}
+
+/// `--jobs`: every entry's graph, built from the zoo or read from its file.
+fn parse_jobs(spec: &str, a: &SimArgs) -> Result<Vec<Graph>> {
+    let optimizer = input::optimizer(&a.opt)?;
+    let mut out = Vec::new();
+    for item in list(spec) {
+        let graph = match JobSpec::parse(item)? {
+            JobSpec::Zoo { model, batch } => {
+                let mut cfg = ZooConfig::new(batch);
+                cfg.optimizer = optimizer;
+                zoo::build(&model, &cfg).map_err(anyhow::Error::from)
+            }
+            JobSpec::File(path) => {
+                input::graph_file(&path, &Limits::default()).map_err(anyhow::Error::from)
+            }
+        };
+        out.push(graph.with_context(|| format!("job {item:?}"))?);
+    }
+    if out.is_empty() {
+        bail!("--jobs is empty");
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::JobSpec;
+
+    #[test]
+    fn jobs_are_zoo_models_or_graph_files() {
+        let zoo = |m: &str, b| JobSpec::Zoo {
+            model: m.into(),
+            batch: b,
+        };
+        let file = |p: &str| JobSpec::File(p.into());
+        assert_eq!(JobSpec::parse("resnet50:16").unwrap(), zoo("resnet50", 16));
+        assert_eq!(
+            JobSpec::parse("traced/r18.json").unwrap(),
+            file("traced/r18.json")
+        );
+        assert_eq!(JobSpec::parse("r18.json").unwrap(), file("r18.json"));
+        assert_eq!(JobSpec::parse("/tmp/graph").unwrap(), file("/tmp/graph"));
+        // The crate's manifest exists, so it is taken as a (bad) graph file.
+        assert_eq!(JobSpec::parse("Cargo.toml").unwrap(), file("Cargo.toml"));
+        let err = JobSpec::parse("resnet50").unwrap_err().to_string();
+        assert!(
+            err.contains("expected MODEL:BATCH or a graph file"),
+            "{err}"
+        );
+        let err = JobSpec::parse("resnet50:x").unwrap_err().to_string();
+        assert!(err.contains("is not a number"), "{err}");
+    }
+}

@@ -1,0 +1,60 @@
+//! `tensilectl plan`: plan one job, print what the plan predicts, and
+//! write the plan itself as a `tensile-plan/v1` file when asked.
+
+use anyhow::{Context, Result};
+use tensile_experiments::{PlanReport, plan_job};
+use tensile_proto::plan_json::plan_to_json;
+
+use crate::config::PlanCommand;
+use crate::report::bytes;
+
+pub(crate) fn run(c: &PlanCommand) -> Result<()> {
+    let outcome = plan_job(&c.graph, &c.profile, &c.options)?;
+    for w in &outcome.warnings {
+        eprintln!("note: {w}");
+    }
+    if let Some(path) = &c.output {
+        let mp = &outcome.plan;
+        let text = plan_to_json(&mp.plans[0], &mp.diagnostics, &c.graph) + "\n";
+        std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))?;
+        eprintln!("plan written to {}", path.display());
+    }
+    let r = PlanReport::new(c.model.clone(), c.batch, &c.profile, &outcome);
+    if c.json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+    } else {
+        print_text(&r);
+    }
+    Ok(())
+}
+
+fn print_text(r: &PlanReport) {
+    match r.batch {
+        Some(b) => println!("{} batch {b} on {}", r.model, r.device),
+        None => println!("{} on {}", r.model, r.device),
+    }
+    println!(
+        "  peak      vanilla {}  planned {}  (msr {:.3}; lower bound {})",
+        bytes(r.vanilla_peak_bytes),
+        bytes(r.planned_peak_bytes),
+        r.msr,
+        bytes(r.lower_bound_bytes)
+    );
+    println!(
+        "  time      vanilla {:.2} ms  planned {:.2} ms",
+        r.vanilla_time_s * 1e3,
+        r.planned_time_s * 1e3
+    );
+    println!(
+        "  events    {} swap-outs, {} swap-ins, {} releases, {} recomputed ops; {} swapped",
+        r.swap_outs,
+        r.swap_ins,
+        r.releases,
+        r.recomputed_ops,
+        bytes(r.swapped_bytes)
+    );
+    println!("  planned in {:.2} ms", r.plan_ms);
+    for d in &r.diagnostics {
+        println!("  note: {d}");
+    }
+}

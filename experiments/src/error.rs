@@ -1,0 +1,84 @@
+//! What can go wrong in an experiment, typed; `tensilectl` adds context
+//! and prints the chain.
+
+use std::path::PathBuf;
+
+use tensile_baselines::BaselineError;
+use tensile_executor::ExecError;
+use tensile_graph::zoo::ZooError;
+use tensile_latency_model::ProfileError;
+use tensile_latency_model::predict::PredictError;
+use tensile_planner::{PlanError, ReplanError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ExperimentError {
+    #[error("unknown device {name:?}: not a built-in profile ({builtins}, cpu) and no such file")]
+    UnknownDevice { name: String, builtins: String },
+    #[error("device {name}")]
+    Device {
+        name: String,
+        #[source]
+        source: ProfileError,
+    },
+    #[error("cold-start latency models {}", dir.display())]
+    Predictor {
+        dir: PathBuf,
+        #[source]
+        source: PredictError,
+    },
+    #[error("{what}")]
+    Zoo {
+        what: String,
+        /// Boxed: a graph error is large, and every result carries the enum.
+        #[source]
+        source: Box<ZooError>,
+    },
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    #[error(transparent)]
+    Replanner(#[from] ReplanError),
+    /// A re-plan during the run failed (the jobs kept their plans).
+    #[error("{policy}: re-planning at {at_ns} ns")]
+    Replan {
+        policy: &'static str,
+        at_ns: u64,
+        #[source]
+        source: ReplanError,
+    },
+    #[error(transparent)]
+    Baseline(#[from] BaselineError),
+    /// A job of the simulation could not run its plan.
+    #[error("{policy}: job {job} ({name})")]
+    JobFailed {
+        policy: &'static str,
+        job: usize,
+        name: String,
+        #[source]
+        source: ExecError,
+    },
+    #[error("capuchin needs a memory budget per job")]
+    NoBudgets,
+    #[error("the simulation thread pool: {reason}")]
+    Pool { reason: String },
+    /// What went wrong in one workload of the bench.
+    #[error("{workload} on {device}")]
+    InWorkload {
+        workload: String,
+        device: String,
+        #[source]
+        source: Box<ExperimentError>,
+    },
+}
+
+/// The error and its causes on one line, `: `-joined, as a user reads them
+/// (what `anyhow` prints with `{:#}`), for reports that keep errors as text.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        out.push_str(": ");
+        out.push_str(&c.to_string());
+        cause = c.source();
+    }
+    out
+}

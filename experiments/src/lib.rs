@@ -1,0 +1,52 @@
+//! Experiments on the simulator, as data: a workload (graphs and their
+//! start times) under a policy (ours or a baseline) against vanilla on the
+//! same graphs and true latencies; the metrics the TENSILE paper reports
+//! (MSR, EOR, CBR) and the lower bound no plan goes under; the paper's
+//! workloads and figures; and where ours does not Pareto-dominate a
+//! baseline. `tensilectl plan`, `sim` and `bench paper` are thin shells
+//! around it: they parse arguments, print and plot.
+//!
+//! Nothing here prints or writes files: results are values (the reports
+//! serialize with serde: their JSON is `tensilectl`'s `--json`), warnings
+//! are returned, and progress goes to a callback.
+//!
+//! # Layout
+//! - [`device`]: device profiles by name, and what the planner and the
+//!   simulator take from one.
+//! - [`cold_start`]: where ours takes its first latencies from (the learned
+//!   models of the device, else the roofline estimate).
+//! - [`run`]: one workload under one policy in the simulator
+//!   ([`run_policy`]), and a whole `sim` ([`simulate_workload`]).
+//! - [`metrics`]: MSR, EOR, CBR, the lower bound and `msr_max`
+//!   ([`SimReport`]), and the per-phase figures of Table I.
+//! - [`plan_job`]: one graph planned on its own ([`PlanReport`]).
+//! - [`policy`]: [`RunPolicy`], a policy as run (plain, or ours at a
+//!   baseline's peak).
+//! - [`workload`]: [`Experiment`] and the paper's workloads.
+//! - [`paper`]: the figures the paper reports.
+//! - [`bench`]: every experiment under every policy ([`run_bench`]).
+//! - [`pareto`]: where ours does not dominate a baseline.
+
+pub mod bench;
+pub mod cold_start;
+pub mod device;
+mod error;
+pub mod metrics;
+pub mod paper;
+pub mod pareto;
+pub mod plan_job;
+pub mod policy;
+pub mod run;
+pub mod workload;
+
+pub use bench::{
+    BenchConfig, BenchReport, DeviceOutcome, PolicyOutcome, WorkloadOutcome, run_bench,
+};
+pub use cold_start::ColdStart;
+pub use device::device_profile;
+pub use error::{ExperimentError, error_chain};
+pub use metrics::{Metrics, SimReport};
+pub use plan_job::{PlanOptions, PlanOutcome, PlanReport, plan_job};
+pub use policy::RunPolicy;
+pub use run::{Run, SimOptions, SimOutcome, SimStage, run_policy, simulate_workload};
+pub use workload::{Experiment, Workload, ZooJob};

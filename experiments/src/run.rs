@@ -1,0 +1,322 @@
+//! One workload under one policy in the simulator, every policy through
+//! the same executor on the same graphs and true latencies: ours and
+//! vanilla through the EWMA re-planner, Capuchin through its own, the
+//! fixed-plan baselines with no re-planning.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use tensile_baselines::{BaselineInput, Capuchin, Policy, static_plan};
+use tensile_executor::ExecOptions;
+use tensile_executor::replan::TimedReplanner;
+use tensile_executor::sim::{FixedPlans, SimConfig, SimJob, SimResult, simulate};
+use tensile_graph::{Graph, Liveness};
+use tensile_latency_model::{DeviceProfile, estimate_latencies, true_latencies};
+use tensile_planner::{JobSettings, PlannerConfig};
+
+use crate::ExperimentError;
+use crate::cold_start::{ColdStart, cold_start_latencies, relative_error};
+use crate::device::{copy_model, job_settings, planner_config};
+use crate::metrics::{SimReport, report};
+
+/// How a workload is simulated (from `sim`'s flags, or set by the bench).
+#[derive(Debug, Clone)]
+pub struct SimOptions {
+    pub iterations: usize,
+    /// Seed of the simulated device's per-op latency bias (job `j` uses
+    /// `seed + j`).
+    pub seed: u64,
+    /// Plan from the true latencies instead of the cold-start estimate.
+    pub exact: bool,
+    /// Kernels of different jobs do not slow each other down.
+    pub no_sharing: bool,
+    pub budget_bytes: Option<u64>,
+    /// Ours stops planning once under the budget.
+    pub stop_at_budget: bool,
+    /// The knapsack policy's activation budget.
+    pub activation_budget: f64,
+    /// When each job starts, ns (empty: all at 0).
+    pub starts: Vec<u64>,
+    pub cold_start: ColdStart,
+}
+
+/// What one policy did on one workload.
+#[derive(Debug, Clone)]
+pub struct Run {
+    pub result: SimResult,
+    pub plan_ms: f64,
+    /// Every planning run's wall time, ms; the first is the cold start.
+    pub plan_runs_ms: Vec<f64>,
+    pub replans: usize,
+    /// The first plan's predicted global peak: (sum of peaks, aligned).
+    pub predicted: (u64, u64),
+    /// Each job's predicted peak under its first plan (0: not predicted).
+    pub predicted_peaks: Vec<u64>,
+    /// Where the latencies the first plan was made from came from.
+    pub predicted_from: String,
+    /// Σ|predicted − true| / Σ true over every op of every job.
+    pub cold_start_error: f64,
+    /// What the user should know about the run (see `ColdStartLatencies`).
+    pub warnings: Vec<String>,
+}
+
+impl Run {
+    /// A run whose policy predicts nothing.
+    fn measured(result: SimResult) -> Run {
+        Run {
+            result,
+            plan_ms: 0.0,
+            plan_runs_ms: Vec::new(),
+            replans: 0,
+            predicted: (0, 0),
+            predicted_peaks: Vec::new(),
+            predicted_from: String::new(),
+            cold_start_error: 0.0,
+            warnings: Vec::new(),
+        }
+    }
+}
+
+/// The one place the re-planner of ours (and of vanilla, which is ours
+/// with every move off and re-planning disabled) is made.
+fn new_replanner(
+    graphs: &[Graph],
+    predicted: &[Vec<u64>],
+    settings: JobSettings,
+    config: PlannerConfig,
+    enabled: bool,
+) -> Result<TimedReplanner, ExperimentError> {
+    let mut replanner = TimedReplanner::new(
+        graphs.iter().map(|g| Arc::new(g.clone())).collect(),
+        predicted,
+        &vec![settings; graphs.len()],
+        config,
+    )?;
+    replanner.inner.enabled = enabled;
+    Ok(replanner)
+}
+
+/// Runs `policy` on `graphs`. `budgets`: each job's memory budget, for
+/// Capuchin (ours is given the same limit only through
+/// [`SimOptions::budget_bytes`]).
+pub fn run_policy(
+    graphs: &[Graph],
+    lives: &[Liveness],
+    policy: Policy,
+    profile: &DeviceProfile,
+    opts: &SimOptions,
+    budgets: Option<&[u64]>,
+) -> Result<Run, ExperimentError> {
+    let cfg = planner_config(profile, opts.budget_bytes, opts.stop_at_budget);
+    let truth: Vec<Vec<u64>> = graphs
+        .iter()
+        .enumerate()
+        .map(|(j, g)| true_latencies(g, profile, opts.seed.wrapping_add(j as u64)))
+        .collect();
+    let (predicted, predicted_from, warnings) = if opts.exact {
+        let from = "the true latencies (--exact)".to_string();
+        (truth.clone(), from, Vec::new())
+    } else if policy == Policy::Tensile {
+        let c = cold_start_latencies(graphs, profile, &opts.cold_start)?;
+        (c.per_job, c.source, c.warnings)
+    } else {
+        let lat = graphs
+            .iter()
+            .map(|g| estimate_latencies(g, profile))
+            .collect();
+        (lat, "roofline estimate".to_string(), Vec::new())
+    };
+    let cold_start_error = relative_error(&predicted, &truth);
+    let sim = SimConfig {
+        iterations: opts.iterations,
+        sharing_slowdown: if opts.no_sharing {
+            0.0
+        } else {
+            profile.sharing_slowdown
+        },
+        copy: copy_model(profile),
+        base_bytes: profile.base_bytes,
+    };
+    let jobs = |plans: Vec<tensile_planner::Plan>, options: &dyn Fn(usize) -> ExecOptions| {
+        graphs
+            .iter()
+            .zip(lives)
+            .zip(plans)
+            .zip(truth.clone())
+            .enumerate()
+            .map(|(j, (((graph, live), plan), true_ns))| SimJob {
+                options: options(j),
+                start_ns: opts.starts.get(j).copied().unwrap_or(0),
+                ..SimJob::new(graph, live, plan, true_ns)
+            })
+            .collect::<Vec<SimJob<'_>>>()
+    };
+    let mut run = match policy {
+        Policy::Vanilla | Policy::Tensile => {
+            let settings = job_settings(policy, profile);
+            let mut replanner =
+                new_replanner(graphs, &predicted, settings, cfg, policy != Policy::Vanilla)?;
+            let first = replanner.plan_all()?;
+            let predicted_peaks = first
+                .plans
+                .iter()
+                .map(|p| p.prediction.planned_peak_bytes)
+                .collect();
+            let result = simulate(
+                jobs(first.plans, &|_| ExecOptions::default()),
+                &sim,
+                &mut replanner,
+            );
+            Run {
+                plan_ms: replanner.plan_ns.iter().sum::<u64>() as f64 / 1e6,
+                plan_runs_ms: replanner.plan_ns.iter().map(|&n| n as f64 / 1e6).collect(),
+                replans: replanner.inner.replans,
+                predicted: (first.sum_of_peaks_bytes, first.aligned_peak_bytes),
+                predicted_peaks,
+                ..Run::measured(result)
+            }
+        }
+        Policy::Capuchin => {
+            let budgets = budgets.ok_or(ExperimentError::NoBudgets)?.to_vec();
+            let mut cap = Capuchin::new(
+                graphs.iter().collect(),
+                lives.iter().collect(),
+                budgets,
+                cfg.copy,
+            );
+            let plans = cap.initial_plans();
+            let options: Vec<ExecOptions> =
+                (0..graphs.len()).map(|j| cap.exec_options(j)).collect();
+            let result = simulate(jobs(plans, &|j| options[j]), &sim, &mut cap);
+            Run::measured(result)
+        }
+        _ => {
+            let t = Instant::now();
+            let plans = graphs
+                .iter()
+                .zip(lives)
+                .zip(&predicted)
+                .map(|((graph, live), lat)| {
+                    static_plan(
+                        policy,
+                        &BaselineInput {
+                            graph,
+                            live,
+                            latency_ns: lat,
+                            copy: cfg.copy,
+                            activation_budget: opts.activation_budget,
+                        },
+                    )
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let plan_ms = t.elapsed().as_secs_f64() * 1e3;
+            let result = simulate(
+                jobs(plans, &|_| policy.exec_options()),
+                &sim,
+                &mut FixedPlans,
+            );
+            Run {
+                plan_ms,
+                plan_runs_ms: vec![plan_ms],
+                ..Run::measured(result)
+            }
+        }
+    };
+    if let Some((at_ns, e)) = run.result.replan_errors.first() {
+        return Err(ExperimentError::Replan {
+            policy: policy.name(),
+            at_ns: *at_ns,
+            source: e.clone(),
+        });
+    }
+    for (j, r) in run.result.jobs.iter().enumerate() {
+        if let Some(e) = &r.error {
+            return Err(ExperimentError::JobFailed {
+                policy: policy.name(),
+                job: j,
+                name: graphs[j].name().to_string(),
+                source: e.clone(),
+            });
+        }
+    }
+    if run.predicted_peaks.is_empty() {
+        run.predicted_peaks = vec![0; graphs.len()];
+    }
+    run.predicted_from = predicted_from;
+    run.cold_start_error = cold_start_error;
+    run.warnings = warnings;
+    Ok(run)
+}
+
+/// Capuchin's memory budget per job: the budget split over the jobs by
+/// their vanilla peaks, else each job's peak under ours (`ours`), as the
+/// TENSILE paper set it.
+pub fn capuchin_budgets(opts: &SimOptions, vanilla: &Run, ours: Option<&Run>) -> Vec<u64> {
+    let peaks = |r: &Run| -> Vec<u64> { r.result.jobs.iter().map(|j| j.peak_bytes()).collect() };
+    match (opts.budget_bytes, ours) {
+        (None, Some(ours)) => peaks(ours),
+        (budget, _) => {
+            let v = peaks(vanilla);
+            let total: u64 = v.iter().sum();
+            let budget = budget.unwrap_or(total);
+            v.iter()
+                .map(|&p| (budget as f64 * p as f64 / total.max(1) as f64) as u64)
+                .collect()
+        }
+    }
+}
+
+/// What [`simulate_workload`] is about to run, for progress lines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SimStage {
+    Vanilla,
+    /// Ours, whose peaks are Capuchin's budgets.
+    OursForCapuchinBudgets,
+    Policy(Policy),
+}
+
+/// A `sim`: vanilla and the policy, and the report of one against the other.
+#[derive(Debug, Clone)]
+pub struct SimOutcome {
+    pub vanilla: Run,
+    pub run: Run,
+    pub report: SimReport,
+    /// Every run's warnings, in order.
+    pub warnings: Vec<String>,
+}
+
+/// Runs vanilla, then `policy` (Capuchin with its budgets: the budget
+/// split by vanilla peaks, else ours' peaks), and measures one against the
+/// other.
+pub fn simulate_workload(
+    graphs: &[Graph],
+    policy: Policy,
+    profile: &DeviceProfile,
+    opts: &SimOptions,
+    stage: &mut dyn FnMut(SimStage),
+) -> Result<SimOutcome, ExperimentError> {
+    let lives: Vec<Liveness> = graphs.iter().map(Liveness::analyze).collect();
+    stage(SimStage::Vanilla);
+    let vanilla = run_policy(graphs, &lives, Policy::Vanilla, profile, opts, None)?;
+    let mut warnings = vanilla.warnings.clone();
+    let budgets = if policy != Policy::Capuchin {
+        None
+    } else if opts.budget_bytes.is_some() {
+        Some(capuchin_budgets(opts, &vanilla, None))
+    } else {
+        stage(SimStage::OursForCapuchinBudgets);
+        let ours = run_policy(graphs, &lives, Policy::Tensile, profile, opts, None)?;
+        warnings.extend(ours.warnings.iter().cloned());
+        Some(capuchin_budgets(opts, &vanilla, Some(&ours)))
+    };
+    stage(SimStage::Policy(policy));
+    let run = run_policy(graphs, &lives, policy, profile, opts, budgets.as_deref())?;
+    warnings.extend(run.warnings.iter().cloned());
+    let report = report(graphs, &lives, profile, opts, policy, &vanilla, &run);
+    Ok(SimOutcome {
+        vanilla,
+        run,
+        report,
+        warnings,
+    })
+}
