@@ -165,6 +165,8 @@ pub struct Executor<'g, C> {
     pub(crate) engine: C,
     /// Storages with a copy in flight, looked at when the engine is polled.
     flying: Vec<StorageId>,
+    /// Copies no storage waits for, forgotten once they have ended.
+    retired: Vec<InFlight>,
     /// Swap events waiting for their delay.
     queue: ExecutionQueue<Event>,
     /// Swap-outs due while their storage's prefetch, of unknown end, was in
@@ -209,6 +211,7 @@ impl<'g, C: CopyEngine> Executor<'g, C> {
             base_bytes: 0,
             engine,
             flying: Vec::new(),
+            retired: Vec::new(),
             queue: ExecutionQueue::new(),
             deferred_outs: Vec::new(),
             kernel_start: 0,
@@ -290,7 +293,7 @@ impl<'g, C: CopyEngine> Executor<'g, C> {
         let slot = &mut self.slots[s.index()];
         if slot.on_device() {
             if let Device::Arriving(c) = slot.device {
-                self.engine.forget(c.id);
+                self.retire(c);
             }
             let slot = &mut self.slots[s.index()];
             slot.device = Device::Absent;
@@ -298,6 +301,12 @@ impl<'g, C: CopyEngine> Executor<'g, C> {
             self.mem -= self.live.storages[s.index()].bytes;
             self.effects.push(Effect::Free(s));
         }
+    }
+
+    /// A copy no storage waits for any more: the engine may still be moving
+    /// its bytes, so it is forgotten only once it has ended.
+    fn retire(&mut self, copy: InFlight) {
+        self.retired.push(copy);
     }
 
     /// Queues a copy of `s` on the engine.
@@ -325,10 +334,22 @@ impl<'g, C: CopyEngine> Executor<'g, C> {
     /// keeps the device buffer (and any release waits for nothing), a failed
     /// prefetch gives its buffer back so the op fetches the data on demand.
     fn refresh(&mut self, now: u64) {
-        if self.flying.is_empty() {
+        if self.flying.is_empty() && self.retired.is_empty() {
             return;
         }
         self.engine.poll(now);
+        let engine = &mut self.engine;
+        self.retired.retain(|c| match engine.status(c.id) {
+            CopyStatus::Ends(t) if t <= now => {
+                engine.forget(c.id);
+                false
+            }
+            CopyStatus::Failed(_) => {
+                engine.forget(c.id);
+                false
+            }
+            CopyStatus::Ends(_) | CopyStatus::Pending => true,
+        });
         let flying = std::mem::take(&mut self.flying);
         for s in flying {
             let i = s.index();
@@ -417,7 +438,7 @@ impl<'g, C: CopyEngine> Executor<'g, C> {
                     } else {
                         // Its buffer went before the copy started: the copy
                         // still takes its time on the link; nothing waits.
-                        self.engine.forget(copy.id);
+                        self.retire(copy);
                     }
                 }
                 _ => {}
@@ -443,7 +464,7 @@ impl<'g, C: CopyEngine> Executor<'g, C> {
         // still keeps the buffer.
         let keep = match slot.host {
             Host::Writing { copy: old, keep } => {
-                self.engine.forget(old.id);
+                self.retire(old);
                 keep
             }
             Host::None | Host::Valid => false,
