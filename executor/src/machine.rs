@@ -183,6 +183,8 @@ pub struct Executor<'g, C> {
     /// When each storage was last allocated or used by an op, for the
     /// passive eviction's least-recently-used order.
     pub(crate) last_use: Vec<u64>,
+    /// The storage the running recompute restores.
+    recompute_target: Option<StorageId>,
 }
 
 impl<'g, C: CopyEngine> Executor<'g, C> {
@@ -221,6 +223,7 @@ impl<'g, C: CopyEngine> Executor<'g, C> {
             done: Vec::new(),
             effects: Vec::new(),
             last_use: vec![0; live.storages.len()],
+            recompute_target: None,
         }
     }
 
@@ -237,6 +240,27 @@ impl<'g, C: CopyEngine> Executor<'g, C> {
     /// The copy engine (the simulator's logs every copy, for checks).
     pub fn engine(&self) -> &C {
         &self.engine
+    }
+
+    /// The copy engine, for a driver that tells it of the device buffers
+    /// it holds (the worker's host engine).
+    pub fn engine_mut(&mut self) -> &mut C {
+        &mut self.engine
+    }
+
+    /// The kernel asked for by the last [`Next::Kernel`], if it runs now,
+    /// and whether it recomputes a dropped tensor (only the recomputed
+    /// storage is then taken from its outputs).
+    pub fn running(&self) -> Option<(OpId, bool)> {
+        match self.phase {
+            Phase::Running { op, recompute } => Some((op, recompute)),
+            _ => None,
+        }
+    }
+
+    /// The storage a recompute restores: the one allocated for it.
+    pub fn recompute_target(&self) -> Option<StorageId> {
+        self.recompute_target
     }
 
     /// Fixed memory of the job (context, workspaces), held throughout.
@@ -299,6 +323,7 @@ impl<'g, C: CopyEngine> Executor<'g, C> {
             slot.device = Device::Absent;
             slot.release_pending = false;
             self.mem -= self.live.storages[s.index()].bytes;
+            self.engine.device_freed(s);
             self.effects.push(Effect::Free(s));
         }
     }
@@ -386,6 +411,7 @@ impl<'g, C: CopyEngine> Executor<'g, C> {
                     CopyStatus::Failed(_) => {
                         self.cur.failed_copies += 1;
                         self.engine.forget(copy.id);
+                        self.engine.discard_host(s);
                         self.slots[i].host = Host::None;
                         self.slots[i].release_pending = false;
                     }
@@ -683,6 +709,7 @@ impl<'g, C: CopyEngine> Executor<'g, C> {
             self.alloc(s, now);
             self.slots[s.index()].device = Device::Ready { since: now };
             self.start_kernel(now);
+            self.recompute_target = Some(s);
             self.cur.recomputed_ops += 1;
             self.phase = Phase::Running {
                 op: p,
@@ -704,6 +731,9 @@ impl<'g, C: CopyEngine> Executor<'g, C> {
             let t = self.graph.op(op).outputs[i];
             let s = self.live.storage_of[t.index()];
             self.alloc(s, now);
+            if self.slots[s.index()].host_valid() {
+                self.engine.discard_host(s);
+            }
             let slot = &mut self.slots[s.index()];
             slot.host = Host::None;
             slot.device = Device::Ready { since: now };
@@ -821,6 +851,9 @@ impl<'g, C: CopyEngine> Executor<'g, C> {
                 self.alloc(s, now);
                 self.slots[i].device = Device::Ready { since: now };
                 if self.slots[i].writing().is_none() {
+                    if self.slots[i].host_valid() {
+                        self.engine.discard_host(s);
+                    }
                     self.slots[i].host = Host::None;
                 }
             }
@@ -841,6 +874,7 @@ impl<'g, C: CopyEngine> Executor<'g, C> {
         for (i, st) in self.live.storages.iter().enumerate() {
             if !st.persistent {
                 if self.slots[i].host_valid() {
+                    self.engine.discard_host(StorageId(i as u32));
                     self.slots[i].host = Host::None;
                 }
                 self.free(StorageId(i as u32));

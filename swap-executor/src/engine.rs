@@ -67,4 +67,13 @@ pub trait CopyEngine {
     /// The executor is done with `id`: its bookkeeping may go. Called only
     /// once the copy has ended or failed.
     fn forget(&mut self, id: CopyId);
+    /// The storage's host copy is stale (its data changed on the device,
+    /// or its iteration ended): an engine that holds host buffers gives it
+    /// back. Never called while a swap-out of the storage is in flight.
+    fn discard_host(&mut self, _storage: StorageId) {}
+    /// The executor freed the storage's device buffer: an engine that holds
+    /// device buffers lets go of it (a copy in flight keeps its own
+    /// handle), and a prefetch into it, if one is still running, is no
+    /// longer wanted. Called in order with [`CopyEngine::submit`].
+    fn device_freed(&mut self, _storage: StorageId) {}
 }

@@ -7,7 +7,7 @@
 //! its completion later ([`CopyEngine::poll`], [`CopyEngine::status`]):
 //! nothing assumes a copy's end is known when it is submitted. The
 //! virtual-time engine happens to know it and says so
-//! ([`CopyStatus::Expected`]), which lets the simulator jump to it; a real
+//! ([`CopyStatus::Ends`] at submission), which lets the simulator jump to it; a real
 //! engine says [`CopyStatus::Pending`] until the copy has ended.
 //!
 //! # Layout
@@ -15,14 +15,18 @@
 //! - `engine`: the [`CopyEngine`] trait, copies, their ids and statuses.
 //! - `virtual_time`: [`VirtualCopies`], FIFO copy lanes in virtual time with
 //!   a bandwidth and a fixed per-copy latency (the simulator's engine).
+//! - `host`: [`HostCopies`], real bytes between device payloads (a trait
+//!   the worker implements for its tensors) and a capped pool of host
+//!   buffers, on paced copy threads, with fault injection.
 //!
-//! Planned: `host` (real bytes to a capped pool of host buffers on a copy
-//! thread) and `cuda` (cudarc, one non-blocking stream), for the worker.
+//! Planned: `cuda` (cudarc, one non-blocking stream), for the worker.
 
 mod engine;
+mod host;
 mod queue;
 mod virtual_time;
 
 pub use engine::{Copy, CopyEngine, CopyError, CopyId, CopyStatus, Dir};
+pub use host::{HostConfig, HostCopies, Payload};
 pub use queue::ExecutionQueue;
 pub use virtual_time::VirtualCopies;

@@ -1,0 +1,568 @@
+//! The host copy engine: real bytes between "device" buffers and a capped
+//! pool of host buffers, on two copy threads (one per direction, or one
+//! shared when half duplex), each FIFO and paced at a configured bandwidth.
+//!
+//! The engine knows nothing of tensors: it moves the bytes of a
+//! [`Payload`], which the worker implements for its device tensors. It holds
+//! the device payload of every resident storage the driver told it of
+//! ([`HostCopies::set_device`]), so that a swap-out submitted by the
+//! executor finds its source; the copy keeps its own handle to the source
+//! until it has completed, whatever the driver drops meanwhile. A prefetch
+//! builds a new device payload from the host bytes on the copy thread; it
+//! is installed as the storage's device payload when the driver polls.
+//!
+//! The host pool is capped: a swap-out that would take the pool over its
+//! cap is not started and reports [`CopyStatus::Failed`] (the executor then
+//! keeps the device copy), so the pool never overcommits and nothing waits
+//! on a buffer that may never be given back. Faults can be injected: a
+//! delay on every copy and a failure of every n-th one.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use tensile_graph::StorageId;
+
+use crate::engine::{Copy, CopyEngine, CopyError, CopyId, CopyStatus, Dir};
+
+/// A device buffer whose bytes the engine can move: implemented by the
+/// worker for its tensors (a shallow handle: cloning shares the memory).
+pub trait Payload: Send + 'static {
+    /// What it takes to build a payload from bytes (element type, device).
+    type Meta: Clone + Send + 'static;
+    fn meta(&self) -> Self::Meta;
+    /// Another handle to the same memory (kept by a copy in flight).
+    fn share(&self) -> Self;
+    fn byte_len(&self) -> usize;
+    /// Copies the payload's bytes into `dst` (exactly `byte_len` long).
+    fn read(&self, dst: &mut [u8]) -> Result<(), String>;
+    /// A new payload holding `src`.
+    fn write(meta: &Self::Meta, src: &[u8]) -> Result<Self, String>
+    where
+        Self: Sized;
+}
+
+/// How the host engine runs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HostConfig {
+    /// Bytes per second per direction; `None`: as fast as memory goes.
+    pub bytes_per_s: Option<f64>,
+    /// Both directions share one copy thread.
+    pub half_duplex: bool,
+    /// The most bytes of host copies held at once.
+    pub pool_cap_bytes: u64,
+    /// Extra time every copy takes (fault injection).
+    pub fault_delay: Duration,
+    /// Every n-th submitted copy fails (fault injection).
+    pub fail_every: Option<u64>,
+}
+
+impl Default for HostConfig {
+    fn default() -> Self {
+        HostConfig {
+            bytes_per_s: None,
+            half_duplex: false,
+            pool_cap_bytes: u64::MAX,
+            fault_delay: Duration::ZERO,
+            fail_every: None,
+        }
+    }
+}
+
+/// A host copy: its bytes and what it takes to rebuild the device payload.
+struct HostBuf<M> {
+    bytes: Arc<Vec<u8>>,
+    meta: M,
+}
+
+enum Job<P: Payload> {
+    Out {
+        id: CopyId,
+        src: P,
+        buf: Vec<u8>,
+        not_before: Instant,
+        fail: bool,
+    },
+    In {
+        id: CopyId,
+        src: Arc<Vec<u8>>,
+        meta: P::Meta,
+        not_before: Instant,
+        fail: bool,
+    },
+}
+
+enum Done<P: Payload> {
+    Out {
+        id: CopyId,
+        end: Instant,
+        result: Result<Vec<u8>, String>,
+    },
+    In {
+        id: CopyId,
+        end: Instant,
+        result: Result<P, String>,
+    },
+}
+
+/// What the engine knows of one copy.
+enum State {
+    Pending { dir: Dir, storage: StorageId },
+    Ended(u64),
+    Failed(String, StorageId),
+}
+
+/// The host copy engine over payloads `P`. Times are ns since `epoch`, the
+/// driver's clock.
+pub struct HostCopies<P: Payload> {
+    config: HostConfig,
+    epoch: Instant,
+    lanes: Vec<(Sender<Job<P>>, JoinHandle<()>)>,
+    done_rx: Receiver<Done<P>>,
+    copies: HashMap<CopyId, State>,
+    device: HashMap<StorageId, P>,
+    host: HashMap<StorageId, HostBuf<P::Meta>>,
+    /// The metadata of swap-outs in flight, by copy.
+    out_meta: HashMap<CopyId, (StorageId, P::Meta, u64)>,
+    /// The prefetch whose result becomes the storage's device payload.
+    wanted_in: HashMap<StorageId, CopyId>,
+    /// Bytes of the pool in use: host copies and swap-outs in flight.
+    pool_used: u64,
+    pool_peak: u64,
+    next_id: u64,
+    polled: u64,
+    in_flight: usize,
+    /// Buffers given back, reused by later swap-outs.
+    spare: Vec<Vec<u8>>,
+}
+
+impl<P: Payload> std::fmt::Debug for HostCopies<P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostCopies")
+            .field("config", &self.config)
+            .field("copies", &self.copies.len())
+            .field("device", &self.device.len())
+            .field("host", &self.host.len())
+            .field("pool_used", &self.pool_used)
+            .finish()
+    }
+}
+
+/// Sleeps until `t` (returns at once if it has passed).
+fn sleep_until(t: Instant) {
+    let now = Instant::now();
+    if t > now {
+        std::thread::sleep(t - now);
+    }
+}
+
+fn lane<P: Payload>(
+    rx: Receiver<Job<P>>,
+    done: Sender<Done<P>>,
+    bytes_per_s: Option<f64>,
+    delay: Duration,
+) {
+    let mut free_at = Instant::now();
+    for job in rx {
+        let (not_before, len) = match &job {
+            Job::Out {
+                not_before, src, ..
+            } => (*not_before, src.byte_len()),
+            Job::In {
+                not_before, src, ..
+            } => (*not_before, src.len()),
+        };
+        let start = Instant::now().max(free_at).max(not_before);
+        sleep_until(start);
+        let paced = bytes_per_s.map_or(Duration::ZERO, |bw| {
+            Duration::from_secs_f64(len as f64 / bw.max(1.0))
+        });
+        let msg = match job {
+            Job::Out {
+                id,
+                src,
+                mut buf,
+                fail,
+                ..
+            } => {
+                let result = if fail {
+                    Err("injected copy failure".to_string())
+                } else {
+                    if buf.len() != len {
+                        // Zeroed pages come from the allocator untouched.
+                        buf = vec![0u8; len];
+                    }
+                    src.read(&mut buf).map(|()| buf)
+                };
+                // The source is dropped only now, after the copy.
+                drop(src);
+                let end = finish(start, paced, delay);
+                Done::Out { id, end, result }
+            }
+            Job::In {
+                id,
+                src,
+                meta,
+                fail,
+                ..
+            } => {
+                let result = if fail {
+                    Err("injected copy failure".to_string())
+                } else {
+                    P::write(&meta, &src)
+                };
+                let end = finish(start, paced, delay);
+                Done::In { id, end, result }
+            }
+        };
+        free_at = Instant::now();
+        if done.send(msg).is_err() {
+            return;
+        }
+    }
+}
+
+/// Waits out the pace and the injected delay of a copy started at `start`.
+fn finish(start: Instant, paced: Duration, delay: Duration) -> Instant {
+    sleep_until(start + paced);
+    if !delay.is_zero() {
+        std::thread::sleep(delay);
+    }
+    Instant::now()
+}
+
+impl<P: Payload> HostCopies<P> {
+    /// An engine whose times are ns since `epoch`.
+    pub fn new(config: HostConfig, epoch: Instant) -> HostCopies<P> {
+        let (done_tx, done_rx) = mpsc::channel();
+        let n = if config.half_duplex { 1 } else { 2 };
+        let lanes = (0..n)
+            .map(|i| {
+                let (tx, rx) = mpsc::channel();
+                let done = done_tx.clone();
+                let (bw, delay) = (config.bytes_per_s, config.fault_delay);
+                let handle = std::thread::Builder::new()
+                    .name(format!("tensile-copy-{i}"))
+                    .spawn(move || lane::<P>(rx, done, bw, delay))
+                    .expect("spawning a copy thread");
+                (tx, handle)
+            })
+            .collect();
+        HostCopies {
+            config,
+            epoch,
+            lanes,
+            done_rx,
+            copies: HashMap::new(),
+            device: HashMap::new(),
+            host: HashMap::new(),
+            out_meta: HashMap::new(),
+            wanted_in: HashMap::new(),
+            pool_used: 0,
+            pool_peak: 0,
+            next_id: 0,
+            polled: 0,
+            in_flight: 0,
+            spare: Vec::new(),
+        }
+    }
+
+    fn ns(&self, t: Instant) -> u64 {
+        t.saturating_duration_since(self.epoch).as_nanos() as u64
+    }
+
+    /// The storage's device payload is `payload` (a kernel produced it).
+    pub fn set_device(&mut self, s: StorageId, payload: P) {
+        self.wanted_in.remove(&s);
+        self.device.insert(s, payload);
+    }
+
+    /// The storage's device payload, once produced or prefetched.
+    pub fn device(&self, s: StorageId) -> Option<&P> {
+        self.device.get(&s)
+    }
+
+    /// The storage left the device: its payload goes (a copy in flight
+    /// keeps its own handle), and a prefetch into it is no longer wanted.
+    pub fn drop_device(&mut self, s: StorageId) {
+        self.device.remove(&s);
+        self.wanted_in.remove(&s);
+    }
+
+    /// Puts `payload`'s bytes in the pool as the storage's host copy, now
+    /// (storage that starts an iteration on the host).
+    pub fn put_host(&mut self, s: StorageId, payload: &P) -> Result<(), String> {
+        let len = payload.byte_len() as u64;
+        self.discard(s);
+        self.reserve(len, s)?;
+        let mut buf = vec![0u8; len as usize];
+        payload.read(&mut buf)?;
+        self.host.insert(
+            s,
+            HostBuf {
+                bytes: Arc::new(buf),
+                meta: payload.meta(),
+            },
+        );
+        Ok(())
+    }
+
+    /// A payload rebuilt from the storage's host copy, if it has one.
+    pub fn host_payload(&self, s: StorageId) -> Option<Result<P, String>> {
+        self.host.get(&s).map(|h| P::write(&h.meta, &h.bytes))
+    }
+
+    /// Bytes of host copies held now, and at most so far.
+    pub fn pool_bytes(&self) -> (u64, u64) {
+        (self.pool_used, self.pool_peak)
+    }
+
+    fn reserve(&mut self, len: u64, s: StorageId) -> Result<(), String> {
+        if self.pool_used.saturating_add(len) > self.config.pool_cap_bytes {
+            return Err(format!(
+                "host pool full: storage {} needs {len} B, {} of {} B in use",
+                s.0, self.pool_used, self.config.pool_cap_bytes
+            ));
+        }
+        self.pool_used += len;
+        self.pool_peak = self.pool_peak.max(self.pool_used);
+        Ok(())
+    }
+
+    /// Drops the storage's host copy, giving its bytes back to the pool.
+    fn discard(&mut self, s: StorageId) {
+        if let Some(h) = self.host.remove(&s) {
+            self.pool_used -= h.bytes.len() as u64;
+            if let Ok(buf) = Arc::try_unwrap(h.bytes)
+                && self.spare.len() < 8
+            {
+                self.spare.push(buf);
+            }
+        }
+    }
+
+    fn fail_now(&mut self, s: StorageId, why: String) -> CopyId {
+        let id = self.fresh_id();
+        self.copies.insert(id, State::Failed(why, s));
+        id
+    }
+
+    fn fresh_id(&mut self) -> CopyId {
+        let id = CopyId(self.next_id);
+        self.next_id += 1;
+        id
+    }
+
+    fn lane_for(&self, dir: Dir) -> usize {
+        match dir {
+            Dir::ToHost => 0,
+            Dir::ToDevice => usize::from(!self.config.half_duplex),
+        }
+    }
+
+    fn apply(&mut self, done: Done<P>) {
+        self.in_flight -= 1;
+        match done {
+            Done::Out { id, end, result } => {
+                let Some((s, meta, len)) = self.out_meta.remove(&id) else {
+                    return;
+                };
+                let state = match result {
+                    Ok(buf) => {
+                        // The new copy replaces any older one.
+                        self.discard(s);
+                        self.host.insert(
+                            s,
+                            HostBuf {
+                                bytes: Arc::new(buf),
+                                meta,
+                            },
+                        );
+                        State::Ended(self.ns(end))
+                    }
+                    Err(why) => {
+                        self.pool_used -= len;
+                        State::Failed(why, s)
+                    }
+                };
+                self.copies.insert(id, state);
+            }
+            Done::In { id, end, result } => {
+                let Some(State::Pending { storage: s, .. }) = self.copies.get(&id) else {
+                    return;
+                };
+                let s = *s;
+                let state = match result {
+                    Ok(p) => {
+                        if self.wanted_in.get(&s) == Some(&id) {
+                            self.wanted_in.remove(&s);
+                            self.device.insert(s, p);
+                        }
+                        State::Ended(self.ns(end))
+                    }
+                    Err(why) => {
+                        if self.wanted_in.get(&s) == Some(&id) {
+                            self.wanted_in.remove(&s);
+                        }
+                        State::Failed(why, s)
+                    }
+                };
+                self.copies.insert(id, state);
+            }
+        }
+    }
+
+    /// Waits up to `timeout` for a copy to complete; says whether one did.
+    /// The driver calls this instead of spinning while the executor waits
+    /// for a copy.
+    pub fn wait(&mut self, timeout: Duration) -> bool {
+        if self.in_flight == 0 {
+            return false;
+        }
+        match self.done_rx.recv_timeout(timeout) {
+            Ok(d) => {
+                self.apply(d);
+                true
+            }
+            Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => false,
+        }
+    }
+
+    /// Waits for every copy in flight to complete.
+    pub fn drain(&mut self) {
+        while self.in_flight > 0 {
+            match self.done_rx.recv() {
+                Ok(d) => self.apply(d),
+                Err(_) => return,
+            }
+        }
+    }
+
+    /// Copies in flight.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight
+    }
+}
+
+impl<P: Payload> CopyEngine for HostCopies<P> {
+    fn submit(&mut self, copy: Copy) -> CopyId {
+        let s = copy.storage;
+        let n = self.next_id + 1;
+        let fail = self.config.fail_every.is_some_and(|k| n.is_multiple_of(k));
+        let not_before = self.epoch + Duration::from_nanos(copy.not_before);
+        let job = match copy.dir {
+            Dir::ToHost => {
+                let Some(src) = self.device.get(&s).map(P::share) else {
+                    return self.fail_now(s, format!("storage {} has no device data", s.0));
+                };
+                let len = src.byte_len() as u64;
+                if let Err(why) = self.reserve(len, s) {
+                    return self.fail_now(s, why);
+                }
+                let id = self.fresh_id();
+                self.out_meta.insert(id, (s, src.meta(), len));
+                let buf = self.spare.pop().unwrap_or_default();
+                Job::Out {
+                    id,
+                    src,
+                    buf,
+                    not_before,
+                    fail,
+                }
+            }
+            Dir::ToDevice => {
+                let Some(h) = self.host.get(&s) else {
+                    return self.fail_now(s, format!("storage {} has no host copy", s.0));
+                };
+                let (src, meta) = (Arc::clone(&h.bytes), h.meta.clone());
+                let id = self.fresh_id();
+                self.wanted_in.insert(s, id);
+                Job::In {
+                    id,
+                    src,
+                    meta,
+                    not_before,
+                    fail,
+                }
+            }
+        };
+        let id = match &job {
+            Job::Out { id, .. } | Job::In { id, .. } => *id,
+        };
+        let lane = self.lane_for(copy.dir);
+        if self.lanes[lane].0.send(job).is_err() {
+            self.out_meta.remove(&id);
+            self.copies
+                .insert(id, State::Failed("the copy thread is gone".into(), s));
+            return id;
+        }
+        self.in_flight += 1;
+        self.copies.insert(
+            id,
+            State::Pending {
+                dir: copy.dir,
+                storage: s,
+            },
+        );
+        id
+    }
+
+    fn poll(&mut self, now: u64) {
+        self.polled = self.polled.max(now);
+        while let Ok(d) = self.done_rx.try_recv() {
+            self.apply(d);
+        }
+    }
+
+    fn status(&self, id: CopyId) -> CopyStatus {
+        match self.copies.get(&id) {
+            // Observed at a poll: it ended by then, whatever the thread's
+            // clock read a moment later.
+            Some(State::Ended(t)) => CopyStatus::Ends((*t).min(self.polled)),
+            Some(State::Pending { .. }) => CopyStatus::Pending,
+            Some(State::Failed(why, s)) => CopyStatus::Failed(CopyError::Failed {
+                id,
+                storage: s.0,
+                why: why.clone(),
+            }),
+            None => CopyStatus::Failed(CopyError::Unknown(id)),
+        }
+    }
+
+    fn forget(&mut self, id: CopyId) {
+        if let Some(State::Pending { dir, storage }) = self.copies.get(&id) {
+            // Only ended copies may be forgotten; keep it so its end is
+            // still applied.
+            debug_assert!(
+                false,
+                "copy {id:?} ({dir:?}, {storage:?}) forgotten in flight"
+            );
+            return;
+        }
+        self.copies.remove(&id);
+    }
+
+    fn discard_host(&mut self, s: StorageId) {
+        self.discard(s);
+    }
+
+    fn device_freed(&mut self, s: StorageId) {
+        self.drop_device(s);
+    }
+}
+
+impl<P: Payload> Drop for HostCopies<P> {
+    fn drop(&mut self) {
+        // Closing the job channels ends the copy threads once they are done.
+        for (tx, handle) in std::mem::take(&mut self.lanes) {
+            drop(tx);
+            let _ = handle.join();
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "host_tests.rs"]
+mod tests;

@@ -1,0 +1,206 @@
+//! Tests of the host copy engine over a plain byte payload: bytes round-
+//! trip, copies are paced at the bandwidth, the pool cap holds, failures
+//! (injected or for want of room) are reported as failed copies.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tensile_graph::StorageId;
+
+use super::{HostConfig, HostCopies, Payload};
+use crate::engine::{Copy, CopyEngine, CopyError, CopyId, CopyStatus, Dir};
+
+/// A "device" buffer: shared bytes.
+#[derive(Debug, Clone)]
+struct Buf(Arc<Vec<u8>>);
+
+impl Payload for Buf {
+    type Meta = ();
+    fn meta(&self) {}
+    fn share(&self) -> Self {
+        self.clone()
+    }
+    fn byte_len(&self) -> usize {
+        self.0.len()
+    }
+    fn read(&self, dst: &mut [u8]) -> Result<(), String> {
+        dst.copy_from_slice(&self.0);
+        Ok(())
+    }
+    fn write(_: &(), src: &[u8]) -> Result<Self, String> {
+        Ok(Buf(Arc::new(src.to_vec())))
+    }
+}
+
+fn pattern(len: usize, seed: u8) -> Buf {
+    Buf(Arc::new(
+        (0..len)
+            .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+            .collect(),
+    ))
+}
+
+fn copy(dir: Dir, s: u32, bytes: u64) -> Copy {
+    Copy {
+        dir,
+        storage: StorageId(s),
+        bytes,
+        not_before: 0,
+    }
+}
+
+/// Polls until `id` is no longer pending; its status then.
+fn settle(e: &mut HostCopies<Buf>, epoch: Instant, id: CopyId) -> CopyStatus {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        e.poll(epoch.elapsed().as_nanos() as u64);
+        let st = e.status(id);
+        if st != CopyStatus::Pending {
+            return st;
+        }
+        assert!(Instant::now() < deadline, "copy {id:?} never completed");
+        e.wait(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn bytes_round_trip_and_the_source_outlives_its_drop() {
+    let epoch = Instant::now();
+    let mut e = HostCopies::<Buf>::new(HostConfig::default(), epoch);
+    let data = pattern(1 << 20, 7);
+    e.set_device(StorageId(3), data.clone());
+    let out = e.submit(copy(Dir::ToHost, 3, 1 << 20));
+    // The driver drops its buffer at once: the copy holds its own handle.
+    e.drop_device(StorageId(3));
+    assert!(matches!(settle(&mut e, epoch, out), CopyStatus::Ends(_)));
+    e.forget(out);
+    assert_eq!(e.pool_bytes().0, 1 << 20);
+    assert!(e.device(StorageId(3)).is_none());
+    let back = e.submit(copy(Dir::ToDevice, 3, 1 << 20));
+    assert!(matches!(settle(&mut e, epoch, back), CopyStatus::Ends(_)));
+    let got = e.device(StorageId(3)).expect("prefetched");
+    assert_eq!(got.0, data.0);
+    // The host copy stays for reuse until discarded.
+    assert_eq!(e.pool_bytes().0, 1 << 20);
+    e.discard_host(StorageId(3));
+    assert_eq!(e.pool_bytes().0, 0);
+}
+
+#[test]
+fn a_prefetch_into_a_dropped_buffer_installs_nothing() {
+    let epoch = Instant::now();
+    let mut e = HostCopies::<Buf>::new(HostConfig::default(), epoch);
+    e.put_host(StorageId(1), &pattern(4096, 1)).expect("fits");
+    let id = e.submit(copy(Dir::ToDevice, 1, 4096));
+    e.drop_device(StorageId(1));
+    assert!(matches!(settle(&mut e, epoch, id), CopyStatus::Ends(_)));
+    assert!(e.device(StorageId(1)).is_none());
+}
+
+#[test]
+fn copies_are_paced_at_the_bandwidth_in_order() {
+    let epoch = Instant::now();
+    let config = HostConfig {
+        bytes_per_s: Some(100e6),
+        ..HostConfig::default()
+    };
+    let mut e = HostCopies::<Buf>::new(config, epoch);
+    for s in 0..2 {
+        e.set_device(StorageId(s), pattern(5_000_000, s as u8));
+    }
+    let t0 = epoch.elapsed().as_nanos() as u64;
+    let a = e.submit(copy(Dir::ToHost, 0, 5_000_000));
+    let b = e.submit(copy(Dir::ToHost, 1, 5_000_000));
+    let (CopyStatus::Ends(ea), CopyStatus::Ends(eb)) =
+        (settle(&mut e, epoch, a), settle(&mut e, epoch, b))
+    else {
+        panic!("both copies end");
+    };
+    // 5 MB at 100 MB/s: 50 ms each, one after the other on the lane.
+    let (da, db) = ((ea - t0) as f64 / 1e6, (eb - t0) as f64 / 1e6);
+    assert!((45.0..150.0).contains(&da), "first copy took {da} ms");
+    assert!((95.0..250.0).contains(&db), "both copies took {db} ms");
+    assert!(eb >= ea + 45_000_000, "the lane is FIFO: {ea} then {eb}");
+}
+
+#[test]
+fn the_pool_cap_holds_and_a_copy_past_it_fails_clearly() {
+    let epoch = Instant::now();
+    let config = HostConfig {
+        pool_cap_bytes: 1_500_000,
+        ..HostConfig::default()
+    };
+    let mut e = HostCopies::<Buf>::new(config, epoch);
+    for s in 0..3 {
+        e.set_device(StorageId(s), pattern(1_000_000, s as u8));
+    }
+    let a = e.submit(copy(Dir::ToHost, 0, 1_000_000));
+    let b = e.submit(copy(Dir::ToHost, 1, 1_000_000));
+    assert!(matches!(settle(&mut e, epoch, a), CopyStatus::Ends(_)));
+    match settle(&mut e, epoch, b) {
+        CopyStatus::Failed(CopyError::Failed {
+            storage: 1, why, ..
+        }) => {
+            assert!(why.contains("host pool full"), "{why}");
+        }
+        other => panic!("expected a failure for want of room, got {other:?}"),
+    }
+    assert!(e.pool_bytes().1 <= 1_500_000, "never over the cap");
+    // Room comes back when the first host copy is discarded.
+    e.discard_host(StorageId(0));
+    let c = e.submit(copy(Dir::ToHost, 2, 1_000_000));
+    assert!(matches!(settle(&mut e, epoch, c), CopyStatus::Ends(_)));
+    assert_eq!(e.pool_bytes(), (1_000_000, 1_000_000));
+}
+
+#[test]
+fn injected_failures_and_delays_are_reported() {
+    let epoch = Instant::now();
+    let config = HostConfig {
+        fail_every: Some(2),
+        fault_delay: Duration::from_millis(30),
+        ..HostConfig::default()
+    };
+    let mut e = HostCopies::<Buf>::new(config, epoch);
+    e.set_device(StorageId(0), pattern(1000, 0));
+    let ids: Vec<CopyId> = (0..4)
+        .map(|_| e.submit(copy(Dir::ToHost, 0, 1000)))
+        .collect();
+    let t0 = epoch.elapsed().as_nanos() as u64;
+    let got: Vec<CopyStatus> = ids.iter().map(|&i| settle(&mut e, epoch, i)).collect();
+    for (k, st) in got.iter().enumerate() {
+        if k % 2 == 1 {
+            assert!(
+                matches!(st, CopyStatus::Failed(CopyError::Failed { why, .. }) if why.contains("injected")),
+                "copy {k}: {st:?}"
+            );
+        } else {
+            assert!(matches!(st, CopyStatus::Ends(_)), "copy {k}: {st:?}");
+        }
+    }
+    // Four delayed copies on one lane: at least 4 x 30 ms.
+    let CopyStatus::Ends(last) = got[2] else {
+        unreachable!()
+    };
+    assert!(last >= t0 + 60_000_000, "delays were applied");
+    // A failed swap-out holds no pool room; the one good copy does.
+    assert_eq!(e.pool_bytes().0, 1000);
+}
+
+#[test]
+fn copies_without_data_fail_instead_of_inventing_it() {
+    let epoch = Instant::now();
+    let mut e = HostCopies::<Buf>::new(HostConfig::default(), epoch);
+    let a = e.submit(copy(Dir::ToHost, 9, 10));
+    let b = e.submit(copy(Dir::ToDevice, 9, 10));
+    for id in [a, b] {
+        assert!(matches!(
+            settle(&mut e, epoch, id),
+            CopyStatus::Failed(CopyError::Failed { storage: 9, .. })
+        ));
+    }
+    assert!(matches!(
+        e.status(CopyId(77)),
+        CopyStatus::Failed(CopyError::Unknown(_))
+    ));
+}
