@@ -1,9 +1,20 @@
-//! The per-job worker process: registers its job's graph with the scheduler,
-//! runs iterations op by op with the executor, fires plan events at their
-//! trigger ops, and reports measured op latencies.
+//! The per-job worker: runs a job's graph op by op with real kernels under
+//! the executor (the same state machine the simulator runs), carries out
+//! its plan's swap-outs, prefetches, releases and recomputations with real
+//! tensors and real copies to a capped host pool, and measures what the
+//! planner predicted: time per iteration, peak device memory, stalls,
+//! passive swaps and late prefetches.
 //!
-//! Not built yet: this crate holds the module map only.
-//!
-//! # Layout (planned)
-//! - `kernels`: the kernel backends (`tch` for real libtorch kernels, `sim`).
-//! - `session`: the job's stream to the scheduler; plans switch at iteration boundaries.
+//! # Layout
+//! - `payload`: device storages as the host copy engine sees them (one flat
+//!   tensor per storage) and the layouts that re-derive views from it.
+//! - `runtime`: [`Worker`], the driver of the executor over the host copy
+//!   engine; the [`Kernels`] trait it runs ops through; out-of-memory under
+//!   a device budget.
+//! - `main.rs`: the `tensile-worker` binary.
+
+mod payload;
+mod runtime;
+
+pub use payload::{Flat, FlatMeta, Layout};
+pub use runtime::{IterationReport, Kernels, Worker, WorkerConfig, WorkerError, vanilla_plan};

@@ -1,0 +1,472 @@
+//! The worker runtime: drives the executor over the host copy engine with
+//! real tensors. The executor says which op runs next and hands out
+//! allocations and frees as effects; the runtime holds the tensors of the
+//! storages on the "device", tells the engine of each storage's bytes (so a
+//! swap-out finds them), re-derives views from a storage that came back
+//! from the host (same size, stride and offset), drops a storage's tensors
+//! when it is freed, runs recomputations through the kernels, and counts
+//! resident device bytes against the `--memory-mb` budget: an allocation
+//! past it is an out-of-memory error naming the op, as a GPU's would be.
+
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use tch::Tensor;
+use tensile_executor::{Effect, ExecError, Executor, IterationStats, Next};
+use tensile_graph::{Graph, Liveness, OpId, StorageId, TensorId};
+use tensile_planner::{Event, Plan};
+use tensile_swap_executor::{HostConfig, HostCopies, Payload};
+
+use crate::payload::{Flat, Layout};
+
+/// No plan: every storage released after its last use, as PyTorch frees
+/// it (`--vanilla`).
+pub fn vanilla_plan(live: &Liveness) -> Plan {
+    Plan {
+        events: Event::releases_after_last_use(live),
+        ..Plan::default()
+    }
+}
+
+/// Runs one op's kernel: inputs in `op.inputs` order, outputs in
+/// `op.outputs` order (an in-place output shares its input's memory, a
+/// view is a view).
+pub trait Kernels {
+    fn run(&mut self, op: OpId, inputs: &[&Tensor]) -> Result<Vec<Tensor>, String>;
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error(
+        "out of device memory at op {op} ({name}): {bytes} B for tensor {tensor} with {in_use} B of the {budget} B budget in use"
+    )]
+    OutOfMemory {
+        op: u32,
+        name: String,
+        tensor: String,
+        bytes: u64,
+        in_use: u64,
+        budget: u64,
+    },
+    #[error(transparent)]
+    Exec(#[from] ExecError),
+    #[error("op {op} ({name}) failed: {why}")]
+    Kernel { op: u32, name: String, why: String },
+    #[error("tensor {tensor} ({name}): {why}")]
+    Tensor {
+        tensor: u32,
+        name: String,
+        why: String,
+    },
+}
+
+/// How the worker runs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct WorkerConfig {
+    pub iterations: usize,
+    /// Device memory the job may use; `None`: no limit.
+    pub memory_budget_bytes: Option<u64>,
+    pub host: HostConfig,
+}
+
+/// What one iteration measured.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct IterationReport {
+    pub iteration: usize,
+    pub time_ns: u64,
+    /// The most bytes of device storage held at once, measured from the
+    /// tensors held (their storages' extents).
+    pub measured_peak_bytes: u64,
+    /// The same as the executor counts it (the graph's sizes).
+    pub executor_peak_bytes: u64,
+    pub stall_ns: u64,
+    pub passive_swaps: usize,
+    pub late_prefetches: usize,
+    pub late_prefetch_wait_ns: u64,
+    pub failed_copies: usize,
+    pub recomputed_ops: usize,
+    pub swapped_bytes: u64,
+    /// Kernel time of every op, indexed by op id.
+    #[serde(skip)]
+    pub op_ns: Vec<u64>,
+}
+
+impl IterationReport {
+    fn new(iteration: usize, s: &IterationStats, measured_peak_bytes: u64) -> IterationReport {
+        IterationReport {
+            iteration,
+            time_ns: s.end_ns - s.start_ns,
+            measured_peak_bytes,
+            executor_peak_bytes: s.peak_bytes,
+            stall_ns: s.stall_ns,
+            passive_swaps: s.passive_swaps,
+            late_prefetches: s.late_prefetches.len(),
+            late_prefetch_wait_ns: s.late_prefetches.iter().map(|l| l.1).sum(),
+            failed_copies: s.failed_copies,
+            recomputed_ops: s.recomputed_ops,
+            swapped_bytes: s.swapped_bytes,
+            op_ns: s.op_ns.clone(),
+        }
+    }
+}
+
+/// One job's run: the executor, the kernels and the device tensors.
+pub struct Worker<'g, K> {
+    graph: &'g Graph,
+    live: &'g Liveness,
+    exec: Executor<'g, HostCopies<Flat>>,
+    kernels: K,
+    epoch: Instant,
+    budget: Option<u64>,
+    /// Device tensors by tensor id.
+    table: Vec<Option<Tensor>>,
+    layout: Vec<Option<Layout>>,
+    tensors_of: Vec<Vec<TensorId>>,
+    /// Initial values by tensor id: inputs are copied in every iteration,
+    /// persistent tensors taken once.
+    initial: Vec<Option<Tensor>>,
+    /// Persistent storage installed once; inputs installed this iteration.
+    installed: Vec<bool>,
+    /// Bytes held for each storage (0: not on the device).
+    resident: Vec<u64>,
+    /// Bytes of each storage's buffer as last measured.
+    measured: Vec<Option<u64>>,
+    mem: u64,
+    peak: u64,
+    /// The op that effects are charged to (for out-of-memory errors).
+    at_op: OpId,
+}
+
+impl<K> std::fmt::Debug for Worker<'_, K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker")
+            .field("graph", &self.graph.name())
+            .field("mem", &self.mem)
+            .field("peak", &self.peak)
+            .finish()
+    }
+}
+
+impl<'g, K: Kernels> Worker<'g, K> {
+    /// A worker for `graph` under `plan`, with the initial values of every
+    /// initial tensor (inputs, parameters, buffers, optimizer state).
+    pub fn new(
+        graph: &'g Graph,
+        live: &'g Liveness,
+        plan: &Plan,
+        kernels: K,
+        initial: Vec<(TensorId, Tensor)>,
+        config: WorkerConfig,
+    ) -> Result<Worker<'g, K>, WorkerError> {
+        let epoch = Instant::now();
+        let engine = HostCopies::new(config.host, epoch);
+        let exec = Executor::new(graph, live, plan, engine, config.iterations);
+        let n = graph.tensors().len();
+        let mut tensors_of = vec![Vec::new(); live.storages.len()];
+        for t in graph.tensors() {
+            tensors_of[live.storage_of[t.id.index()].index()].push(t.id);
+        }
+        let mut init: Vec<Option<Tensor>> = (0..n).map(|_| None).collect();
+        for (t, v) in initial {
+            if let Some(slot) = init.get_mut(t.index()) {
+                *slot = Some(v);
+            }
+        }
+        let mut w = Worker {
+            graph,
+            live,
+            exec,
+            kernels,
+            epoch,
+            budget: config.memory_budget_bytes,
+            table: (0..n).map(|_| None).collect(),
+            layout: vec![None; n],
+            tensors_of,
+            initial: init,
+            installed: vec![false; live.storages.len()],
+            resident: vec![0; live.storages.len()],
+            measured: vec![None; live.storages.len()],
+            mem: 0,
+            peak: 0,
+            at_op: OpId(0),
+        };
+        // Persistent storage that starts on the host goes to the pool now.
+        for &t in &plan.start_on_host {
+            let s = live.storage_of[t.index()];
+            if w.installed[s.index()] {
+                continue;
+            }
+            let flat = w.install_initial(s, false)?;
+            w.exec
+                .engine_mut()
+                .put_host(s, &flat)
+                .map_err(|why| w.tensor_error(t, why))?;
+            // Not on the device: its tensors come back with its prefetch.
+            for &u in &w.tensors_of[s.index()] {
+                w.table[u.index()] = None;
+            }
+            w.installed[s.index()] = true;
+        }
+        Ok(w)
+    }
+
+    fn now(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+
+    fn tensor_error(&self, t: TensorId, why: String) -> WorkerError {
+        WorkerError::Tensor {
+            tensor: t.0,
+            name: self.graph.tensor(t).name.clone(),
+            why,
+        }
+    }
+
+    /// Puts the initial tensors of storage `s` in the table (a copy for
+    /// inputs, used again every iteration); its flat tensor.
+    fn install_initial(&mut self, s: StorageId, copy: bool) -> Result<Flat, WorkerError> {
+        let root = self.live.storages[s.index()].root;
+        let take = |w: &mut Self, t: TensorId| -> Result<Tensor, WorkerError> {
+            let v = if copy {
+                w.initial[t.index()].as_ref().map(Tensor::copy)
+            } else {
+                w.initial[t.index()].take()
+            };
+            v.ok_or_else(|| w.tensor_error(t, "no initial value was given".into()))
+        };
+        let r = take(self, root)?;
+        let flat = Flat::over(&r).map_err(|why| self.tensor_error(root, why))?;
+        self.record(root, r, &flat)?;
+        for i in 0..self.tensors_of[s.index()].len() {
+            let t = self.tensors_of[s.index()][i];
+            if t != root && self.graph.producer(t).is_none() {
+                let v = take(self, t)?;
+                self.record(t, v, &flat)?;
+            }
+        }
+        Ok(flat)
+    }
+
+    fn record(&mut self, t: TensorId, v: Tensor, flat: &Flat) -> Result<(), WorkerError> {
+        let l = flat
+            .layout_of(&v)
+            .map_err(|why| self.tensor_error(t, why))?;
+        self.layout[t.index()] = Some(l);
+        self.table[t.index()] = Some(v);
+        Ok(())
+    }
+
+    /// The device buffer of `s` now holds `bytes` (measured).
+    fn hold(&mut self, s: StorageId, bytes: u64) {
+        self.mem = self.mem - self.resident[s.index()] + bytes;
+        self.resident[s.index()] = bytes;
+        self.measured[s.index()] = Some(bytes);
+        self.peak = self.peak.max(self.mem);
+    }
+
+    fn apply_effects(&mut self) -> Result<(), WorkerError> {
+        for e in self.exec.take_effects() {
+            match e {
+                Effect::Alloc(s) => self.alloc(s)?,
+                Effect::Free(s) => self.free(s),
+            }
+        }
+        Ok(())
+    }
+
+    fn alloc(&mut self, s: StorageId) -> Result<(), WorkerError> {
+        let st = &self.live.storages[s.index()];
+        let bytes = self.measured[s.index()].unwrap_or(st.bytes);
+        if let Some(budget) = self.budget
+            && self.mem + bytes > budget
+        {
+            let op = self.graph.op(self.at_op);
+            return Err(WorkerError::OutOfMemory {
+                op: op.id.0,
+                name: op.name.clone(),
+                tensor: self.graph.tensor(st.root).name.clone(),
+                bytes,
+                in_use: self.mem,
+                budget,
+            });
+        }
+        self.hold(s, bytes);
+        // Initial storage the first time (inputs: every iteration) gets its
+        // values; any other allocation is filled by a kernel or a copy.
+        if st.born.is_none() && !self.installed[s.index()] {
+            let flat = self.install_initial(s, !st.persistent)?;
+            let bytes = flat.byte_len() as u64;
+            self.exec.engine_mut().set_device(s, flat);
+            self.hold(s, bytes);
+            self.installed[s.index()] = true;
+        }
+        Ok(())
+    }
+
+    fn free(&mut self, s: StorageId) {
+        // The engine let go of the storage's buffer when the executor freed
+        // it (in order with the copies it submitted after).
+        for &t in &self.tensors_of[s.index()] {
+            self.table[t.index()] = None;
+        }
+        self.mem -= self.resident[s.index()];
+        self.resident[s.index()] = 0;
+    }
+
+    /// The tensor `t`, re-derived from its storage if it came back from
+    /// the host.
+    fn input(&mut self, t: TensorId) -> Result<(), WorkerError> {
+        if self.table[t.index()].is_some() {
+            return Ok(());
+        }
+        let s = self.live.storage_of[t.index()];
+        let Some(layout) = &self.layout[t.index()] else {
+            return Err(self.tensor_error(t, "read before it was ever produced".into()));
+        };
+        let Some(flat) = self.exec.engine().device(s) else {
+            return Err(self.tensor_error(t, "its storage is not on the device".into()));
+        };
+        let v = flat
+            .derive(layout)
+            .map_err(|why| self.tensor_error(t, why))?;
+        self.table[t.index()] = Some(v);
+        Ok(())
+    }
+
+    fn run_kernel(&mut self, op: OpId) -> Result<(), WorkerError> {
+        let graph = self.graph;
+        let o = graph.op(op);
+        for &t in &o.inputs {
+            self.input(t)?;
+        }
+        let inputs: Vec<&Tensor> = o
+            .inputs
+            .iter()
+            .filter_map(|t| self.table[t.index()].as_ref())
+            .collect();
+        let kernel_error = |why: String| WorkerError::Kernel {
+            op: op.0,
+            name: o.name.clone(),
+            why,
+        };
+        let outs = self.kernels.run(op, &inputs).map_err(kernel_error)?;
+        if outs.len() != o.outputs.len() {
+            return Err(kernel_error(format!(
+                "{} outputs, the graph has {}",
+                outs.len(),
+                o.outputs.len()
+            )));
+        }
+        let target = match self.exec.running() {
+            Some((_, true)) => self.exec.recompute_target(),
+            _ => None,
+        };
+        for (&t, v) in o.outputs.iter().zip(outs) {
+            let s = self.live.storage_of[t.index()];
+            if target.is_some_and(|r| r != s) {
+                continue;
+            }
+            if self.exec.engine().device(s).is_none() {
+                let flat = Flat::over(&v).map_err(|why| self.tensor_error(t, why))?;
+                let bytes = flat.byte_len() as u64;
+                self.exec.engine_mut().set_device(s, flat);
+                self.hold(s, bytes);
+            }
+            let l = match self.exec.engine().device(s) {
+                Some(flat) => flat.layout_of(&v),
+                None => Err("its storage has no device buffer".into()),
+            }
+            .map_err(|why| self.tensor_error(t, why))?;
+            self.layout[t.index()] = Some(l);
+            self.table[t.index()] = Some(v);
+        }
+        Ok(())
+    }
+
+    /// Runs every iteration; `on_iteration` sees each one's report.
+    pub fn run(
+        &mut self,
+        mut on_iteration: impl FnMut(&IterationReport),
+    ) -> Result<Vec<IterationReport>, WorkerError> {
+        let mut reports = Vec::new();
+        loop {
+            let now = self.now();
+            let next = self.exec.step(now)?;
+            if let Next::Kernel { op } = next {
+                self.at_op = op;
+            }
+            self.apply_effects()?;
+            match next {
+                Next::Kernel { op } => {
+                    self.run_kernel(op)?;
+                    let now = self.now();
+                    self.exec.kernel_done(now);
+                    self.apply_effects()?;
+                }
+                Next::WaitUntil(t) => {
+                    let now = self.now();
+                    if t > now {
+                        let left = Duration::from_nanos(t - now);
+                        if !self.exec.engine_mut().wait(left) {
+                            std::thread::sleep(Duration::from_nanos(t.saturating_sub(self.now())));
+                        }
+                    }
+                }
+                Next::WaitForCopy => {
+                    self.exec.engine_mut().wait(Duration::from_millis(100));
+                }
+                Next::IterationDone => {
+                    let i = reports.len();
+                    let Some(stats) = self.exec.iterations_done().last() else {
+                        continue;
+                    };
+                    let r = IterationReport::new(i, stats, self.peak);
+                    on_iteration(&r);
+                    reports.push(r);
+                    self.peak = self.mem;
+                    for (k, st) in self.live.storages.iter().enumerate() {
+                        if !st.persistent && st.born.is_none() {
+                            self.installed[k] = false;
+                        }
+                    }
+                }
+                Next::Done => break,
+            }
+        }
+        Ok(reports)
+    }
+
+    /// The values of the persistent tensors (parameters, buffers, optimizer
+    /// state) now, wherever they are: on the device or in the host pool.
+    pub fn persistent_values(&mut self) -> Result<Vec<(TensorId, Tensor)>, WorkerError> {
+        self.exec.engine_mut().drain();
+        let now = self.now();
+        tensile_swap_executor::CopyEngine::poll(self.exec.engine_mut(), now);
+        let mut out = Vec::new();
+        for t in self.graph.tensors() {
+            let s = self.live.storage_of[t.id.index()];
+            if !t.kind.is_persistent() || self.live.storages[s.index()].root != t.id {
+                continue;
+            }
+            let Some(layout) = self.layout[t.id.index()].clone() else {
+                continue;
+            };
+            let v = match self.exec.engine().device(s) {
+                Some(flat) => flat.derive(&layout),
+                None => match self.exec.engine().host_payload(s) {
+                    Some(Ok(flat)) => flat.derive(&layout),
+                    Some(Err(why)) => Err(why),
+                    None => Err("neither on the device nor on the host".into()),
+                },
+            }
+            .map_err(|why| self.tensor_error(t.id, why))?;
+            out.push((t.id, v.copy()));
+        }
+        Ok(out)
+    }
+
+    /// Device bytes held now.
+    pub fn memory_bytes(&self) -> u64 {
+        self.mem
+    }
+}

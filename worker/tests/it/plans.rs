@@ -1,0 +1,221 @@
+//! Plans lose nothing, memory is what the plan says, and a budget that
+//! vanilla exceeds is an out-of-memory error for vanilla only.
+
+use std::time::Duration;
+
+use proptest::prelude::*;
+use tensile_graph::builder::Optimizer;
+use tensile_graph::zoo::{self, ZooConfig};
+use tensile_graph::{Graph, Liveness};
+use tensile_planner::{CopyModel, JobSettings, Plan};
+use tensile_swap_executor::HostConfig;
+use tensile_worker::WorkerError;
+
+use crate::{bytes, latencies, mlp, planned, run, vanilla};
+
+fn copy() -> CopyModel {
+    CopyModel::duplex(4e9, 4e9, 5_000)
+}
+
+fn graph() -> Graph {
+    mlp(64, 256, 4, Optimizer::adam())
+}
+
+/// Runs `g` under `plan` and vanilla for 3 iterations; asserts the
+/// parameters and optimizer state end bit-identical.
+fn same_as_vanilla(
+    g: &Graph,
+    plan: &Plan,
+    host: HostConfig,
+) -> Vec<tensile_worker::IterationReport> {
+    let (want, _) = run(
+        g,
+        &vanilla(g),
+        3,
+        HostConfig::default(),
+        None,
+        Duration::ZERO,
+    )
+    .expect("vanilla runs");
+    let (got, reports) = run(g, plan, 3, host, None, Duration::ZERO).expect("the plan runs");
+    assert_eq!(want.len(), got.len());
+    assert!(!want.is_empty());
+    let (want, got) = (bytes(&want), bytes(&got));
+    for (w, h) in want.iter().zip(&got) {
+        assert_eq!(w.0, h.0);
+        assert!(
+            w.1 == h.1,
+            "tensor {} ({}) differs",
+            w.0.0,
+            g.tensor(w.0).name
+        );
+    }
+    reports
+}
+
+#[test]
+fn swaps_and_host_copy_reuse_lose_nothing() {
+    let g = graph();
+    let settings = JobSettings {
+        recompute: false,
+        across_iteration: false,
+        ..JobSettings::default()
+    };
+    let p = planned(&g, latencies(&g), copy(), settings, 0.5);
+    assert!(p.prediction.swap_outs > 0, "the plan swaps");
+    let reports = same_as_vanilla(&g, &p, HostConfig::default());
+    assert!(reports.iter().all(|r| r.swapped_bytes > 0));
+}
+
+#[test]
+fn recomputation_loses_nothing() {
+    // ResNet-50 at 64 x 64, batch 1, SGD: the MLP has nothing the planner
+    // recomputes.
+    let config = ZooConfig {
+        resolution: Some(64),
+        optimizer: Optimizer::sgd(),
+        ..ZooConfig::new(1)
+    };
+    let g = zoo::build("resnet50", &config).expect("zoo");
+    let settings = JobSettings {
+        swap: false,
+        across_iteration: false,
+        ..JobSettings::default()
+    };
+    let p = planned(&g, latencies(&g), copy(), settings, 0.5);
+    assert!(p.prediction.recomputed_ops > 0, "the plan recomputes");
+    let reports = same_as_vanilla(&g, &p, HostConfig::default());
+    assert!(reports.iter().all(|r| r.recomputed_ops > 0));
+}
+
+#[test]
+fn across_iteration_swaps_lose_nothing() {
+    let g = graph();
+    let p = planned(&g, latencies(&g), copy(), JobSettings::default(), 0.3);
+    assert!(
+        !p.start_on_host.is_empty(),
+        "persistent storage starts on the host"
+    );
+    same_as_vanilla(&g, &p, HostConfig::default());
+}
+
+#[test]
+fn copy_delays_and_failures_lose_nothing() {
+    let g = graph();
+    let p = planned(&g, latencies(&g), copy(), JobSettings::default(), 0.4);
+    for fail_every in [2, 3, 7] {
+        let host = HostConfig {
+            fault_delay: Duration::from_micros(300),
+            fail_every: Some(fail_every),
+            ..HostConfig::default()
+        };
+        let reports = same_as_vanilla(&g, &p, host);
+        let failed: usize = reports.iter().map(|r| r.failed_copies).sum();
+        assert!(failed > 0, "copies failed (every {fail_every}th)");
+    }
+}
+
+#[test]
+fn a_full_host_pool_loses_nothing() {
+    let g = graph();
+    let settings = JobSettings {
+        across_iteration: false,
+        ..JobSettings::default()
+    };
+    let p = planned(&g, latencies(&g), copy(), settings, 0.4);
+    let host = HostConfig {
+        pool_cap_bytes: 200_000,
+        ..HostConfig::default()
+    };
+    let reports = same_as_vanilla(&g, &p, host);
+    assert!(
+        reports.iter().any(|r| r.failed_copies > 0),
+        "the pool filled up"
+    );
+}
+
+#[test]
+fn the_measured_peak_is_the_predicted_one_and_vanilla_runs_out_of_memory() {
+    let g = graph();
+    let live = Liveness::analyze(&g);
+    let settings = JobSettings {
+        across_iteration: false,
+        ..JobSettings::default()
+    };
+    // Kernels of known latency (each op takes 3 ms, its compute and a
+    // sleep) and an engine at 2 GB/s: the plan is made with the latencies
+    // the worker runs with, the copies' hand-over to the copy thread
+    // (tens of us) being well inside an op.
+    let floor = Duration::from_millis(3);
+    let lat = vec![3_000_000; g.ops().len()];
+    let link = CopyModel::duplex(2e9, 2e9, 0);
+    let host = HostConfig {
+        bytes_per_s: Some(2e9),
+        ..HostConfig::default()
+    };
+    let p = planned(&g, lat, link, settings, 0.5);
+    let predicted = p.prediction.planned_peak_bytes;
+    let vanilla_peak = p.prediction.vanilla_peak_bytes;
+    assert!(predicted < vanilla_peak);
+    let (_, reports) = run(&g, &p, 2, host, None, floor).expect("runs");
+    for r in &reports {
+        assert_eq!(r.measured_peak_bytes, r.executor_peak_bytes);
+        assert_eq!(
+            r.measured_peak_bytes, predicted,
+            "iteration {}: measured {} predicted {predicted} ({r:?})",
+            r.iteration, r.measured_peak_bytes
+        );
+    }
+    let (_, reports) = run(
+        &g,
+        &vanilla(&g),
+        1,
+        HostConfig::default(),
+        None,
+        Duration::ZERO,
+    )
+    .expect("runs");
+    assert_eq!(
+        reports[0].measured_peak_bytes,
+        live.vanilla_footprint().peak
+    );
+    assert_eq!(reports[0].measured_peak_bytes, vanilla_peak);
+    // A budget between the two: vanilla fails as a GPU would, the plan fits.
+    let budget = Some(predicted + (vanilla_peak - predicted) / 2);
+    match run(
+        &g,
+        &vanilla(&g),
+        1,
+        HostConfig::default(),
+        budget,
+        Duration::ZERO,
+    ) {
+        Err(e @ WorkerError::OutOfMemory { .. }) => {
+            assert!(
+                e.to_string().starts_with("out of device memory at op "),
+                "{e}"
+            );
+        }
+        other => panic!("vanilla should run out of memory: {:?}", other.map(|r| r.1)),
+    }
+    run(&g, &p, 2, host, budget, floor).expect("the plan fits");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 6, ..ProptestConfig::default() })]
+
+    #[test]
+    fn random_plans_lose_nothing(
+        budget in 0.2f64..0.9,
+        swap in any::<bool>(),
+        recompute in any::<bool>(),
+        across in any::<bool>(),
+        gbps in prop::sample::select(vec![0.5f64, 4.0, 50.0]),
+        sgd in any::<bool>(),
+    ) {
+        let g = mlp(32, 128, 3, if sgd { Optimizer::sgd() } else { Optimizer::adam() });
+        let settings = JobSettings { swap, recompute, across_iteration: across, ..JobSettings::default() };
+        let p = planned(&g, latencies(&g), CopyModel::duplex(gbps * 1e9, gbps * 1e9, 5_000), settings, budget);
+        same_as_vanilla(&g, &p, HostConfig::default());
+    }
+}
