@@ -11,6 +11,8 @@
 //! - `runtime`: [`Worker`], the driver of the executor over the host copy
 //!   engine; the [`Kernels`] trait it runs ops through; out-of-memory under
 //!   a device budget.
+//! - `real`: the real kernels (`tensile-kernels`) as [`Kernels`], their
+//!   initial values, saving parameters.
 //! - `main.rs`: the `tensile-worker` binary.
 
 mod payload;

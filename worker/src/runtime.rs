@@ -383,10 +383,11 @@ impl<'g, K: Kernels> Worker<'g, K> {
         Ok(())
     }
 
-    /// Runs every iteration; `on_iteration` sees each one's report.
+    /// Runs every iteration; `on_iteration` sees each one's report and may
+    /// hand over a new plan, which applies from the very next iteration.
     pub fn run(
         &mut self,
-        mut on_iteration: impl FnMut(&IterationReport),
+        mut on_iteration: impl FnMut(&IterationReport) -> Option<Plan>,
     ) -> Result<Vec<IterationReport>, WorkerError> {
         let mut reports = Vec::new();
         loop {
@@ -421,7 +422,13 @@ impl<'g, K: Kernels> Worker<'g, K> {
                         continue;
                     };
                     let r = IterationReport::new(i, stats, self.peak);
-                    on_iteration(&r);
+                    if let Some(plan) = on_iteration(&r) {
+                        // Persistent storage the new plan starts on the
+                        // host is copied out by the executor at the
+                        // boundary; storage it no longer wants there is
+                        // fetched on first use.
+                        self.exec.set_plan(plan);
+                    }
                     reports.push(r);
                     self.peak = self.mem;
                     for (k, st) in self.live.storages.iter().enumerate() {

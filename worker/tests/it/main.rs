@@ -91,7 +91,7 @@ pub(crate) fn run(
         host,
     };
     let mut w = Worker::new(g, &live, plan, kernels, mock::initial(g), config)?;
-    let reports = w.run(|_| {})?;
+    let reports = w.run(|_| None)?;
     Ok((w.persistent_values()?, reports))
 }
 

@@ -9,7 +9,7 @@ use tensile_graph::zoo::{self, ZooConfig};
 use tensile_graph::{Graph, Liveness};
 use tensile_planner::{CopyModel, JobSettings, Plan};
 use tensile_swap_executor::HostConfig;
-use tensile_worker::WorkerError;
+use tensile_worker::{Worker, WorkerConfig, WorkerError};
 
 use crate::{bytes, latencies, mlp, planned, run, vanilla};
 
@@ -199,6 +199,52 @@ fn the_measured_peak_is_the_predicted_one_and_vanilla_runs_out_of_memory() {
         other => panic!("vanilla should run out of memory: {:?}", other.map(|r| r.1)),
     }
     run(&g, &p, 2, host, budget, floor).expect("the plan fits");
+}
+
+#[test]
+fn plans_switched_at_iteration_boundaries_lose_nothing() {
+    let g = graph();
+    let live = Liveness::analyze(&g);
+    let (want, _) = run(
+        &g,
+        &vanilla(&g),
+        5,
+        HostConfig::default(),
+        None,
+        Duration::ZERO,
+    )
+    .expect("vanilla runs");
+    // Vanilla, then a plan that starts persistent storage on the host,
+    // then one that recomputes, then vanilla again.
+    let across = planned(&g, latencies(&g), copy(), JobSettings::default(), 0.3);
+    assert!(!across.start_on_host.is_empty());
+    let other = planned(
+        &g,
+        latencies(&g),
+        CopyModel::duplex(1e9, 1e9, 50_000),
+        JobSettings::default(),
+        0.6,
+    );
+    let mut next = vec![vanilla(&g), other, across].into_iter();
+    let kernels = crate::mock::Mock::new(&g, Duration::ZERO);
+    let config = WorkerConfig {
+        iterations: 5,
+        memory_budget_bytes: None,
+        host: HostConfig::default(),
+    };
+    let first = vanilla(&g);
+    let mut w =
+        Worker::new(&g, &live, &first, kernels, crate::mock::initial(&g), config).expect("worker");
+    let mut seen = 0;
+    w.run(|_| {
+        seen += 1;
+        next.next_back()
+    })
+    .expect("runs");
+    assert_eq!(seen, 5);
+    let got = w.persistent_values().expect("values");
+    let (want, got) = (bytes(&want), bytes(&got));
+    assert!(want == got, "switching plans changed the parameters");
 }
 
 proptest! {

@@ -1,0 +1,149 @@
+//! With the real kernels (`tensile-kernels`): the worker with no plan
+//! computes exactly what the kernels run back to back compute, and plans
+//! (swaps, across-iteration swaps, recomputation; copy faults) change no
+//! bit of the parameters; the binary trains a zoo model under `--vanilla`
+//! and `--plan FILE` and fails under a budget vanilla exceeds.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use tch::{Device, Tensor};
+use tensile_graph::builder::Optimizer;
+use tensile_graph::zoo::{self, ZooConfig};
+use tensile_graph::{Graph, Liveness, TensorId};
+use tensile_kernels::{Program, initial_values, run_iteration};
+use tensile_planner::{CopyModel, JobSettings, Plan};
+use tensile_swap_executor::HostConfig;
+use tensile_worker::{Worker, WorkerConfig, initial_of, vanilla_plan};
+
+use crate::{bytes, latencies, planned};
+
+fn resnet() -> Graph {
+    let config = ZooConfig {
+        resolution: Some(64),
+        optimizer: Optimizer::sgd(),
+        ..ZooConfig::new(1)
+    };
+    zoo::build("resnet50", &config).expect("zoo")
+}
+
+fn worker_run(g: &Graph, plan: &Plan, iterations: usize, host: HostConfig) -> Vec<(TensorId, Tensor)> {
+    tch::set_num_threads(1);
+    let live = Liveness::analyze(g);
+    let program = Program::new(g, Device::Cpu).expect("every op runs");
+    let values = initial_values(g, Device::Cpu, 7, None, None).expect("values");
+    let config = WorkerConfig {
+        iterations,
+        memory_budget_bytes: None,
+        host,
+    };
+    let mut w = Worker::new(g, &live, plan, program, initial_of(g, &values), config).expect("worker");
+    w.run(|_| None).expect("runs");
+    w.persistent_values().expect("values")
+}
+
+fn assert_same(g: &Graph, want: &[(TensorId, Tensor)], got: &[(TensorId, Tensor)]) {
+    assert_eq!(want.len(), got.len());
+    assert!(!want.is_empty());
+    for (w, h) in bytes(want).iter().zip(&bytes(got)) {
+        assert_eq!(w.0, h.0);
+        assert!(w.1 == h.1, "tensor {} ({}) differs", w.0.0, g.tensor(w.0).name);
+    }
+}
+
+#[test]
+fn the_worker_computes_what_the_kernels_back_to_back_compute() {
+    let g = resnet();
+    tch::set_num_threads(1);
+    let mut program = Program::new(&g, Device::Cpu).expect("every op runs");
+    let mut values = initial_values(&g, Device::Cpu, 7, None, None).expect("values");
+    for _ in 0..2 {
+        run_iteration(&mut program, &g, &mut values).expect("runs");
+    }
+    let want: Vec<(TensorId, Tensor)> = g
+        .tensors()
+        .iter()
+        .filter(|t| t.kind.is_persistent() && g.producer(t.id).is_none())
+        .filter_map(|t| values.get(t.id).map(|v| (t.id, v.shallow_clone())))
+        .collect();
+    let live = Liveness::analyze(&g);
+    let got = worker_run(&g, &vanilla_plan(&live), 2, HostConfig::default());
+    assert_same(&g, &want, &got);
+}
+
+#[test]
+fn plans_with_real_kernels_lose_nothing() {
+    let g = resnet();
+    let live = Liveness::analyze(&g);
+    let want = worker_run(&g, &vanilla_plan(&live), 2, HostConfig::default());
+    let copy = CopyModel::duplex(4e9, 4e9, 5_000);
+    let p = planned(&g, latencies(&g), copy, JobSettings::default(), 0.5);
+    assert!(p.prediction.swap_outs > 0 && p.prediction.recomputed_ops > 0 && !p.start_on_host.is_empty(),
+        "the plan swaps, recomputes and swaps across iterations");
+    assert_same(&g, &want, &worker_run(&g, &p, 2, HostConfig::default()));
+    let faults = HostConfig {
+        fault_delay: Duration::from_micros(200),
+        fail_every: Some(4),
+        ..HostConfig::default()
+    };
+    assert_same(&g, &want, &worker_run(&g, &p, 2, faults));
+}
+
+fn worker_bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_tensile-worker"))
+}
+
+#[test]
+fn the_binary_trains_under_vanilla_and_a_plan_file_and_runs_out_of_memory_clearly() {
+    let g = resnet();
+    let copy = CopyModel::duplex(4e9, 4e9, 5_000);
+    let p = planned(&g, latencies(&g), copy, JobSettings::default(), 0.5);
+    let dir = std::env::temp_dir().join(format!("tensile-worker-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let plan_file: PathBuf = dir.join("plan.json");
+    std::fs::write(&plan_file, tensile_proto::plan_json::plan_to_json(&p, &[], &g)).expect("write");
+    let job = ["--model", "resnet50", "--batch", "1", "--resolution", "64", "--optimizer", "sgd", "--threads", "1"];
+    let mut saved = Vec::new();
+    for (policy, name) in [(vec!["--vanilla"], "vanilla"), (vec!["--plan", plan_file.to_str().expect("utf-8")], "plan")] {
+        let out_file = dir.join(format!("{name}.safetensors"));
+        let out = worker_bin()
+            .args(job)
+            .args(&policy)
+            .args(["--iterations", "2", "--json", "--save-params"])
+            .arg(&out_file)
+            .output()
+            .expect("runs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{name}: {stderr}");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let lines: Vec<serde_json::Value> = stdout.lines().map(|l| serde_json::from_str(l).expect("json")).collect();
+        assert_eq!(lines.len(), 2, "{stdout}");
+        for l in &lines {
+            assert!(l["time_ns"].as_u64().is_some_and(|t| t > 0));
+            assert!(l["measured_peak_bytes"].as_u64().is_some_and(|b| b > 0));
+        }
+        saved.push(std::fs::read(&out_file).expect("saved"));
+    }
+    assert!(saved[0] == saved[1], "the plan changed the parameters");
+    // Under a budget between the plan's peak and vanilla's.
+    let mb = (p.prediction.planned_peak_bytes + (p.prediction.vanilla_peak_bytes - p.prediction.planned_peak_bytes) / 2) >> 20;
+    let out = worker_bin()
+        .args(job)
+        .args(["--vanilla", "--memory-mb", &mb.to_string()])
+        .output()
+        .expect("runs");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("out of device memory at op"), "{stderr}");
+    let out = worker_bin()
+        .args(job)
+        .args(["--plan", plan_file.to_str().expect("utf-8"), "--memory-mb", &mb.to_string()])
+        .output()
+        .expect("runs");
+    assert!(out.status.success(), "the plan fits: {}", String::from_utf8_lossy(&out.stderr));
+    let out = worker_bin().args(job).args(["--vanilla", "--copy", "cuda"]).output().expect("runs");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("CUDA copy engine"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
