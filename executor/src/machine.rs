@@ -322,6 +322,7 @@ impl<'g, C: CopyEngine> Executor<'g, C> {
             let slot = &mut self.slots[s.index()];
             slot.device = Device::Absent;
             slot.release_pending = false;
+            slot.out_failed = false;
             self.mem -= self.live.storages[s.index()].bytes;
             self.engine.device_freed(s);
             self.effects.push(Effect::Free(s));
@@ -414,6 +415,7 @@ impl<'g, C: CopyEngine> Executor<'g, C> {
                         self.engine.discard_host(s);
                         self.slots[i].host = Host::None;
                         self.slots[i].release_pending = false;
+                        self.slots[i].out_failed = true;
                     }
                 }
             }
@@ -485,6 +487,7 @@ impl<'g, C: CopyEngine> Executor<'g, C> {
             _ => at,
         };
         let copy = self.submit(s, Dir::ToHost, not_before);
+        self.slots[s.index()].out_failed = false;
         // A second swap-out while one is in flight: the host copy is
         // complete when the later one is; a prefetch that came meanwhile
         // still keeps the buffer.
@@ -526,6 +529,12 @@ impl<'g, C: CopyEngine> Executor<'g, C> {
         match e.kind {
             EventKind::Release => {
                 let slot = self.slots[s.index()];
+                let last_use = matches!(e.trigger, Trigger::After(op)
+                    if self.live.storages[s.index()].freed_after == Some(op));
+                if slot.out_failed && !last_use {
+                    // Its swap-out failed: this buffer is the only copy.
+                    return;
+                }
                 if slot.writing().is_some() || (slot.on_device() && !slot.ready(now)) {
                     self.slots[s.index()].release_pending = true;
                 } else {
@@ -736,6 +745,7 @@ impl<'g, C: CopyEngine> Executor<'g, C> {
             }
             let slot = &mut self.slots[s.index()];
             slot.host = Host::None;
+            slot.out_failed = false;
             slot.device = Device::Ready { since: now };
         }
         self.start_kernel(now);

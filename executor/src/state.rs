@@ -55,6 +55,10 @@ pub(crate) struct Slot {
     pub(crate) host: Host,
     /// Released by the plan while a copy was in flight: freed once none is.
     pub(crate) release_pending: bool,
+    /// Its last swap-out failed: the device buffer holds the only copy of
+    /// the data, so a planned release (other than the one after its last
+    /// use) leaves it in place.
+    pub(crate) out_failed: bool,
 }
 
 impl Slot {
@@ -62,6 +66,7 @@ impl Slot {
         device: Device::Absent,
         host: Host::None,
         release_pending: false,
+        out_failed: false,
     };
 
     /// A device buffer exists (whether or not its data has arrived).

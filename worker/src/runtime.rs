@@ -127,6 +127,7 @@ pub struct Worker<'g, K> {
     initial: Vec<Option<Tensor>>,
     /// Persistent storage installed once; inputs installed this iteration.
     installed: Vec<bool>,
+    iterations: usize,
     /// Bytes held for each storage (0: not on the device).
     resident: Vec<u64>,
     /// Bytes of each storage's buffer as last measured.
@@ -184,6 +185,7 @@ impl<'g, K: Kernels> Worker<'g, K> {
             tensors_of,
             initial: init,
             installed: vec![false; live.storages.len()],
+            iterations: config.iterations,
             resident: vec![0; live.storages.len()],
             measured: vec![None; live.storages.len()],
             mem: 0,
@@ -207,6 +209,7 @@ impl<'g, K: Kernels> Worker<'g, K> {
             }
             w.installed[s.index()] = true;
         }
+        w.preinstall()?;
         Ok(w)
     }
 
@@ -290,15 +293,28 @@ impl<'g, K: Kernels> Worker<'g, K> {
                 budget,
             });
         }
+        // Initial storage already holds its values (see `preinstall`); any
+        // other allocation is filled by a kernel or a copy.
         self.hold(s, bytes);
-        // Initial storage the first time (inputs: every iteration) gets its
-        // values; any other allocation is filled by a kernel or a copy.
-        if st.born.is_none() && !self.installed[s.index()] {
+        Ok(())
+    }
+
+    /// Puts the values of the initial storage the executor allocates when
+    /// the next iteration begins on the device: persistent storage once
+    /// (unless it starts on the host), inputs every iteration. Done before
+    /// the step that begins the iteration, since that step may already
+    /// copy them out (a swap-out at the iteration's start); their bytes
+    /// count from their `Alloc`.
+    fn preinstall(&mut self) -> Result<(), WorkerError> {
+        for (i, st) in self.live.storages.iter().enumerate() {
+            let s = StorageId(i as u32);
+            if st.born.is_some() || self.installed[i] {
+                continue;
+            }
             let flat = self.install_initial(s, !st.persistent)?;
-            let bytes = flat.byte_len() as u64;
+            self.measured[i] = Some(flat.byte_len() as u64);
             self.exec.engine_mut().set_device(s, flat);
-            self.hold(s, bytes);
-            self.installed[s.index()] = true;
+            self.installed[i] = true;
         }
         Ok(())
     }
@@ -435,6 +451,9 @@ impl<'g, K: Kernels> Worker<'g, K> {
                         if !st.persistent && st.born.is_none() {
                             self.installed[k] = false;
                         }
+                    }
+                    if reports.len() < self.iterations {
+                        self.preinstall()?;
                     }
                 }
                 Next::Done => break,

@@ -187,3 +187,29 @@ fn failed_copies_lose_nothing() {
         assert!(failed > 0, "copies failed (every {k}th)");
     }
 }
+
+#[test]
+fn a_release_after_a_failed_swap_out_keeps_the_only_copy() {
+    // ResNet-50's plan at a tight budget releases parameters after their
+    // swap-out and fetches them again from the host copy before the
+    // optimizer: when that swap-out fails, the release must not drop the
+    // only copy of the data.
+    let config = tensile_graph::zoo::ZooConfig {
+        resolution: Some(64),
+        optimizer: Optimizer::sgd(),
+        ..tensile_graph::zoo::ZooConfig::new(1)
+    };
+    let g = tensile_graph::zoo::build("resnet50", &config).unwrap();
+    let live = Liveness::analyze(&g);
+    let copy = CopyModel::duplex(4e9, 4e9, 5_000);
+    let vanilla = live.vanilla_footprint().peak;
+    let mut pc = PlannerConfig::new(copy);
+    pc.budget_bytes = Some(vanilla / 2);
+    let input = JobInput::new(&g, latencies(&g), JobSettings::default());
+    let p = plan(&[input], &pc).unwrap().plans.remove(0);
+    for k in [2, 3, 4, 5] {
+        let its = run(&g, &live, &p, Opaque::new(copy, Some(k)));
+        let failed: usize = its.iter().map(|i| i.failed_copies).sum();
+        assert!(failed > 0, "copies failed (every {k}th)");
+    }
+}

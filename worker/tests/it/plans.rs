@@ -116,6 +116,29 @@ fn copy_delays_and_failures_lose_nothing() {
 }
 
 #[test]
+fn failed_copies_of_a_resnet_plan_lose_nothing() {
+    // Parameters swapped out, released and fetched again from their host
+    // copy before the optimizer, recomputation, across-iteration swaps:
+    // every 3rd or 4th copy fails.
+    let config = ZooConfig {
+        resolution: Some(64),
+        optimizer: Optimizer::sgd(),
+        ..ZooConfig::new(1)
+    };
+    let g = zoo::build("resnet50", &config).expect("zoo");
+    let p = planned(&g, latencies(&g), copy(), JobSettings::default(), 0.5);
+    assert!(p.prediction.swap_outs > 0 && p.prediction.recomputed_ops > 0);
+    for fail_every in [3, 4] {
+        let host = HostConfig {
+            fail_every: Some(fail_every),
+            ..HostConfig::default()
+        };
+        let reports = same_as_vanilla(&g, &p, host);
+        assert!(reports.iter().any(|r| r.failed_copies > 0));
+    }
+}
+
+#[test]
 fn a_full_host_pool_loses_nothing() {
     let g = graph();
     let settings = JobSettings {
