@@ -1,0 +1,253 @@
+//! The FFI edge: the only module with `unsafe`. It wraps the C++ shim
+//! (`csrc/shim.cpp`) that finds ATen operators in the dispatcher, describes
+//! their schemas and calls them boxed. Tensors cross as `at::Tensor*`, which
+//! is what tch's `C_tensor` pointers are; tensors coming back are new heap
+//! `at::Tensor`s, owned by the `tch::Tensor` that wraps them.
+#![allow(unsafe_code)]
+
+use std::ffi::{CStr, CString, c_char, c_void};
+use std::ptr::{self, NonNull};
+
+use tch::Tensor;
+
+#[repr(C)]
+struct RawArg {
+    kind: i32,
+    i: i64,
+    j: i64,
+    f: f64,
+    p: *const c_void,
+    n: usize,
+}
+
+unsafe extern "C" {
+    fn tk_free_str(s: *mut c_char);
+    fn tk_op_find(
+        name: *const c_char,
+        overload: *const c_char,
+        err: *mut *mut c_char,
+    ) -> *mut c_void;
+    fn tk_op_free(op: *mut c_void);
+    fn tk_overloads(name: *const c_char, err: *mut *mut c_char) -> *mut c_char;
+    fn tk_op_schema(op: *mut c_void, err: *mut *mut c_char) -> *mut c_char;
+    fn tk_op_call(
+        op: *mut c_void,
+        args: *const RawArg,
+        nargs: usize,
+        outs: *mut *mut *mut c_void,
+        nouts: *mut usize,
+        err: *mut *mut c_char,
+    ) -> i32;
+    fn tk_free_outs(outs: *mut *mut c_void);
+}
+
+/// One argument value, in schema order (see `tk_arg` in the shim).
+#[derive(Debug)]
+pub(crate) enum Arg<'a> {
+    /// The schema's default value.
+    Default,
+    None,
+    Tensor(&'a Tensor),
+    TensorList(Vec<&'a Tensor>),
+    OptTensorList(Vec<Option<&'a Tensor>>),
+    Int(i64),
+    Float(f64),
+    Bool(bool),
+    Ints(&'a [i64]),
+    Floats(&'a [f64]),
+    Bools(Vec<u8>),
+    ScalarInt(i64),
+    ScalarFloat(f64),
+    ScalarBool(bool),
+    /// A number where the schema wants a tensor: a wrapped-number tensor.
+    WrappedInt(i64),
+    WrappedFloat(f64),
+    WrappedBool(bool),
+    Str(&'a str),
+    /// A `c10::ScalarType` code.
+    Dtype(i64),
+    /// A `c10::MemoryFormat` code.
+    MemoryFormat(i64),
+    /// A `c10::Layout` code.
+    Layout(i64),
+    /// A `c10::DeviceType` code and a device index (-1: none).
+    Device(i64, i64),
+}
+
+/// Takes a message the shim allocated.
+fn take_str(s: *mut c_char) -> String {
+    if s.is_null() {
+        return "unknown error (no message)".to_string();
+    }
+    // SAFETY: `s` is a NUL-terminated string malloc'd by the shim (`dup`), not
+    // freed before; we copy it out and hand it back to the shim's `free`.
+    unsafe {
+        let out = CStr::from_ptr(s).to_string_lossy().into_owned();
+        tk_free_str(s);
+        out
+    }
+}
+
+fn cstring(s: &str) -> Result<CString, String> {
+    CString::new(s).map_err(|_| format!("{s:?} contains a NUL byte"))
+}
+
+/// The overload names registered for an operator (`""` is the default one).
+pub(crate) fn overloads(name: &str) -> Result<Vec<String>, String> {
+    let name = cstring(name)?;
+    let mut err: *mut c_char = ptr::null_mut();
+    // SAFETY: `name` is a valid C string for the duration of the call; `err`
+    // is a valid out-pointer. The shim catches every C++ exception.
+    let text = unsafe { tk_overloads(name.as_ptr(), &mut err) };
+    if text.is_null() {
+        return Err(take_str(err));
+    }
+    Ok(take_str(text).lines().map(str::to_string).collect())
+}
+
+/// A handle on one operator of the dispatcher (`c10::OperatorHandle`).
+#[derive(Debug)]
+pub(crate) struct OpHandle(NonNull<c_void>);
+
+// SAFETY: an OperatorHandle points into the dispatcher's global operator
+// table, which is itself thread-safe; the handle object is only read.
+unsafe impl Send for OpHandle {}
+
+impl Drop for OpHandle {
+    fn drop(&mut self) {
+        // SAFETY: the pointer came from `tk_op_find` (a `new` OperatorHandle)
+        // and is freed exactly once, here.
+        unsafe { tk_op_free(self.0.as_ptr()) }
+    }
+}
+
+impl OpHandle {
+    /// Finds `name` (`aten::add`) with `overload` (`""`: the default one).
+    pub(crate) fn find(name: &str, overload: &str) -> Result<OpHandle, String> {
+        let (n, o) = (cstring(name)?, cstring(overload)?);
+        let mut err: *mut c_char = ptr::null_mut();
+        // SAFETY: both strings live for the call; `err` is a valid out-pointer.
+        let h = unsafe { tk_op_find(n.as_ptr(), o.as_ptr(), &mut err) };
+        NonNull::new(h).map(OpHandle).ok_or_else(|| take_str(err))
+    }
+
+    /// The schema as the shim describes it (see `tk_op_schema`).
+    pub(crate) fn schema_text(&self) -> Result<String, String> {
+        let mut err: *mut c_char = ptr::null_mut();
+        // SAFETY: `self.0` is a live OperatorHandle; `err` a valid out-pointer.
+        let text = unsafe { tk_op_schema(self.0.as_ptr(), &mut err) };
+        if text.is_null() {
+            return Err(take_str(err));
+        }
+        Ok(take_str(text))
+    }
+
+    /// Calls the operator with `args` in schema order; returns its tensor
+    /// results flattened (`None` for an undefined tensor or a None return).
+    pub(crate) fn call(&self, args: &[Arg<'_>]) -> Result<Vec<Option<Tensor>>, String> {
+        // Pointer arrays for list arguments, kept alive until the call returns.
+        let mut lists: Vec<Vec<*const c_void>> = Vec::new();
+        let mut bools: Vec<&[u8]> = Vec::new();
+        for a in args {
+            match a {
+                Arg::TensorList(ts) => {
+                    lists.push(ts.iter().map(|t| t.as_ptr() as *const c_void).collect())
+                }
+                Arg::OptTensorList(ts) => lists.push(
+                    ts.iter()
+                        .map(|t| t.map_or(ptr::null(), |t| t.as_ptr() as *const c_void))
+                        .collect(),
+                ),
+                Arg::Bools(v) => bools.push(v),
+                _ => {}
+            }
+        }
+        let (mut li, mut bi) = (0, 0);
+        let mut raw = Vec::with_capacity(args.len());
+        for a in args {
+            let mut r = RawArg {
+                kind: 0,
+                i: 0,
+                j: -1,
+                f: 0.0,
+                p: ptr::null(),
+                n: 0,
+            };
+            match a {
+                Arg::Default => r.kind = 0,
+                Arg::None => r.kind = 1,
+                Arg::Tensor(t) => {
+                    r.kind = 2;
+                    r.p = t.as_ptr() as *const c_void;
+                }
+                Arg::TensorList(_) | Arg::OptTensorList(_) => {
+                    r.kind = if matches!(a, Arg::TensorList(_)) {
+                        3
+                    } else {
+                        4
+                    };
+                    r.p = lists[li].as_ptr() as *const c_void;
+                    r.n = lists[li].len();
+                    li += 1;
+                }
+                Arg::Int(v) => (r.kind, r.i) = (5, *v),
+                Arg::Float(v) => (r.kind, r.f) = (6, *v),
+                Arg::Bool(v) => (r.kind, r.i) = (7, i64::from(*v)),
+                Arg::Ints(v) => (r.kind, r.p, r.n) = (8, v.as_ptr() as *const c_void, v.len()),
+                Arg::Floats(v) => (r.kind, r.p, r.n) = (9, v.as_ptr() as *const c_void, v.len()),
+                Arg::Bools(_) => {
+                    (r.kind, r.p, r.n) = (10, bools[bi].as_ptr() as *const c_void, bools[bi].len());
+                    bi += 1;
+                }
+                Arg::ScalarInt(v) => (r.kind, r.i) = (11, *v),
+                Arg::ScalarFloat(v) => (r.kind, r.f) = (12, *v),
+                Arg::ScalarBool(v) => (r.kind, r.i) = (13, i64::from(*v)),
+                Arg::WrappedInt(v) => (r.kind, r.i) = (14, *v),
+                Arg::WrappedFloat(v) => (r.kind, r.f) = (15, *v),
+                Arg::WrappedBool(v) => (r.kind, r.i) = (16, i64::from(*v)),
+                Arg::Str(s) => (r.kind, r.p, r.n) = (17, s.as_ptr() as *const c_void, s.len()),
+                Arg::Dtype(v) => (r.kind, r.i) = (18, *v),
+                Arg::MemoryFormat(v) => (r.kind, r.i) = (19, *v),
+                Arg::Layout(v) => (r.kind, r.i) = (20, *v),
+                Arg::Device(t, i) => (r.kind, r.i, r.j) = (21, *t, *i),
+            }
+            raw.push(r);
+        }
+        let mut outs: *mut *mut c_void = ptr::null_mut();
+        let mut nouts = 0usize;
+        let mut err: *mut c_char = ptr::null_mut();
+        // SAFETY: `self.0` is a live OperatorHandle; every pointer in `raw`
+        // points into `args` (tensors, slices, strings) or into `lists` /
+        // `bools`, all alive until this call returns; the shim only reads
+        // them and catches every C++ exception.
+        let rc = unsafe {
+            tk_op_call(
+                self.0.as_ptr(),
+                raw.as_ptr(),
+                raw.len(),
+                &mut outs,
+                &mut nouts,
+                &mut err,
+            )
+        };
+        if rc != 0 {
+            return Err(take_str(err));
+        }
+        let mut result = Vec::with_capacity(nouts);
+        for k in 0..nouts {
+            // SAFETY: on success `outs` holds `nouts` entries, each null or a
+            // heap `at::Tensor*` we now own; `Tensor::from_ptr` takes that
+            // ownership (tch frees it on drop). The array is freed once below.
+            let t = unsafe { *outs.add(k) };
+            result.push(if t.is_null() {
+                None
+            } else {
+                // SAFETY: see above; `t` is a fresh, owned at::Tensor*.
+                Some(unsafe { Tensor::from_ptr(t as *mut torch_sys::C_tensor) })
+            });
+        }
+        // SAFETY: `outs` was malloc'd by the shim and is freed exactly once.
+        unsafe { tk_free_outs(outs) };
+        Ok(result)
+    }
+}

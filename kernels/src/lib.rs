@@ -1,0 +1,61 @@
+//! Real ATen kernels for every op of a graph, through one boxed-dispatch
+//! path: a small C++ shim (`csrc/shim.cpp`) finds any operator by its schema
+//! name in PyTorch's dispatcher and calls it with `c10::IValue`s in schema
+//! order, so ops tch does not generate (`convolution_backward`,
+//! `native_batch_norm_backward`, `_fused_adam_`, ...) run like any other.
+//!
+//! - [`Program::new`] binds every op of a graph to a schema up front
+//!   ([`bind`]): an op that cannot run is an error naming it.
+//! - [`Program::run`] runs one op on its input tensors.
+//! - [`initial_values`] makes the tensors an iteration starts from (seeded,
+//!   or loaded from safetensors), [`run_iteration`] is the reference loop
+//!   (ops back to back, no executor, no plan) and [`save_params`] writes the
+//!   parameters.
+
+mod bind;
+mod ffi;
+mod program;
+mod schema;
+mod values;
+
+use std::path::PathBuf;
+
+use thiserror::Error;
+
+pub use program::Program;
+pub use values::{Values, initial_values, run_iteration, save_params};
+
+/// Why a graph cannot run, or an op failed.
+#[derive(Debug, Error)]
+pub enum KernelError {
+    /// An op cannot be bound to an ATen schema.
+    #[error("op {op} {name:?} ({op_type}) cannot run: {reason}")]
+    Bind {
+        op: tensile_graph::OpId,
+        name: String,
+        op_type: String,
+        reason: String,
+    },
+    /// An op failed while running (the kernel's own message).
+    #[error("op {op} {name:?} ({op_type}) failed: {reason}")]
+    Run {
+        op: tensile_graph::OpId,
+        name: String,
+        op_type: String,
+        reason: String,
+    },
+    /// The program cannot run on this device.
+    #[error("device {device:?}: {reason}")]
+    Device { device: tch::Device, reason: String },
+    /// A tensors file is missing, unreadable, or does not fit the graph.
+    #[error("{}: {reason}", path.display())]
+    File { path: PathBuf, reason: String },
+    /// The values do not fit the graph (a missing initial tensor, ...).
+    #[error("{0}")]
+    Values(String),
+}
+
+/// The schema `op` binds to, as PyTorch prints it, or why it cannot run.
+pub fn binding_of(op: &tensile_graph::Op) -> Result<String, String> {
+    bind::bind(op).map(|b| b.schema.text)
+}
