@@ -16,7 +16,9 @@
 //! - `main.rs`: the `tensile-worker` binary.
 
 mod payload;
+mod real;
 mod runtime;
 
 pub use payload::{Flat, FlatMeta, Layout};
+pub use real::{initial_of, save_params};
 pub use runtime::{IterationReport, Kernels, Worker, WorkerConfig, WorkerError, vanilla_plan};

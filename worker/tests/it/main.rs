@@ -8,6 +8,7 @@
 
 mod mock;
 mod plans;
+mod real;
 
 use std::time::Duration;
 

@@ -28,7 +28,12 @@ fn resnet() -> Graph {
     zoo::build("resnet50", &config).expect("zoo")
 }
 
-fn worker_run(g: &Graph, plan: &Plan, iterations: usize, host: HostConfig) -> Vec<(TensorId, Tensor)> {
+fn worker_run(
+    g: &Graph,
+    plan: &Plan,
+    iterations: usize,
+    host: HostConfig,
+) -> Vec<(TensorId, Tensor)> {
     tch::set_num_threads(1);
     let live = Liveness::analyze(g);
     let program = Program::new(g, Device::Cpu).expect("every op runs");
@@ -38,7 +43,8 @@ fn worker_run(g: &Graph, plan: &Plan, iterations: usize, host: HostConfig) -> Ve
         memory_budget_bytes: None,
         host,
     };
-    let mut w = Worker::new(g, &live, plan, program, initial_of(g, &values), config).expect("worker");
+    let mut w =
+        Worker::new(g, &live, plan, program, initial_of(g, &values), config).expect("worker");
     w.run(|_| None).expect("runs");
     w.persistent_values().expect("values")
 }
@@ -48,7 +54,12 @@ fn assert_same(g: &Graph, want: &[(TensorId, Tensor)], got: &[(TensorId, Tensor)
     assert!(!want.is_empty());
     for (w, h) in bytes(want).iter().zip(&bytes(got)) {
         assert_eq!(w.0, h.0);
-        assert!(w.1 == h.1, "tensor {} ({}) differs", w.0.0, g.tensor(w.0).name);
+        assert!(
+            w.1 == h.1,
+            "tensor {} ({}) differs",
+            w.0.0,
+            g.tensor(w.0).name
+        );
     }
 }
 
@@ -79,8 +90,12 @@ fn plans_with_real_kernels_lose_nothing() {
     let want = worker_run(&g, &vanilla_plan(&live), 2, HostConfig::default());
     let copy = CopyModel::duplex(4e9, 4e9, 5_000);
     let p = planned(&g, latencies(&g), copy, JobSettings::default(), 0.5);
-    assert!(p.prediction.swap_outs > 0 && p.prediction.recomputed_ops > 0 && !p.start_on_host.is_empty(),
-        "the plan swaps, recomputes and swaps across iterations");
+    assert!(
+        p.prediction.swap_outs > 0
+            && p.prediction.recomputed_ops > 0
+            && !p.start_on_host.is_empty(),
+        "the plan swaps, recomputes and swaps across iterations"
+    );
     assert_same(&g, &want, &worker_run(&g, &p, 2, HostConfig::default()));
     let faults = HostConfig {
         fault_delay: Duration::from_micros(200),
@@ -102,10 +117,28 @@ fn the_binary_trains_under_vanilla_and_a_plan_file_and_runs_out_of_memory_clearl
     let dir = std::env::temp_dir().join(format!("tensile-worker-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let plan_file: PathBuf = dir.join("plan.json");
-    std::fs::write(&plan_file, tensile_proto::plan_json::plan_to_json(&p, &[], &g)).expect("write");
-    let job = ["--model", "resnet50", "--batch", "1", "--resolution", "64", "--optimizer", "sgd", "--threads", "1"];
+    std::fs::write(
+        &plan_file,
+        tensile_proto::plan_json::plan_to_json(&p, &[], &g),
+    )
+    .expect("write");
+    let job = [
+        "--model",
+        "resnet50",
+        "--batch",
+        "1",
+        "--resolution",
+        "64",
+        "--optimizer",
+        "sgd",
+        "--threads",
+        "1",
+    ];
     let mut saved = Vec::new();
-    for (policy, name) in [(vec!["--vanilla"], "vanilla"), (vec!["--plan", plan_file.to_str().expect("utf-8")], "plan")] {
+    for (policy, name) in [
+        (vec!["--vanilla"], "vanilla"),
+        (vec!["--plan", plan_file.to_str().expect("utf-8")], "plan"),
+    ] {
         let out_file = dir.join(format!("{name}.safetensors"));
         let out = worker_bin()
             .args(job)
@@ -117,7 +150,10 @@ fn the_binary_trains_under_vanilla_and_a_plan_file_and_runs_out_of_memory_clearl
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "{name}: {stderr}");
         let stdout = String::from_utf8_lossy(&out.stdout);
-        let lines: Vec<serde_json::Value> = stdout.lines().map(|l| serde_json::from_str(l).expect("json")).collect();
+        let lines: Vec<serde_json::Value> = stdout
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("json"))
+            .collect();
         assert_eq!(lines.len(), 2, "{stdout}");
         for l in &lines {
             assert!(l["time_ns"].as_u64().is_some_and(|t| t > 0));
@@ -127,7 +163,9 @@ fn the_binary_trains_under_vanilla_and_a_plan_file_and_runs_out_of_memory_clearl
     }
     assert!(saved[0] == saved[1], "the plan changed the parameters");
     // Under a budget between the plan's peak and vanilla's.
-    let mb = (p.prediction.planned_peak_bytes + (p.prediction.vanilla_peak_bytes - p.prediction.planned_peak_bytes) / 2) >> 20;
+    let mb = (p.prediction.planned_peak_bytes
+        + (p.prediction.vanilla_peak_bytes - p.prediction.planned_peak_bytes) / 2)
+        >> 20;
     let out = worker_bin()
         .args(job)
         .args(["--vanilla", "--memory-mb", &mb.to_string()])
@@ -138,11 +176,24 @@ fn the_binary_trains_under_vanilla_and_a_plan_file_and_runs_out_of_memory_clearl
     assert!(stderr.contains("out of device memory at op"), "{stderr}");
     let out = worker_bin()
         .args(job)
-        .args(["--plan", plan_file.to_str().expect("utf-8"), "--memory-mb", &mb.to_string()])
+        .args([
+            "--plan",
+            plan_file.to_str().expect("utf-8"),
+            "--memory-mb",
+            &mb.to_string(),
+        ])
         .output()
         .expect("runs");
-    assert!(out.status.success(), "the plan fits: {}", String::from_utf8_lossy(&out.stderr));
-    let out = worker_bin().args(job).args(["--vanilla", "--copy", "cuda"]).output().expect("runs");
+    assert!(
+        out.status.success(),
+        "the plan fits: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = worker_bin()
+        .args(job)
+        .args(["--vanilla", "--copy", "cuda"])
+        .output()
+        .expect("runs");
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("CUDA copy engine"));
     let _ = std::fs::remove_dir_all(&dir);

@@ -1,0 +1,243 @@
+//! `tensile-worker`: trains one job with real kernels, standalone: a zoo
+//! model or a graph file, under a plan file (`tensilectl plan -o`) or none
+//! (`--vanilla`), for K iterations, with real copies to a capped host pool
+//! at a configured link bandwidth and a device memory budget. Prints one
+//! line (or one JSON object) per iteration; progress goes to stderr.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::{ArgGroup, Parser, ValueEnum};
+use indicatif::{ProgressBar, ProgressStyle};
+use tch::Device;
+use tensile_graph::zoo::{self, ZooConfig};
+use tensile_graph::{Graph, Limits, Liveness, json};
+use tensile_swap_executor::HostConfig;
+use tensile_worker::{IterationReport, Worker, WorkerConfig, vanilla_plan};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum CopyKind {
+    /// Real bytes to a capped pool of host buffers on copy threads.
+    Host,
+    /// A CUDA stream and a pinned pool (needs a GPU build and a GPU).
+    Cuda,
+}
+
+/// Trains one job with real kernels under a plan (or none), standalone.
+#[derive(Debug, Parser)]
+#[command(name = "tensile-worker", version)]
+#[command(group(ArgGroup::new("job").required(true).args(["model", "graph"])))]
+#[command(group(ArgGroup::new("policy").required(true).args(["plan", "vanilla"])))]
+struct Args {
+    /// Zoo model name (see `tensilectl zoo`).
+    #[arg(long)]
+    model: Option<String>,
+    /// Batch size of the zoo model.
+    #[arg(long, default_value_t = 16, requires = "model")]
+    batch: u64,
+    /// Image side (CNNs) or sequence length (BERT) of the zoo model.
+    #[arg(long, requires = "model")]
+    resolution: Option<u64>,
+    /// Optimizer of the zoo model's iteration: adam or sgd.
+    #[arg(long, default_value = "adam", requires = "model")]
+    optimizer: String,
+    /// A JSON graph file (traced or exported) instead of a zoo model.
+    #[arg(long)]
+    graph: Option<PathBuf>,
+    /// A plan file (tensile-plan/v1, from `tensilectl plan -o`).
+    #[arg(long)]
+    plan: Option<PathBuf>,
+    /// No plan: free every tensor after its last use, as PyTorch does.
+    #[arg(long)]
+    vanilla: bool,
+    #[arg(long, default_value_t = 1)]
+    iterations: usize,
+    /// cpu, cuda or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    /// The copy engine (default: by device).
+    #[arg(long, value_enum)]
+    copy: Option<CopyKind>,
+    /// Bandwidth of the host engine per direction, GB/s (unset: as fast as
+    /// memory goes).
+    #[arg(long)]
+    link_gbps: Option<f64>,
+    /// Most host memory the engine's pool holds, MB (unset: no cap).
+    #[arg(long)]
+    host_pool_mb: Option<u64>,
+    /// The device memory budget, MB: an allocation past it fails as a GPU's
+    /// out-of-memory would.
+    #[arg(long)]
+    memory_mb: Option<u64>,
+    /// Seed of the initial tensors not read from files.
+    #[arg(long, default_value_t = 0)]
+    seed: i64,
+    /// Initial parameters (and buffers, optimizer state) by name.
+    #[arg(long)]
+    init_params: Option<PathBuf>,
+    /// The graph's input tensors by name, used every iteration.
+    #[arg(long)]
+    inputs: Option<PathBuf>,
+    /// Write the parameters and buffers after the last iteration here.
+    #[arg(long)]
+    save_params: Option<PathBuf>,
+    /// One JSON object per iteration on stdout.
+    #[arg(long)]
+    json: bool,
+    /// Fault injection: every copy takes this much longer, ms.
+    #[arg(long, default_value_t = 0.0)]
+    fault_delay_ms: f64,
+    /// Fault injection: every N-th copy fails.
+    #[arg(long)]
+    fault_fail_every: Option<u64>,
+    /// Threads of the CPU kernels (unset: libtorch's default).
+    #[arg(long)]
+    threads: Option<i32>,
+}
+
+fn device(s: &str) -> Result<Device> {
+    match s {
+        "cpu" => Ok(Device::Cpu),
+        "cuda" => Ok(Device::Cuda(0)),
+        _ => match s.strip_prefix("cuda:").map(str::parse::<usize>) {
+            Some(Ok(n)) => Ok(Device::Cuda(n)),
+            _ => bail!("unknown device {s:?} (expected cpu, cuda or cuda:N)"),
+        },
+    }
+}
+
+fn graph(args: &Args) -> Result<Graph> {
+    if let Some(path) = &args.graph {
+        let limits = Limits::default();
+        let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+        return json::parse(&bytes, &limits)
+            .with_context(|| format!("graph file {}", path.display()));
+    }
+    let Some(name) = &args.model else {
+        bail!("name a zoo model with --model or give --graph FILE");
+    };
+    let optimizer = tensile_graph::builder::Optimizer::from_name(&args.optimizer)
+        .with_context(|| format!("unknown optimizer {:?} (adam or sgd)", args.optimizer))?;
+    let config = ZooConfig {
+        resolution: args.resolution,
+        optimizer,
+        ..ZooConfig::new(args.batch)
+    };
+    Ok(zoo::build(name, &config)?)
+}
+
+fn host_config(args: &Args) -> Result<HostConfig> {
+    let bytes_per_s = match args.link_gbps {
+        Some(g) if g.is_finite() && g > 0.0 => Some(g * 1e9),
+        Some(g) => bail!("--link-gbps must be a positive number of GB/s, not {g}"),
+        None => None,
+    };
+    if !(args.fault_delay_ms.is_finite() && args.fault_delay_ms >= 0.0) {
+        bail!(
+            "--fault-delay-ms must be zero or more, not {}",
+            args.fault_delay_ms
+        );
+    }
+    if args.fault_fail_every == Some(0) {
+        bail!("--fault-fail-every must be at least 1");
+    }
+    Ok(HostConfig {
+        bytes_per_s,
+        pool_cap_bytes: args.host_pool_mb.map_or(u64::MAX, |m| m << 20),
+        fault_delay: Duration::from_secs_f64(args.fault_delay_ms / 1e3),
+        fail_every: args.fault_fail_every,
+        ..HostConfig::default()
+    })
+}
+
+fn print(r: &IterationReport, json: bool) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string(r)?);
+    } else {
+        println!(
+            "iteration {}: {:.1} ms, peak {:.1} MB, stalls {:.1} ms, {} passive swaps, {} late prefetches, {} failed copies, {} recomputed ops, {:.1} MB swapped",
+            r.iteration,
+            r.time_ns as f64 / 1e6,
+            r.measured_peak_bytes as f64 / 1e6,
+            r.stall_ns as f64 / 1e6,
+            r.passive_swaps,
+            r.late_prefetches,
+            r.failed_copies,
+            r.recomputed_ops,
+            r.swapped_bytes as f64 / 1e6,
+        );
+    }
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    let device = device(&args.device)?;
+    let copy = args.copy.unwrap_or(match device {
+        Device::Cpu => CopyKind::Host,
+        _ => CopyKind::Cuda,
+    });
+    if copy == CopyKind::Cuda {
+        bail!(
+            "--copy cuda: the CUDA copy engine is not built into this worker (and no GPU is in use); use --copy host"
+        );
+    }
+    if device != Device::Cpu && !tch::Cuda::is_available() {
+        bail!("--device {}: no CUDA device is available", args.device);
+    }
+    if let Some(n) = args.threads {
+        tch::set_num_threads(n);
+    }
+    let host = host_config(&args)?;
+    let g = graph(&args)?;
+    let live = Liveness::analyze(&g);
+    let plan = match &args.plan {
+        Some(path) => {
+            let bytes =
+                std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+            tensile_proto::plan_json::plan_from_json(&bytes, &g)
+                .with_context(|| format!("plan file {}", path.display()))?
+        }
+        None => vanilla_plan(&live),
+    };
+    let program = tensile_kernels::Program::new(&g, device)
+        .with_context(|| format!("graph {:?} cannot run", g.name()))?;
+    let values = tensile_kernels::initial_values(
+        &g,
+        device,
+        args.seed,
+        args.init_params.as_deref(),
+        args.inputs.as_deref(),
+    )?;
+    let initial = tensile_worker::initial_of(&g, &values);
+    let config = WorkerConfig {
+        iterations: args.iterations,
+        memory_budget_bytes: args.memory_mb.map(|m| m << 20),
+        host,
+    };
+    let mut worker = Worker::new(&g, &live, &plan, program, initial, config)?;
+    let bar = ProgressBar::new(args.iterations as u64).with_style(
+        ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} iterations ({elapsed})")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    bar.set_message(g.name().to_string());
+    let mut printed = Ok(());
+    worker.run(|r| {
+        bar.inc(1);
+        bar.suspend(|| {
+            if printed.is_ok() {
+                printed = print(r, args.json);
+            }
+        });
+        None
+    })?;
+    bar.finish_and_clear();
+    printed?;
+    if let Some(path) = &args.save_params {
+        let values = worker.persistent_values()?;
+        tensile_worker::save_params(&g, values, path)?;
+        eprintln!("parameters written to {}", path.display());
+    }
+    Ok(())
+}
