@@ -86,13 +86,23 @@ pub struct IterationReport {
     pub failed_copies: usize,
     pub recomputed_ops: usize,
     pub swapped_bytes: u64,
-    /// Kernel time of every op, indexed by op id.
+    /// Time inside the kernels (recomputations included): the rest of
+    /// `time_ns` is the worker's own (executor, effects, views, copies
+    /// started) and waits.
+    pub kernel_ns: u64,
+    /// Time of every op as the executor measured it (its kernel and the
+    /// worker's work around it), indexed by op id.
     #[serde(skip)]
     pub op_ns: Vec<u64>,
 }
 
 impl IterationReport {
-    fn new(iteration: usize, s: &IterationStats, measured_peak_bytes: u64) -> IterationReport {
+    fn new(
+        iteration: usize,
+        s: &IterationStats,
+        measured_peak_bytes: u64,
+        kernel_ns: u64,
+    ) -> IterationReport {
         IterationReport {
             iteration,
             time_ns: s.end_ns - s.start_ns,
@@ -105,6 +115,7 @@ impl IterationReport {
             failed_copies: s.failed_copies,
             recomputed_ops: s.recomputed_ops,
             swapped_bytes: s.swapped_bytes,
+            kernel_ns,
             op_ns: s.op_ns.clone(),
         }
     }
@@ -136,6 +147,8 @@ pub struct Worker<'g, K> {
     peak: u64,
     /// The op that effects are charged to (for out-of-memory errors).
     at_op: OpId,
+    /// Time inside the kernels this iteration.
+    kernel_ns: u64,
 }
 
 impl<K> std::fmt::Debug for Worker<'_, K> {
@@ -191,6 +204,7 @@ impl<'g, K: Kernels> Worker<'g, K> {
             mem: 0,
             peak: 0,
             at_op: OpId(0),
+            kernel_ns: 0,
         };
         // Persistent storage that starts on the host goes to the pool now.
         for &t in &plan.start_on_host {
@@ -365,7 +379,10 @@ impl<'g, K: Kernels> Worker<'g, K> {
             name: o.name.clone(),
             why,
         };
-        let outs = self.kernels.run(op, &inputs).map_err(kernel_error)?;
+        let t0 = Instant::now();
+        let outs = self.kernels.run(op, &inputs).map_err(kernel_error);
+        self.kernel_ns += t0.elapsed().as_nanos() as u64;
+        let outs = outs?;
         if outs.len() != o.outputs.len() {
             return Err(kernel_error(format!(
                 "{} outputs, the graph has {}",
@@ -437,7 +454,8 @@ impl<'g, K: Kernels> Worker<'g, K> {
                     let Some(stats) = self.exec.iterations_done().last() else {
                         continue;
                     };
-                    let r = IterationReport::new(i, stats, self.peak);
+                    let r = IterationReport::new(i, stats, self.peak, self.kernel_ns);
+                    self.kernel_ns = 0;
                     if let Some(plan) = on_iteration(&r) {
                         // Persistent storage the new plan starts on the
                         // host is copied out by the executor at the

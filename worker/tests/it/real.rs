@@ -45,7 +45,13 @@ fn worker_run(
     };
     let mut w =
         Worker::new(g, &live, plan, program, initial_of(g, &values), config).expect("worker");
-    w.run(|_| None).expect("runs");
+    let reports = w.run(|_| None).expect("runs");
+    for r in &reports {
+        // The real tensors' storages are exactly as large as the graph
+        // says: the bytes the worker holds are the bytes the executor (and
+        // the planner) count.
+        assert_eq!(r.measured_peak_bytes, r.executor_peak_bytes, "{r:?}");
+    }
     w.persistent_values().expect("values")
 }
 
