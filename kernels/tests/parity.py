@@ -1,0 +1,104 @@
+"""PyTorch's side of the kernels' parity test (``kernels/tests/parity.rs``).
+
+Usage: ``parity.py OUT_DIR [--steps N] [--model M] [--optimizer O]
+[--trace-only]``. Traces the model (``resnet18``: torchvision's ResNet-18 at
+resolution 64, batch 2; ``mlp``: a two-layer perceptron, batch 4;
+``encoder``: the tracer's transformer encoder, 16 tokens, batch 2) with our
+tracer and optimizer (``adam``, ``adamw`` with weight decay, ``sgd`` with
+momentum) into ``OUT_DIR/graph.json``. Unless ``--trace-only``: builds the
+same model seeded and writes its parameters and buffers (``init.safetensors``)
+and a seeded batch (``inputs.safetensors``); then runs PyTorch's own N
+(default 3) training steps on one thread, the per-tensor optimizer as traced,
+and writes the parameters and buffers after them (``torch.safetensors``) and
+the losses (``losses.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+import torchvision
+from safetensors.torch import save_file
+from torch import nn
+from torch.nn import functional as F
+
+from tensile.trace import InputSpec, trace_training_step
+from tensile.trace.models import TransformerClassifier
+
+CLASSES = {"resnet18": 1000, "mlp": 10, "encoder": 10}
+OPTIMIZERS = {
+    "adam": (torch.optim.Adam, {"lr": 1e-3}),
+    "adamw": (torch.optim.AdamW, {"lr": 1e-3, "weight_decay": 0.01}),
+    "sgd": (torch.optim.SGD, {"lr": 0.01, "momentum": 0.9}),
+}
+
+
+def build(model: str) -> nn.Module:
+    if model == "resnet18":
+        return torchvision.models.resnet18(num_classes=CLASSES[model])
+    if model == "mlp":
+        return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, CLASSES[model]))
+    return TransformerClassifier(vocab=50, seq_len=16, d_model=32, heads=2, layers=2, classes=CLASSES[model])
+
+
+def batch_spec(model: str) -> InputSpec:
+    if model == "resnet18":
+        return InputSpec("input", (2, 3, 64, 64))
+    if model == "mlp":
+        return InputSpec("input", (4, 16))
+    return InputSpec("input", (2, 16), torch.int64)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("out", type=Path)
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--model", choices=sorted(CLASSES), default="resnet18")
+    p.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="adam")
+    p.add_argument("--trace-only", action="store_true")
+    args = p.parse_args()
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(1)
+    opt_cls, opt_kwargs = OPTIMIZERS[args.optimizer]
+    spec = batch_spec(args.model)
+    graph = trace_training_step(
+        lambda: build(args.model),
+        optimizer=opt_cls,
+        optimizer_kwargs=opt_kwargs,
+        inputs=[spec],
+        name=f"{args.model}_{args.optimizer}",
+    )
+    (out / "graph.json").write_text(json.dumps(graph))
+    if args.trace_only:
+        return
+
+    torch.manual_seed(0)
+    model = build(args.model)
+    model.train()
+    if spec.dtype == torch.int64:
+        x = torch.randint(0, 50, spec.shape)
+    else:
+        x = torch.randn(spec.shape)
+    y = torch.randint(0, CLASSES[args.model], (spec.shape[0],))
+    save_file({k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}, out / "init.safetensors")
+    save_file({"input": x, "target": y}, out / "inputs.safetensors")
+
+    opt = opt_cls(model.parameters(), **opt_kwargs, foreach=False)
+    steps = args.steps
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    save_file({k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}, out / "torch.safetensors")
+    (out / "losses.json").write_text(json.dumps(losses))
+
+
+if __name__ == "__main__":
+    main()
