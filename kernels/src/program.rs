@@ -81,8 +81,9 @@ impl Program {
             });
         }
         let mut ops = Vec::with_capacity(graph.ops().len());
+        let mut cache = bind::Cache::default();
         for op in graph.ops() {
-            let bound = bind::bind(op).map_err(|reason| KernelError::Bind {
+            let bound = bind::bind(op, &mut cache).map_err(|reason| KernelError::Bind {
                 op: op.id,
                 name: op.name.clone(),
                 op_type: op.op_type.clone(),

@@ -11,6 +11,10 @@ and a seeded batch (``inputs.safetensors``); then runs PyTorch's own N
 (default 3) training steps on one thread, the per-tensor optimizer as traced,
 and writes the parameters and buffers after them (``torch.safetensors``) and
 the losses (``losses.json``).
+
+``parity.py OUT_DIR --torchvision A,B,...`` only traces those torchvision
+models (batch 2, resolution 64, 224 for ViT and Swin, SGD with momentum)
+into ``OUT_DIR/graph_NAME.json``.
 """
 
 from __future__ import annotations
@@ -59,10 +63,24 @@ def main() -> None:
     p.add_argument("--model", choices=sorted(CLASSES), default="resnet18")
     p.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="adam")
     p.add_argument("--trace-only", action="store_true")
+    p.add_argument("--torchvision", help="comma-separated torchvision models to trace only")
     args = p.parse_args()
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(1)
+    if args.torchvision:
+        for name in args.torchvision.split(","):
+            res = 224 if name.startswith(("vit", "swin")) else 64
+            kwargs = {"aux_logits": True, "init_weights": False} if name == "googlenet" else {}
+            graph = trace_training_step(
+                lambda: torchvision.models.get_model(name, weights=None, **kwargs),
+                optimizer=torch.optim.SGD,
+                optimizer_kwargs={"lr": 0.01, "momentum": 0.9},
+                inputs=[InputSpec("input", (2, 3, res, res))],
+                name=name,
+            )
+            (out / f"graph_{name}.json").write_text(json.dumps(graph))
+        return
     opt_cls, opt_kwargs = OPTIMIZERS[args.optimizer]
     spec = batch_spec(args.model)
     graph = trace_training_step(

@@ -7,7 +7,8 @@
 //! checks that the kernels recompute them at every step; a small perceptron
 //! does the same over 5 steps of AdamW and of SGD with momentum. One thread on
 //! both sides (a different thread count changes reduction order). And the
-//! tracer's transformer encoder binds and trains.
+//! tracer's transformer encoder binds and trains, as do graphs traced from a
+//! spread of torchvision models (ViT and Swin bind only: slow on a CPU).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -49,8 +50,13 @@ fn python(args: &[&str]) -> PathBuf {
     dir
 }
 
-fn load_graph(dir: &Path) -> Graph {
-    let bytes = std::fs::read(dir.join("graph.json")).expect("graph written");
+fn load_graph(path: &Path) -> Graph {
+    let path = if path.is_dir() {
+        path.join("graph.json")
+    } else {
+        path.to_path_buf()
+    };
+    let bytes = std::fs::read(&path).expect("graph written");
     tensile_graph::json::parse(&bytes, &Limits::default()).expect("a valid graph")
 }
 
@@ -164,5 +170,32 @@ fn the_tracers_transformer_encoder_binds_and_trains() {
         losses.push(loss_of(&graph, &values));
     }
     assert!(losses.iter().all(|l| l.is_finite()), "{losses:?}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn torchvision_graphs_bind_and_train() {
+    let run = [
+        "mobilenet_v2",
+        "efficientnet_b0",
+        "googlenet",
+        "squeezenet1_0",
+        "shufflenet_v2_x0_5",
+    ];
+    let bind_only = ["vit_b_16", "swin_t"];
+    let all: Vec<&str> = run.iter().chain(&bind_only).copied().collect();
+    let dir = python(&["--torchvision", &all.join(",")]);
+    tch::set_num_threads(1);
+    for name in all {
+        let graph = load_graph(&dir.join(format!("graph_{name}.json")));
+        let mut program =
+            Program::new(&graph, Device::Cpu).unwrap_or_else(|e| panic!("{name}: {e}"));
+        if run.contains(&name) {
+            let mut values = initial_values(&graph, Device::Cpu, 0, None, None).expect("seeded");
+            run_iteration(&mut program, &graph, &mut values)
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert!(loss_of(&graph, &values).is_finite(), "{name}");
+        }
+    }
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -258,3 +258,26 @@ fn params_round_trip_through_safetensors() {
     assert!(e.to_string().contains("absent"), "{e}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn cuda_memory_statistics_or_a_clear_error() {
+    let _turn = turn();
+    if !tch::Cuda::is_available() {
+        let e = tensile_kernels::cuda_memory(0, false).expect_err("no GPU: an error");
+        assert!(e.to_string().contains("no such CUDA device"), "{e}");
+        eprintln!("skipped: no CUDA device (checked that asking for one is a clear error)");
+        return;
+    }
+    // With a GPU: a 4 MiB tensor shows in the allocated bytes and the peak.
+    let before = tensile_kernels::cuda_memory(0, true).expect("stats");
+    let t = Tensor::zeros([1 << 20], (tch::Kind::Float, Device::Cuda(0)));
+    let during = tensile_kernels::cuda_memory(0, false).expect("stats");
+    assert!(
+        during.allocated >= before.allocated + (4 << 20),
+        "{before:?} {during:?}"
+    );
+    assert!(during.allocated_peak >= during.allocated);
+    drop(t);
+    let after = tensile_kernels::cuda_memory(0, true).expect("stats");
+    assert!(after.allocated < during.allocated && after.allocated_peak >= during.allocated);
+}
