@@ -79,6 +79,17 @@ fn resnet50_trains_with_adam_and_sgd() {
 fn bert_trains() {
     let _turn = turn();
     let g = zoo_graph("bert_base", 1, 8, false);
+    let program = Program::new(&g, Device::Cpu).expect("binds");
+    let random: Vec<&str> = g
+        .ops()
+        .iter()
+        .filter(|o| program.is_random(o.id))
+        .map(|o| o.op_type.as_str())
+        .collect();
+    assert!(
+        !random.is_empty() && random.iter().all(|t| *t == "aten::native_dropout"),
+        "{random:?}"
+    );
     let (losses, _) = train(&g, 2);
     assert!(losses[1] < losses[0], "losses {losses:?}");
 }
