@@ -269,10 +269,11 @@ pub(crate) fn bind(op: &Op, cache: &mut Cache) -> Result<Bound, String> {
         if explicit.is_none() && schema.is_out_variant() {
             continue;
         }
-        match bind_schema(op, &schema) {
-            Ok((slots, wraps)) => {
+        let bound = bind_schema(op, &schema)
+            .and_then(|(slots, wraps)| outputs(op, &schema).map(|out| (slots, wraps, out)));
+        match bound {
+            Ok((slots, wraps, (mask, extra, returned))) => {
                 if best.as_ref().is_none_or(|(w, _)| wraps < *w) {
-                    let (mask, extra, returned) = outputs(op, &schema)?;
                     best = Some((
                         wraps,
                         Bound {
@@ -695,6 +696,9 @@ type OutputMap = (Option<Vec<bool>>, Vec<usize>, Option<usize>);
 /// Where each output comes from: the masked returns first, then in-place
 /// outputs of arguments the op writes without returning them.
 fn outputs(op: &Op, schema: &Schema) -> Result<OutputMap, String> {
+    if let Some(r) = schema.returns.iter().find(|r| !r.is_tensor()) {
+        return Err(format!("it returns a {r}, not tensors"));
+    }
     let list_return = schema.returns.iter().any(|r| r.list);
     let mask = match op.attrs.get("output_mask") {
         Some(AttrValue::Ints(m)) if !list_return && m.len() == schema.returns.len() => {

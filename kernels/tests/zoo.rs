@@ -190,6 +190,12 @@ fn an_op_that_cannot_run_is_an_error_naming_it() {
         "{e}"
     );
 
+    // An op that returns a number, not tensors.
+    let e = bind_error(&edited(&g, i, |o| {
+        o.op_type = "aten::_local_scalar_dense".into()
+    }));
+    assert!(e.contains(&name) && e.contains("returns a Scalar"), "{e}");
+
     // A convolution without its `groups` (no default in the schema).
     let c = g
         .ops()
