@@ -12,6 +12,9 @@ and a seeded batch (``inputs.safetensors``); then runs PyTorch's own N
 and writes the parameters and buffers after them (``torch.safetensors``) and
 the losses (``losses.json``).
 
+``--baked`` skips the tracer's second trace, so the step-dependent scalars
+stay as baked at the traced step (the negative control).
+
 ``parity.py OUT_DIR --torchvision A,B,...`` only traces those torchvision
 models (batch 2, resolution 64, 224 for ViT and Swin, SGD with momentum)
 into ``OUT_DIR/graph_NAME.json``.
@@ -30,7 +33,9 @@ from torch import nn
 from torch.nn import functional as F
 
 from tensile.trace import InputSpec, trace_training_step
-from tensile.trace.models import TransformerClassifier
+from tensile.trace.capture import capture
+from tensile.trace.convert import to_graph
+from tensile.trace.models import TransformerClassifier, classification_loss
 
 CLASSES = {"resnet18": 1000, "mlp": 10, "encoder": 10}
 OPTIMIZERS = {
@@ -63,6 +68,7 @@ def main() -> None:
     p.add_argument("--model", choices=sorted(CLASSES), default="resnet18")
     p.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="adam")
     p.add_argument("--trace-only", action="store_true")
+    p.add_argument("--baked", action="store_true", help="leave step-dependent scalars baked (negative control)")
     p.add_argument("--torchvision", help="comma-separated torchvision models to trace only")
     args = p.parse_args()
     out: Path = args.out
@@ -83,13 +89,20 @@ def main() -> None:
         return
     opt_cls, opt_kwargs = OPTIMIZERS[args.optimizer]
     spec = batch_spec(args.model)
-    graph = trace_training_step(
-        lambda: build(args.model),
-        optimizer=opt_cls,
-        optimizer_kwargs=opt_kwargs,
-        inputs=[spec],
-        name=f"{args.model}_{args.optimizer}",
-    )
+    if args.baked:
+        # The negative control: one trace, its step-dependent scalars left as
+        # baked at the traced step.
+        target = InputSpec("target", (spec.shape[0],), torch.int64)
+        captured = capture(lambda: build(args.model), opt_cls, opt_kwargs, classification_loss, [spec], target)
+        graph = to_graph(captured)
+    else:
+        graph = trace_training_step(
+            lambda: build(args.model),
+            optimizer=opt_cls,
+            optimizer_kwargs=opt_kwargs,
+            inputs=[spec],
+            name=f"{args.model}_{args.optimizer}",
+        )
     (out / "graph.json").write_text(json.dumps(graph))
     if args.trace_only:
         return
