@@ -15,6 +15,11 @@ the losses (``losses.json``).
 ``--baked`` skips the tracer's second trace, so the step-dependent scalars
 stay as baked at the traced step (the negative control).
 
+``parity.py OUT_DIR --zoo NAME [--steps N] [--optimizer adam|sgd]``: no
+trace; the torchvision model the zoo's NAME follows (batch 2, resolution 32),
+seeded, with the fused optimizer the zoo's graph names (``fused=True``): for
+comparing the zoo's own graph with PyTorch.
+
 ``parity.py OUT_DIR --torchvision A,B,...`` only traces those torchvision
 models (batch 2, resolution 64, 224 for ViT and Swin, SGD with momentum)
 into ``OUT_DIR/graph_NAME.json``.
@@ -70,6 +75,7 @@ def main() -> None:
     p.add_argument("--trace-only", action="store_true")
     p.add_argument("--baked", action="store_true", help="leave step-dependent scalars baked (negative control)")
     p.add_argument("--torchvision", help="comma-separated torchvision models to trace only")
+    p.add_argument("--zoo", help="a torchvision model the zoo builds: PyTorch's side only, fused optimizer")
     args = p.parse_args()
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -88,6 +94,12 @@ def main() -> None:
             (out / f"graph_{name}.json").write_text(json.dumps(graph))
         return
     opt_cls, opt_kwargs = OPTIMIZERS[args.optimizer]
+    if args.zoo:
+        torch.manual_seed(0)
+        model = torchvision.models.get_model(args.zoo, weights=None)
+        x, y = torch.randn(2, 3, 32, 32), torch.randint(0, 1000, (2,))
+        train(model, x, y, opt_cls(model.parameters(), **opt_kwargs, fused=True), args.steps, out)
+        return
     spec = batch_spec(args.model)
     if args.baked:
         # The negative control: one trace, its step-dependent scalars left as
@@ -109,17 +121,19 @@ def main() -> None:
 
     torch.manual_seed(0)
     model = build(args.model)
-    model.train()
     if spec.dtype == torch.int64:
         x = torch.randint(0, 50, spec.shape)
     else:
         x = torch.randn(spec.shape)
     y = torch.randint(0, CLASSES[args.model], (spec.shape[0],))
+    train(model, x, y, opt_cls(model.parameters(), **opt_kwargs, foreach=False), args.steps, out)
+
+
+def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, opt: torch.optim.Optimizer, steps: int, out: Path) -> None:
+    """Writes the init and the batch, trains ``steps`` steps, writes the result."""
+    model.train()
     save_file({k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}, out / "init.safetensors")
     save_file({"input": x, "target": y}, out / "inputs.safetensors")
-
-    opt = opt_cls(model.parameters(), **opt_kwargs, foreach=False)
-    steps = args.steps
     losses = []
     for _ in range(steps):
         opt.zero_grad(set_to_none=True)

@@ -10,7 +10,9 @@
 //! tracer's transformer encoder binds and trains, as do graphs traced from a
 //! spread of torchvision models (ViT and Swin bind only: slow on a CPU).
 //! The negative control: with the scalars left as baked, Adam is off by about
-//! 1e-3 relative after 3 steps, so the test can tell.
+//! 1e-3 relative after 3 steps, so the test can tell. And the zoo's own
+//! ResNet-50 graph (batch 2, resolution 32) against torchvision's with
+//! `fused=True` Adam and SGD: bit-identical after 3 steps as well.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -82,8 +84,17 @@ fn compare(model: &str, optimizer: &str, steps: usize, baked: bool) -> (f64, boo
         args.push("--baked");
     }
     let dir = python(&args);
-    tch::set_num_threads(1);
     let graph = load_graph(&dir);
+    let label = format!("{model}/{optimizer}");
+    against_pytorch(&dir, &graph, steps, &label)
+}
+
+/// Runs `graph` for `steps` from the init and batch PyTorch wrote in `dir`
+/// and compares with PyTorch's result there.
+fn against_pytorch(dir: &Path, graph: &Graph, steps: usize, label: &str) -> (f64, bool) {
+    let graph = graph.clone();
+    let (model, optimizer) = label.split_once('/').unwrap_or((label, ""));
+    tch::set_num_threads(1);
     let mut program = Program::new(&graph, Device::Cpu).expect("every op binds");
     let mut values = initial_values(
         &graph,
@@ -155,6 +166,35 @@ fn parity(model: &str, optimizer: &str, steps: usize) {
         worst <= 1e-5,
         "{model}/{optimizer}: a tensor differs by {worst:.3e} relative"
     );
+}
+
+#[test]
+fn the_zoos_resnet50_matches_torchvision_with_fused_optimizers() {
+    // The zoo's own graph (its backward pass, its fused Adam / SGD) against
+    // torchvision's ResNet-50 with `fused=True`, batch 2, resolution 32.
+    for (optimizer, zoo_optimizer) in [
+        ("adam", tensile_graph::builder::Optimizer::adam()),
+        ("sgd", tensile_graph::builder::Optimizer::sgd()),
+    ] {
+        let dir = python(&[
+            "--zoo",
+            "resnet50",
+            "--optimizer",
+            optimizer,
+            "--steps",
+            "3",
+        ]);
+        let mut cfg = tensile_graph::zoo::ZooConfig::new(2);
+        cfg.resolution = Some(32);
+        cfg.optimizer = zoo_optimizer;
+        let graph = tensile_graph::zoo::build("resnet50", &cfg).expect("builds");
+        let (worst, losses_agree) =
+            against_pytorch(&dir, &graph, 3, &format!("zoo-resnet50/{optimizer}"));
+        assert!(
+            losses_agree && worst <= 1e-5,
+            "{optimizer}: worst {worst:.3e}"
+        );
+    }
 }
 
 #[test]
