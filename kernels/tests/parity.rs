@@ -92,12 +92,11 @@ fn compare(model: &str, optimizer: &str, steps: usize, baked: bool) -> (f64, boo
 /// Runs `graph` for `steps` from the init and batch PyTorch wrote in `dir`
 /// and compares with PyTorch's result there.
 fn against_pytorch(dir: &Path, graph: &Graph, steps: usize, label: &str) -> (f64, bool) {
-    let graph = graph.clone();
     let (model, optimizer) = label.split_once('/').unwrap_or((label, ""));
     tch::set_num_threads(1);
-    let mut program = Program::new(&graph, Device::Cpu).expect("every op binds");
+    let mut program = Program::new(graph, Device::Cpu).expect("every op binds");
     let mut values = initial_values(
-        &graph,
+        graph,
         Device::Cpu,
         0,
         Some(&dir.join("init.safetensors")),
@@ -106,11 +105,11 @@ fn against_pytorch(dir: &Path, graph: &Graph, steps: usize, label: &str) -> (f64
     .expect("init and batch load");
     let mut losses = Vec::new();
     for _ in 0..steps {
-        run_iteration(&mut program, &graph, &mut values).expect("iteration runs");
-        losses.push(loss_of(&graph, &values));
+        run_iteration(&mut program, graph, &mut values).expect("iteration runs");
+        losses.push(loss_of(graph, &values));
     }
     let ours = dir.join("ours.safetensors");
-    save_params(&graph, &values, &ours).expect("saved");
+    save_params(graph, &values, &ours).expect("saved");
 
     let torch_losses: Vec<f64> =
         serde_json::from_str(&std::fs::read_to_string(dir.join("losses.json")).expect("losses"))
@@ -155,7 +154,7 @@ fn against_pytorch(dir: &Path, graph: &Graph, steps: usize, label: &str) -> (f64
         .iter()
         .zip(&torch_losses)
         .all(|(a, b)| (a - b).abs() <= 1e-5 * b.abs());
-    std::fs::remove_dir_all(&dir).ok();
+    std::fs::remove_dir_all(dir).ok();
     (worst.0, losses_agree)
 }
 
