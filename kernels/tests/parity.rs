@@ -11,8 +11,9 @@
 //! spread of torchvision models (ViT and Swin bind only: slow on a CPU).
 //! The negative control: with the scalars left as baked, Adam is off by about
 //! 1e-3 relative after 3 steps, so the test can tell. And the zoo's own
-//! ResNet-50 graph (batch 2, resolution 32) against torchvision's with
-//! `fused=True` Adam and SGD: bit-identical after 3 steps as well.
+//! ResNet-50 and DenseNet-121 graphs (batch 2, resolution 32) against
+//! torchvision's with `fused=True` Adam (and SGD): bit-identical after 3 steps
+//! as well.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -168,31 +169,30 @@ fn parity(model: &str, optimizer: &str, steps: usize) {
 }
 
 #[test]
-fn the_zoos_resnet50_matches_torchvision_with_fused_optimizers() {
-    // The zoo's own graph (its backward pass, its fused Adam / SGD) against
-    // torchvision's ResNet-50 with `fused=True`, batch 2, resolution 32.
-    for (optimizer, zoo_optimizer) in [
-        ("adam", tensile_graph::builder::Optimizer::adam()),
-        ("sgd", tensile_graph::builder::Optimizer::sgd()),
-    ] {
-        let dir = python(&[
-            "--zoo",
+fn the_zoos_graphs_match_torchvision_with_fused_optimizers() {
+    // The zoo's own graphs (their backward pass, their fused Adam / SGD)
+    // against torchvision's models with `fused=True`, batch 2, resolution 32.
+    for (model, optimizer, zoo_optimizer) in [
+        (
             "resnet50",
-            "--optimizer",
-            optimizer,
-            "--steps",
-            "3",
-        ]);
+            "adam",
+            tensile_graph::builder::Optimizer::adam(),
+        ),
+        ("resnet50", "sgd", tensile_graph::builder::Optimizer::sgd()),
+        (
+            "densenet121",
+            "adam",
+            tensile_graph::builder::Optimizer::adam(),
+        ),
+    ] {
+        let dir = python(&["--zoo", model, "--optimizer", optimizer, "--steps", "3"]);
         let mut cfg = tensile_graph::zoo::ZooConfig::new(2);
         cfg.resolution = Some(32);
         cfg.optimizer = zoo_optimizer;
-        let graph = tensile_graph::zoo::build("resnet50", &cfg).expect("builds");
-        let (worst, losses_agree) =
-            against_pytorch(&dir, &graph, 3, &format!("zoo-resnet50/{optimizer}"));
-        assert!(
-            losses_agree && worst <= 1e-5,
-            "{optimizer}: worst {worst:.3e}"
-        );
+        let graph = tensile_graph::zoo::build(model, &cfg).expect("builds");
+        let label = format!("zoo-{model}/{optimizer}");
+        let (worst, losses_agree) = against_pytorch(&dir, &graph, 3, &label);
+        assert!(losses_agree && worst <= 1e-5, "{label}: worst {worst:.3e}");
     }
 }
 
