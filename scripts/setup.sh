@@ -23,6 +23,7 @@ pins=(
   "onnx==1.23.2"
   "grpcio-tools==1.76.0"
   "pytest==8.4.2"
+  "safetensors==0.7.0"
 )
 stamp="$venv/.tensile-setup"
 want="$(printf '%s\n' "${pins[@]}"; sha256sum clients/python/pyproject.toml 2>/dev/null || true)"

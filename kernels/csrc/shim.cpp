@@ -8,6 +8,7 @@
 #include <ATen/ScalarOps.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
+#include <c10/core/CachingDeviceAllocator.h>
 
 #include <cstdint>
 #include <cstdlib>
@@ -350,5 +351,35 @@ int tk_op_call(void* op, const tk_arg* args, size_t nargs, at::Tensor*** outs, s
 }
 
 void tk_free_outs(at::Tensor** outs) { std::free(outs); }
+
+// The caching allocator's statistics of device `index` of type
+// `device_type` (1: CUDA): out[0..4] = allocated bytes now, allocated peak,
+// reserved bytes now, reserved peak; with `reset`, the peaks are reset
+// afterwards. Returns 0, or 1 with *err set (no such allocator, not
+// initialized, no such device).
+int tk_device_memory(int32_t device_type, int32_t index, int32_t reset, int64_t* out, char** err) {
+  try {
+    auto type = static_cast<c10::DeviceType>(device_type);
+    c10::DeviceAllocator* alloc = c10::getDeviceAllocator(type);
+    if (alloc == nullptr || !alloc->initialized()) {
+      throw std::runtime_error("the " + c10::DeviceTypeName(type) + " caching allocator is not initialized");
+    }
+    auto stats = alloc->getDeviceStats(static_cast<c10::DeviceIndex>(index));
+    const auto agg = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+    out[0] = stats.allocated_bytes[agg].current;
+    out[1] = stats.allocated_bytes[agg].peak;
+    out[2] = stats.reserved_bytes[agg].current;
+    out[3] = stats.reserved_bytes[agg].peak;
+    if (reset != 0) alloc->resetPeakStats(static_cast<c10::DeviceIndex>(index));
+    return 0;
+  } catch (const c10::Error& e) {
+    set_error(err, e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    set_error(err, e.what());
+  } catch (...) {
+    set_error(err, "unknown C++ exception");
+  }
+  return 1;
+}
 
 }  // extern "C"

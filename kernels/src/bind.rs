@@ -188,8 +188,42 @@ fn is_reserved(key: &str) -> bool {
     key == "overload" || key.starts_with('@')
 }
 
+/// Overload lists and schemas already asked of the dispatcher, so that a
+/// graph of thousands of ops asks once per operator.
+#[derive(Debug, Default)]
+pub(crate) struct Cache {
+    overloads: std::collections::HashMap<String, Vec<String>>,
+    schemas: std::collections::HashMap<(String, String), Schema>,
+}
+
+impl Cache {
+    fn overloads(&mut self, name: &str) -> Result<Vec<String>, String> {
+        if let Some(v) = self.overloads.get(name) {
+            return Ok(v.clone());
+        }
+        let v = ffi::overloads(name)?;
+        self.overloads.insert(name.to_string(), v.clone());
+        Ok(v)
+    }
+
+    fn schema(
+        &mut self,
+        name: &str,
+        overload: &str,
+        handle: &ffi::OpHandle,
+    ) -> Result<Schema, String> {
+        let key = (name.to_string(), overload.to_string());
+        if let Some(s) = self.schemas.get(&key) {
+            return Ok(s.clone());
+        }
+        let s = crate::schema::parse(&handle.schema_text()?)?;
+        self.schemas.insert(key, s.clone());
+        Ok(s)
+    }
+}
+
 /// Binds `op`; the error says why it cannot run.
-pub(crate) fn bind(op: &Op) -> Result<Bound, String> {
+pub(crate) fn bind(op: &Op, cache: &mut Cache) -> Result<Bound, String> {
     let mut name = op.op_type.as_str();
     if name == VIEW_AS_RESHAPE.0
         && !op.attrs.contains_key("overload")
@@ -213,7 +247,7 @@ pub(crate) fn bind(op: &Op) -> Result<Bound, String> {
         } else {
             o.clone()
         }],
-        None => ffi::overloads(name)?,
+        None => cache.overloads(name)?,
     };
     if candidates.is_empty() {
         return Err("no such operator in this libtorch".to_string());
@@ -231,14 +265,15 @@ pub(crate) fn bind(op: &Op) -> Result<Bound, String> {
     let mut reasons = Vec::new();
     for overload in candidates {
         let handle = ffi::OpHandle::find(name, &overload)?;
-        let schema = crate::schema::parse(&handle.schema_text()?)?;
+        let schema = cache.schema(name, &overload, &handle)?;
         if explicit.is_none() && schema.is_out_variant() {
             continue;
         }
-        match bind_schema(op, &schema) {
-            Ok((slots, wraps)) => {
+        let bound = bind_schema(op, &schema)
+            .and_then(|(slots, wraps)| outputs(op, &schema).map(|out| (slots, wraps, out)));
+        match bound {
+            Ok((slots, wraps, (mask, extra, returned))) => {
                 if best.as_ref().is_none_or(|(w, _)| wraps < *w) {
-                    let (mask, extra, returned) = outputs(op, &schema)?;
                     best = Some((
                         wraps,
                         Bound {
@@ -661,6 +696,9 @@ type OutputMap = (Option<Vec<bool>>, Vec<usize>, Option<usize>);
 /// Where each output comes from: the masked returns first, then in-place
 /// outputs of arguments the op writes without returning them.
 fn outputs(op: &Op, schema: &Schema) -> Result<OutputMap, String> {
+    if let Some(r) = schema.returns.iter().find(|r| !r.is_tensor()) {
+        return Err(format!("it returns a {r}, not tensors"));
+    }
     let list_return = schema.returns.iter().any(|r| r.list);
     let mask = match op.attrs.get("output_mask") {
         Some(AttrValue::Ints(m)) if !list_return && m.len() == schema.returns.len() => {

@@ -39,6 +39,28 @@ unsafe extern "C" {
         err: *mut *mut c_char,
     ) -> i32;
     fn tk_free_outs(outs: *mut *mut c_void);
+    fn tk_device_memory(
+        device_type: i32,
+        index: i32,
+        reset: i32,
+        out: *mut i64,
+        err: *mut *mut c_char,
+    ) -> i32;
+}
+
+/// The caching allocator's `[allocated now, allocated peak, reserved now,
+/// reserved peak]` of CUDA device `index`; with `reset`, the peaks are reset
+/// afterwards.
+pub(crate) fn cuda_memory(index: i32, reset: bool) -> Result<[i64; 4], String> {
+    let mut out = [0i64; 4];
+    let mut err: *mut c_char = ptr::null_mut();
+    // SAFETY: `out` has the 4 slots the shim writes; `err` is a valid
+    // out-pointer; the shim catches every C++ exception.
+    let rc = unsafe { tk_device_memory(1, index, i32::from(reset), out.as_mut_ptr(), &mut err) };
+    if rc != 0 {
+        return Err(take_str(err));
+    }
+    Ok(out)
 }
 
 /// One argument value, in schema order (see `tk_arg` in the shim).

@@ -55,7 +55,45 @@ pub enum KernelError {
     Values(String),
 }
 
+/// The CUDA caching allocator's statistics of one device, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceMemory {
+    pub allocated: i64,
+    pub allocated_peak: i64,
+    pub reserved: i64,
+    pub reserved_peak: i64,
+}
+
+/// The CUDA caching allocator's statistics of device `index`
+/// (`c10::getDeviceAllocator(CUDA)->getDeviceStats`, as
+/// `torch.cuda.memory_stats`); with `reset_peak`, the peaks are reset
+/// afterwards (a per-iteration peak). An error without a GPU.
+pub fn cuda_memory(index: usize, reset_peak: bool) -> Result<DeviceMemory, KernelError> {
+    let device = tch::Device::Cuda(index);
+    if !tch::Cuda::is_available() || index >= tch::Cuda::device_count() as usize {
+        return Err(KernelError::Device {
+            device,
+            reason: format!(
+                "no such CUDA device ({} available)",
+                tch::Cuda::device_count()
+            ),
+        });
+    }
+    let i = i32::try_from(index).map_err(|_| KernelError::Device {
+        device,
+        reason: "device index out of range".to_string(),
+    })?;
+    let [allocated, allocated_peak, reserved, reserved_peak] =
+        ffi::cuda_memory(i, reset_peak).map_err(|reason| KernelError::Device { device, reason })?;
+    Ok(DeviceMemory {
+        allocated,
+        allocated_peak,
+        reserved,
+        reserved_peak,
+    })
+}
+
 /// The schema `op` binds to, as PyTorch prints it, or why it cannot run.
 pub fn binding_of(op: &tensile_graph::Op) -> Result<String, String> {
-    bind::bind(op).map(|b| b.schema.text)
+    bind::bind(op, &mut bind::Cache::default()).map(|b| b.schema.text)
 }

@@ -81,8 +81,9 @@ impl Program {
             });
         }
         let mut ops = Vec::with_capacity(graph.ops().len());
+        let mut cache = bind::Cache::default();
         for op in graph.ops() {
-            let bound = bind::bind(op).map_err(|reason| KernelError::Bind {
+            let bound = bind::bind(op, &mut cache).map_err(|reason| KernelError::Bind {
                 op: op.id,
                 name: op.name.clone(),
                 op_type: op.op_type.clone(),
@@ -119,6 +120,21 @@ impl Program {
         self.ops
             .get(op.index())
             .map(|b| (b.bound.overload.as_str(), b.bound.schema.text.as_str()))
+    }
+
+    /// Whether op `op` draws random numbers (its schema takes a generator,
+    /// or it is a dropout): running it again (recomputation) gives another
+    /// result, and it advances the random stream every op after it reads.
+    pub fn is_random(&self, op: OpId) -> bool {
+        self.ops.get(op.index()).is_some_and(|b| {
+            let forward = !b.op_type.ends_with("_backward");
+            forward && (b.op_type.contains("dropout") || b.op_type.contains("bernoulli"))
+                || b.bound
+                    .schema
+                    .arguments
+                    .iter()
+                    .any(|a| a.ty.base == Base::Generator)
+        })
     }
 
     /// Runs op `op` on its inputs (tensors in the order of `op.inputs`) and

@@ -79,6 +79,17 @@ fn resnet50_trains_with_adam_and_sgd() {
 fn bert_trains() {
     let _turn = turn();
     let g = zoo_graph("bert_base", 1, 8, false);
+    let program = Program::new(&g, Device::Cpu).expect("binds");
+    let random: Vec<&str> = g
+        .ops()
+        .iter()
+        .filter(|o| program.is_random(o.id))
+        .map(|o| o.op_type.as_str())
+        .collect();
+    assert!(
+        !random.is_empty() && random.iter().all(|t| *t == "aten::native_dropout"),
+        "{random:?}"
+    );
     let (losses, _) = train(&g, 2);
     assert!(losses[1] < losses[0], "losses {losses:?}");
 }
@@ -179,6 +190,12 @@ fn an_op_that_cannot_run_is_an_error_naming_it() {
         "{e}"
     );
 
+    // An op that returns a number, not tensors.
+    let e = bind_error(&edited(&g, i, |o| {
+        o.op_type = "aten::_local_scalar_dense".into()
+    }));
+    assert!(e.contains(&name) && e.contains("returns a Scalar"), "{e}");
+
     // A convolution without its `groups` (no default in the schema).
     let c = g
         .ops()
@@ -257,4 +274,27 @@ fn params_round_trip_through_safetensors() {
         initial_values(&g, Device::Cpu, 0, None, Some(&dir.join("absent"))).expect_err("refused");
     assert!(e.to_string().contains("absent"), "{e}");
     std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn cuda_memory_statistics_or_a_clear_error() {
+    let _turn = turn();
+    if !tch::Cuda::is_available() {
+        let e = tensile_kernels::cuda_memory(0, false).expect_err("no GPU: an error");
+        assert!(e.to_string().contains("no such CUDA device"), "{e}");
+        eprintln!("skipped: no CUDA device (checked that asking for one is a clear error)");
+        return;
+    }
+    // With a GPU: a 4 MiB tensor shows in the allocated bytes and the peak.
+    let before = tensile_kernels::cuda_memory(0, true).expect("stats");
+    let t = Tensor::zeros([1 << 20], (tch::Kind::Float, Device::Cuda(0)));
+    let during = tensile_kernels::cuda_memory(0, false).expect("stats");
+    assert!(
+        during.allocated >= before.allocated + (4 << 20),
+        "{before:?} {during:?}"
+    );
+    assert!(during.allocated_peak >= during.allocated);
+    drop(t);
+    let after = tensile_kernels::cuda_memory(0, true).expect("stats");
+    assert!(after.allocated < during.allocated && after.allocated_peak >= during.allocated);
 }

@@ -331,3 +331,49 @@ def test_list_views_slices_and_tied_weights(tmp_path):
         {"output": 1, "input": 0, "kind": "view"},
     ]
     assert all(op["inputs"] or op["type"] in FACTORIES for op in graph["ops"])
+
+
+def _mlp() -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+
+
+def test_every_input_binds_to_a_named_argument():
+    """``@ARG`` attributes say which inputs each tensor argument takes (the
+    kernels bind by them): together they cover every input, and ``mul(x, x)``
+    style reuse points two arguments at one input."""
+    graph = trace_training_step(_Tricky, torch.optim.Adam, [InputSpec("input", (4, 7), torch.int64)], name="tricky")
+    reused = False
+    for op in graph["ops"]:
+        binding = {k: v for k, v in op.get("attrs", {}).items() if k.startswith("@") and isinstance(v, list)}
+        bound = {i for k, v in binding.items() if k != "@step" for i in v if i >= 0}
+        extra = set(op["attrs"].get("@step", []))
+        assert bound | extra == set(range(len(op["inputs"]))), op
+        flat = [i for k, v in binding.items() if k != "@step" for i in v]
+        reused |= len(flat) > len(set(flat))
+    assert reused, "some op reads one tensor through two arguments (addcmul_(g, g) in Adam)"
+
+
+def test_step_dependent_scalars_are_recomputed_not_baked():
+    """Adam's bias corrections change every step: the traced graph marks the
+    two scalars with their formula and the step tensor they come from."""
+    graph = trace_training_step(_mlp, torch.optim.Adam, [InputSpec("input", (2, 4))], optimizer_kwargs={"lr": 0.01})
+    tensors = graph["tensors"]
+    marked = [op for op in graph["ops"] if any(k.startswith("@scalar.") for k in op.get("attrs", {}))]
+    params = [t["name"] for t in tensors if t["kind"] == "parameter" and not t["name"].endswith("'")]
+    assert len(marked) == 2 * len(params)
+    formulas = sorted(v for op in marked for k, v in op["attrs"].items() if k.startswith("@scalar."))
+    assert formulas == ["adam.bias_correction2_sqrt"] * len(params) + ["adam.neg_step_size"] * len(params)
+    for op in marked:
+        attrs = op["attrs"]
+        assert attrs["@lr"] == 0.01 and attrs["@beta1"] == 0.9 and attrs["@beta2"] == 0.999
+        step = tensors[op["inputs"][attrs["@step"][0]]]
+        owner = op["name"].split(".update.")[0]
+        # The step tensor after this step's increment.
+        assert step["name"] == f"{owner}.step'" and step["kind"] == "optimizer_state"
+
+
+def test_an_unknown_step_dependent_scalar_is_refused():
+    """NAdam bakes a momentum schedule no formula here reproduces: refused,
+    naming the op, rather than a graph that is right only at the traced step."""
+    with pytest.raises(TraceError, match=r"update\..*attribute .* no known formula"):
+        trace_training_step(_mlp, torch.optim.NAdam, [InputSpec("input", (2, 4))])

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from tensile.trace.capture import InputSpec, LossFn, TraceError, capture
-from tensile.trace.convert import to_graph
+from tensile.trace.convert import mark_step_dependent, to_graph
 from tensile.trace.models import classification_loss
 
 __all__ = ["InputSpec", "TraceError", "trace_training_step", "OPTIMIZERS"]
@@ -68,6 +68,13 @@ def trace_training_step(
         target = InputSpec("target", (inputs[0].shape[0],), torch.int64)
     captured = capture(model, optimizer, optimizer_kwargs, loss_fn, inputs, target, name, device)
     graph = to_graph(captured)
+    if any(role.kind == "optimizer_state" and role.name.endswith(".step") for _, role in captured.initial):
+        # The optimizer counts steps: trace the next step too, and have the
+        # scalars it baked in from the count recomputed on every run.
+        later = capture(
+            model, optimizer, optimizer_kwargs, loss_fn, inputs, target, name, device, init_steps=captured.step
+        )
+        mark_step_dependent(graph, to_graph(later), captured.hyper, captured.step)
     produced = {t for op in graph["ops"] for t in op["outputs"]}
     traced = sum(
         _numel(t["shape"]) for t in graph["tensors"] if t["kind"] == "parameter" and t["id"] not in produced

@@ -77,6 +77,10 @@ class Captured:
     module_calls: list[tuple[int, int, int, str]]
     #: Trainable parameter elements, ``sum(p.numel())``.
     param_count: int
+    #: The optimizer's hyperparameters (its one parameter group, less the params).
+    hyper: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: The optimizer step the traced iteration is (steps run before it, plus one).
+    step: int = 2
 
     def module_of_seq(self, seq: int) -> str | None:
         """The innermost module whose forward created autograd node ``seq``."""
@@ -95,8 +99,12 @@ def capture(
     target: InputSpec,
     name: str = "model",
     device: str = "cpu",
+    init_steps: int = 1,
 ) -> Captured:
     """Traces one iteration: ``loss_fn(model(*inputs), target)``, backward, step.
+
+    ``init_steps`` (fake) optimizer steps run first, so that the optimizer
+    has its state; the traced step is step ``init_steps + 1``.
 
     ``model`` is either a factory (called on the meta device, so building even
     a large model allocates nothing) or a module, whose parameters and buffers
@@ -127,7 +135,9 @@ def capture(
     try:
         with torch.nn.utils.stateless._reparametrize_module(module, swap, tie_weights=True):
             dev = device if not swap else _device_of(module)
-            return _capture_module(fake, module, optimizer, optimizer_kwargs or {}, loss_fn, inputs, target, name, dev)
+            return _capture_module(
+                fake, module, optimizer, optimizer_kwargs or {}, loss_fn, inputs, target, name, dev, init_steps
+            )
     finally:
         module.train(was_training)
 
@@ -179,6 +189,7 @@ def _capture_module(
     target: InputSpec,
     name: str,
     device: str,
+    init_steps: int,
 ) -> Captured:
     module.train()
     named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
@@ -188,7 +199,7 @@ def _capture_module(
         batch = [torch.empty(s.shape, dtype=s.dtype, device=device) for s in inputs]
         labels = torch.empty(target.shape, dtype=target.dtype, device=device)
         opt = _make_optimizer(optimizer_cls, [p for _, p in named], optimizer_kwargs)
-        _init_optimizer_state(opt, [p for _, p in named])
+        _init_optimizer_state(opt, [p for _, p in named], init_steps)
 
     initial: list[tuple[torch.Tensor, Role]] = []
     initial += [(t, Role(s.name, "input")) for t, s in zip(batch, inputs)]
@@ -236,6 +247,8 @@ def _capture_module(
         initial=initial,
         module_calls=tracker.calls,
         param_count=sum(p.numel() for _, p in named),
+        hyper={k: v for k, v in opt.param_groups[0].items() if k != "params"},
+        step=init_steps + 1,
     )
 
 
@@ -256,13 +269,14 @@ def _make_optimizer(
     return cls(params, **kwargs)
 
 
-def _init_optimizer_state(opt: torch.optim.Optimizer, params: list[torch.Tensor]) -> None:
-    """Runs one (fake) step so that the optimizer creates its state lazily, as
-    it does on the first real iteration; the traced iteration is a later one,
-    which reads and updates that state."""
+def _init_optimizer_state(opt: torch.optim.Optimizer, params: list[torch.Tensor], steps: int = 1) -> None:
+    """Runs ``steps`` (fake) steps so that the optimizer creates its state
+    lazily, as it does on the first real iteration; the traced iteration is a
+    later one, which reads and updates that state."""
     for p in params:
         p.grad = torch.zeros_like(p)
-    opt.step()
+    for _ in range(steps):
+        opt.step()
     for p in params:
         p.grad = None
 

@@ -66,6 +66,10 @@ _UNANNOTATED_WRITES = {
     "aten::miopen_batch_norm": ("running_mean", "running_var"),
 }
 _MAX_ATTR_LEN = 4096
+#: Reserved attribute prefix of the binding of a tensor argument: ``@ARG`` is
+#: the list of input indices the argument takes, ``-1`` for a ``None``
+#: element of a ``Tensor?[]`` list (see ``kernels/src/bind.rs``).
+BIND_PREFIX = "@"
 
 
 def to_graph(captured: Captured) -> dict[str, Any]:
@@ -201,11 +205,18 @@ class _Converter:
                 continue
             idx = []
             for tid in tids:
+                if tid is None:
+                    idx.append(-1)  # a None element of a Tensor?[] list
+                    continue
                 tid = self.latest(tid)
                 if tid not in inputs:
                     inputs.append(tid)
                 idx.append(inputs.index(tid))
-            arg_inputs[arg.name] = idx
+            arg_inputs[arg.name] = [i for i in idx if i >= 0]
+            # The binding: which inputs this argument takes (inputs are
+            # de-duplicated, absent optional tensors dropped and lists
+            # flattened, so their order alone does not say).
+            attrs[f"{BIND_PREFIX}{arg.name}"] = idx
             if arg_alias[arg.name].is_write:
                 written.append((arg_alias[arg.name].alias_set, arg.name))
         if attrs.get("training") is True:
@@ -294,15 +305,16 @@ class _Converter:
             op["aliases"] = aliases
         self.ops.append(op)
 
-    def tensor_ids(self, value: Any) -> list[int] | None:
-        """The tensor ids an argument holds, or None when it holds no tensor."""
+    def tensor_ids(self, value: Any) -> list[int | None] | None:
+        """The tensor ids an argument holds (``None`` for a ``None`` element
+        of a list), or None when it holds no tensor."""
         if isinstance(value, Node):
             tid = self.env.get(value)
             return [tid] if isinstance(tid, int) else None
         if isinstance(value, (list, tuple)) and value and any(isinstance(v, Node) for v in value):
-            tids = [self.env.get(v) for v in value if isinstance(v, Node)]
-            tids = [t for t in tids if isinstance(t, int)]
-            return tids or None
+            tids = [self.env.get(v) if isinstance(v, Node) else None for v in value]
+            tids = [t if isinstance(t, int) else None for t in tids]
+            return tids if any(t is not None for t in tids) else None
         return None
 
     @staticmethod
@@ -381,3 +393,75 @@ def _attr(value: Any) -> Any:
         if items and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in items):
             return [float(v) for v in items]
     return None
+
+
+# -- step-dependent scalars ---------------------------------------------------
+
+#: Scalars of a per-tensor optimizer step that depend on the step count, as
+#: ``torch.optim.Adam`` / ``AdamW`` (``foreach=False``, not capturable)
+#: compute them in Python floats: ``value`` of the ``addcdiv_`` that updates
+#: the parameter, and the divisor of the denominator. The names are what the
+#: kernels recompute (``kernels/src/bind.rs``).
+STEP_FORMULAS: dict[str, Any] = {
+    "adam.neg_step_size": lambda h, s: -(h["lr"] / (1 - h["betas"][0] ** s)),
+    "adam.bias_correction2_sqrt": lambda h, s: (1 - h["betas"][1] ** s) ** 0.5,
+}
+
+
+def mark_step_dependent(graph: dict[str, Any], later: dict[str, Any], hyper: dict[str, Any], step: int) -> None:
+    """Finds the attributes of ``graph`` (traced at optimizer step ``step``)
+    that differ in ``later`` (the same iteration traced at step ``step + 1``):
+    scalars the optimizer computed from its step count and baked in. Each must
+    be one of :data:`STEP_FORMULAS` at both steps; the op then records how to
+    recompute it on every run: ``@scalar.ARG`` (the formula), ``@step`` (the
+    input index of its parameter's step tensor, added as an input, in the
+    version after the step's increment) and the hyperparameters ``@lr``,
+    ``@beta1``, ``@beta2``. Anything else is a :class:`TraceError`: a graph
+    that would be right only at the traced step is refused."""
+    # Only the optimizer step is compared: the backward pass of two traces
+    # may differ in bookkeeping ops (the engine's buffers), not in scalars.
+    ops = [op for op in graph["ops"] if op["phase"] == "optimizer"]
+    others = [op for op in later["ops"] if op["phase"] == "optimizer"]
+    if len(ops) != len(others) or any(a["type"] != b["type"] for a, b in zip(ops, others)):
+        raise TraceError("the optimizer step's ops differ from one step to the next: it is not one static graph")
+    tensors = graph["tensors"]
+    steps = {t["name"][: -len(".step")]: t["id"] for t in tensors if t["kind"] == "optimizer_state" and t["name"].endswith(".step")}
+    newer: dict[int, int] = {}
+
+    def latest(tid: int) -> int:
+        while tid in newer:
+            tid = newer[tid]
+        return tid
+
+    for op, other in zip(ops, others):
+        attrs, attrs2 = op.get("attrs", {}), other.get("attrs", {})
+        changed = sorted(k for k, v in attrs.items() if attrs2.get(k) != v)
+        for key in changed:
+            v1, v2 = attrs[key], attrs2.get(key)
+            formula = None
+            if isinstance(v1, float) and isinstance(v2, float) and "betas" in hyper and "lr" in hyper:
+                for fname, f in STEP_FORMULAS.items():
+                    if f(hyper, step) == v1 and f(hyper, step + 1) == v2:
+                        formula = fname
+                        break
+            if formula is None:
+                raise TraceError(
+                    f"op {op['name']} ({op['type']}): attribute {key} is {v1!r} at optimizer step {step} and "
+                    f"{v2!r} at step {step + 1}, and no known formula gives it: a graph of one step would be "
+                    "wrong at the others"
+                )
+            owner = max((p for p in steps if op["name"].startswith(f"{p}.update.")), key=len, default=None)
+            if owner is None:
+                raise TraceError(f"op {op['name']} ({op['type']}): a step-dependent {key} with no step tensor")
+            step_tid = latest(steps[owner])
+            if step_tid not in op["inputs"]:
+                op["inputs"].append(step_tid)
+            attrs[f"@scalar.{key}"] = formula
+            attrs[f"{BIND_PREFIX}step"] = [op["inputs"].index(step_tid)]
+            attrs["@lr"] = float(hyper["lr"])
+            attrs["@beta1"] = float(hyper["betas"][0])
+            attrs["@beta2"] = float(hyper["betas"][1])
+            op["attrs"] = attrs
+        for a in op.get("aliases", []):
+            if a["kind"] == "in_place":
+                newer[op["inputs"][a["input"]]] = op["outputs"][a["output"]]
