@@ -9,7 +9,7 @@ use tensile_graph::{
     Tensor, TensorId, TensorKind,
 };
 
-use tensile_planner::{Diagnostic, DiagnosticKind};
+use tensile_planner::{Diagnostic, DiagnosticKind, Event, EventKind, Plan, Prediction, Trigger};
 
 use crate::pb;
 
@@ -324,5 +324,177 @@ pub fn diagnostic_kind_from_proto(k: pb::DiagnosticKind) -> Option<DiagnosticKin
         pb::DiagnosticKind::NotRecomputable => DiagnosticKind::NotRecomputable,
         pb::DiagnosticKind::OverBudget => DiagnosticKind::OverBudget,
         pb::DiagnosticKind::PlanningCapped => DiagnosticKind::PlanningCapped,
+    })
+}
+
+/// Domain -> wire: a job's plan under the service's `job_id`. Times become
+/// seconds; the prediction keeps its figures, not its time lines.
+pub fn plan_to_proto(plan: &Plan, job_id: u64) -> pb::Plan {
+    let events = plan
+        .events
+        .iter()
+        .map(|e| {
+            let (trigger, op) = match e.trigger {
+                Trigger::After(op) => (pb::TriggerKind::After, op.0),
+                Trigger::Before(op) => (pb::TriggerKind::Before, op.0),
+                Trigger::IterationStart => (pb::TriggerKind::IterationStart, 0),
+            };
+            pb::PlanEvent {
+                kind: event_kind_to_proto(e.kind) as i32,
+                tensor: e.tensor.0,
+                trigger_op: op,
+                delay_s: e.delay_ns as f64 / 1e9,
+                trigger: trigger as i32,
+            }
+        })
+        .collect();
+    pb::Plan {
+        job_id,
+        version: plan.version,
+        events,
+        iteration_gate_s: 0.0,
+        host_bytes: 0,
+        prediction: Some(prediction_to_proto(&plan.prediction)),
+        start_on_host: plan.start_on_host.iter().map(|t| t.0).collect(),
+    }
+}
+
+/// Domain -> wire: what a plan predicts.
+pub fn prediction_to_proto(p: &Prediction) -> pb::PlanPrediction {
+    pb::PlanPrediction {
+        vanilla_peak_bytes: p.vanilla_peak_bytes,
+        planned_peak_bytes: p.planned_peak_bytes,
+        vanilla_iteration_s: p.vanilla_time_ns as f64 / 1e9,
+        planned_iteration_s: p.planned_time_ns as f64 / 1e9,
+        swapped_bytes: p.swapped_bytes,
+        recomputed_ops: u32::try_from(p.recomputed_ops).unwrap_or(u32::MAX),
+    }
+}
+
+/// What is wrong with a plan that arrived over the wire, for `graph`.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PlanFromProtoError {
+    #[error("event {index}: {0}", index = .1)]
+    Enum(UnknownEnum, usize),
+    #[error("event {index}: tensor {tensor} is not in the graph ({tensors} tensors)")]
+    Tensor {
+        index: usize,
+        tensor: u32,
+        tensors: usize,
+    },
+    #[error("event {index}: trigger op {op} is not in the graph ({ops} ops)")]
+    Op { index: usize, op: u32, ops: usize },
+    #[error("event {index}: delay {delay_s} s is not a finite number >= 0")]
+    Delay { index: usize, delay_s: f64 },
+    #[error("start_on_host: tensor {tensor} is not in the graph ({tensors} tensors)")]
+    StartOnHost { tensor: u32, tensors: usize },
+}
+
+/// Wire -> domain, checked against `graph`: every tensor and op exists,
+/// every enum is known, every delay finite and non-negative. The
+/// prediction's figures come back; its time lines and waits do not travel.
+pub fn plan_from_proto(plan: &pb::Plan, graph: &Graph) -> Result<Plan, PlanFromProtoError> {
+    let (tensors, ops) = (graph.tensors().len(), graph.ops().len());
+    let mut events = Vec::with_capacity(plan.events.len());
+    for (index, e) in plan.events.iter().enumerate() {
+        let kind = pb::EventKind::try_from(e.kind)
+            .ok()
+            .and_then(event_kind_from_proto)
+            .ok_or(PlanFromProtoError::Enum(
+                UnknownEnum {
+                    what: "event kind",
+                    value: e.kind,
+                },
+                index,
+            ))?;
+        if e.tensor as usize >= tensors {
+            return Err(PlanFromProtoError::Tensor {
+                index,
+                tensor: e.tensor,
+                tensors,
+            });
+        }
+        let op = || {
+            if (e.trigger_op as usize) < ops {
+                Ok(OpId(e.trigger_op))
+            } else {
+                Err(PlanFromProtoError::Op {
+                    index,
+                    op: e.trigger_op,
+                    ops,
+                })
+            }
+        };
+        let trigger = match pb::TriggerKind::try_from(e.trigger) {
+            Ok(pb::TriggerKind::After) => Trigger::After(op()?),
+            Ok(pb::TriggerKind::Before) => Trigger::Before(op()?),
+            Ok(pb::TriggerKind::IterationStart) => Trigger::IterationStart,
+            Err(_) => {
+                return Err(PlanFromProtoError::Enum(
+                    UnknownEnum {
+                        what: "trigger kind",
+                        value: e.trigger,
+                    },
+                    index,
+                ));
+            }
+        };
+        if !(e.delay_s.is_finite() && e.delay_s >= 0.0) {
+            return Err(PlanFromProtoError::Delay {
+                index,
+                delay_s: e.delay_s,
+            });
+        }
+        events.push(Event {
+            trigger,
+            delay_ns: (e.delay_s * 1e9).round() as u64,
+            kind,
+            tensor: TensorId(e.tensor),
+        });
+    }
+    let start_on_host = plan
+        .start_on_host
+        .iter()
+        .map(|&t| {
+            if (t as usize) < tensors {
+                Ok(TensorId(t))
+            } else {
+                Err(PlanFromProtoError::StartOnHost { tensor: t, tensors })
+            }
+        })
+        .collect::<Result<_, _>>()?;
+    let p = plan.prediction.unwrap_or_default();
+    Ok(Plan {
+        version: plan.version,
+        events,
+        start_on_host,
+        prediction: Prediction {
+            vanilla_peak_bytes: p.vanilla_peak_bytes,
+            planned_peak_bytes: p.planned_peak_bytes,
+            vanilla_time_ns: (p.vanilla_iteration_s.max(0.0) * 1e9).round() as u64,
+            planned_time_ns: (p.planned_iteration_s.max(0.0) * 1e9).round() as u64,
+            swapped_bytes: p.swapped_bytes,
+            recomputed_ops: p.recomputed_ops as usize,
+            ..Prediction::default()
+        },
+    })
+}
+
+pub fn event_kind_to_proto(k: EventKind) -> pb::EventKind {
+    match k {
+        EventKind::SwapOut => pb::EventKind::SwapOut,
+        EventKind::SwapIn => pb::EventKind::SwapIn,
+        EventKind::Release => pb::EventKind::Release,
+        EventKind::Recompute => pb::EventKind::Recompute,
+    }
+}
+
+pub fn event_kind_from_proto(k: pb::EventKind) -> Option<EventKind> {
+    Some(match k {
+        pb::EventKind::Unspecified => return None,
+        pb::EventKind::SwapOut => EventKind::SwapOut,
+        pb::EventKind::SwapIn => EventKind::SwapIn,
+        pb::EventKind::Release => EventKind::Release,
+        pb::EventKind::Recompute => EventKind::Recompute,
     })
 }

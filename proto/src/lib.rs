@@ -11,9 +11,16 @@
 //!   workers, validated against the graph. It lives here, at the edge,
 //!   because the planner is serde-free and every reader of plans (the
 //!   worker) depends on this crate anyway.
+//! - [`endpoint`]: where the scheduler listens by default, so that the
+//!   scheduler, `tensilectl` and workers agree without depending on each
+//!   other.
 
 pub mod convert;
+pub mod endpoint;
 pub mod plan_json;
+
+/// The encoded `FileDescriptorSet` of `tensile.v1`, for gRPC reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("tensile_descriptor");
 
 /// Generated code for package `tensile.v1`.
 #[allow(

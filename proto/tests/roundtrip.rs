@@ -106,3 +106,55 @@ fn diagnostics_keep_their_kind_and_tensor_on_the_wire() {
     let err = diagnostic_from_proto(&unspecified, 0).unwrap_err();
     assert_eq!(err.to_string(), "unknown or unspecified diagnostic kind 0");
 }
+
+#[test]
+fn plans_round_trip_through_protobuf_and_bad_ones_are_named() {
+    use tensile_planner::{CopyModel, JobInput, JobSettings, PlannerConfig, Trigger};
+    use tensile_proto::convert::{PlanFromProtoError, plan_from_proto, plan_to_proto};
+    let g = zoo::build("resnet50", &ZooConfig::new(2)).unwrap();
+    let lat = vec![50_000; g.ops().len()];
+    let cfg = PlannerConfig::new(CopyModel::duplex(12e9, 12e9, 10_000));
+    let plan = tensile_planner::plan(&[JobInput::new(&g, lat, JobSettings::default())], &cfg)
+        .unwrap()
+        .plans
+        .remove(0);
+    assert!(
+        plan.events
+            .iter()
+            .any(|e| matches!(e.trigger, Trigger::After(_)))
+    );
+    let wire = plan_to_proto(&plan, 42);
+    assert_eq!(wire.job_id, 42);
+    let bytes = wire.encode_to_vec();
+    let back = plan_from_proto(&pb::Plan::decode(bytes.as_slice()).unwrap(), &g).unwrap();
+    assert_eq!(back.version, plan.version);
+    assert_eq!(back.start_on_host, plan.start_on_host);
+    // Delays travel as seconds: equal to the nanosecond.
+    assert_eq!(back.events, plan.events);
+    assert_eq!(
+        back.prediction.planned_peak_bytes,
+        plan.prediction.planned_peak_bytes
+    );
+
+    let mut bad = wire.clone();
+    bad.events[0].tensor = u32::MAX;
+    let err = plan_from_proto(&bad, &g).unwrap_err();
+    assert!(
+        matches!(err, PlanFromProtoError::Tensor { index: 0, .. }),
+        "{err}"
+    );
+    let mut bad = wire.clone();
+    bad.events[0].delay_s = f64::NAN;
+    assert!(
+        plan_from_proto(&bad, &g)
+            .unwrap_err()
+            .to_string()
+            .contains("delay NaN")
+    );
+    let mut bad = wire;
+    bad.events[0].kind = 99;
+    assert_eq!(
+        plan_from_proto(&bad, &g).unwrap_err().to_string(),
+        "event 0: unknown or unspecified event kind 99"
+    );
+}
