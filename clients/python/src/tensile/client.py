@@ -351,11 +351,13 @@ class Client:
         r = self._call("RegisterJob", request)
         return Job(id=r.job_id, token=r.token, state=r.state, reason=r.reason, lease_s=r.lease_s)
 
-    def plans(self, job: Job, after_version: int = 0) -> Iterator[pb.PlanUpdate]:
+    def plans(self, job: Job, after_version: int = 0, timeout_s: float | None = None) -> Iterator[pb.PlanUpdate]:
         """The job's plans: the newest at once, then each new version as it
-        is made. Ends when the job is unregistered or the scheduler stops."""
+        is made. Ends when the job is unregistered or the scheduler stops;
+        with ``timeout_s``, the stream ends with DEADLINE_EXCEEDED after that
+        long."""
         request = pb.SubscribePlansRequest(job_id=job.id, token=job.token, after_version=after_version)
-        stream = self._stub.SubscribePlans(request)
+        stream = self._stub.SubscribePlans(request, timeout=timeout_s)
         try:
             yield from stream
         except grpc.RpcError as e:
