@@ -463,7 +463,7 @@ pub fn plan_from_proto(plan: &pb::Plan, graph: &Graph) -> Result<Plan, PlanFromP
             }
         })
         .collect::<Result<_, _>>()?;
-    let p = plan.prediction.clone().unwrap_or_default();
+    let p = plan.prediction.unwrap_or_default();
     Ok(Plan {
         version: plan.version,
         events,

@@ -3,10 +3,32 @@
 //! releases and recomputations for all registered jobs together, and pushes
 //! each job its versioned plan.
 //!
-//! Not built yet: this crate holds the module map only. The contract it will
-//! serve is `proto/tensile/v1/tensile.proto` (crate `tensile-proto`).
-//!
-//! # Layout (planned)
-//! - `server`: the tonic service, `run(listener, shutdown)`.
-//! - `registry`: jobs, their graphs, latencies (EWMA) and plan versions.
-//! - `replan`: the change-rate trigger and plan pushes.
+//! # Layout
+//! - [`server`]: [`run`] (listeners, shutdown passed in), [`Listener`], the
+//!   lease reaper.
+//! - [`service`]: the tonic service, one handler per RPC.
+//! - [`planning`]: the planning task, sole owner of the re-planner and of
+//!   admission; commands in, plans out through watch channels.
+//! - [`state`]: the job table (graph, token hash, lease, newest plan).
+//! - [`coldstart`]: cold-start latencies (store, learned models, roofline).
+//! - [`store`]: learned latencies in SQLite, keyed by graph fingerprint
+//!   and device.
+//! - [`token`]: job tokens. [`error`]: typed errors, the one mapping to
+//!   `tonic::Status`. [`metrics`]: Prometheus. [`config`]: the validated
+//!   configuration; [`cli`]: flags, environment and TOML file into it.
+
+pub mod cli;
+pub mod coldstart;
+pub mod config;
+pub mod error;
+pub mod metrics;
+pub mod planning;
+pub mod server;
+pub mod service;
+pub mod state;
+pub mod store;
+pub mod token;
+
+pub use config::{Config, ListenAddr};
+pub use error::Error;
+pub use server::{Listener, RunError, run};

@@ -1,0 +1,67 @@
+//! `tensile-scheduler`: parse the configuration, start tracing (RUST_LOG),
+//! bind the listeners, run the library until SIGINT or SIGTERM.
+
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::Parser;
+use tensile_scheduler::cli::Args;
+use tensile_scheduler::{Listener, run};
+use tracing_subscriber::EnvFilter;
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let resolved = match args.resolve() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    for n in &resolved.notes {
+        tracing::info!("{n}");
+    }
+    let result = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+        .and_then(|rt| {
+            rt.block_on(async {
+                let mut listeners = Vec::new();
+                for a in &resolved.listen {
+                    listeners.push(Listener::bind(a).await?);
+                }
+                run(listeners, resolved.config, shutdown_signal()).await?;
+                Ok(())
+            })
+        });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {}", format!("{e:#}").replace('\n', " "));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// SIGINT (Ctrl-C) or SIGTERM.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}

@@ -1,0 +1,179 @@
+//! The scheduler's validated configuration (what `run` takes) and its
+//! listen addresses. Raw flags, environment and the TOML file become this
+//! in [`crate::cli`]; tests build it directly.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tensile_graph::Limits;
+use tensile_latency_model::DeviceProfile;
+
+use crate::coldstart::ModelsSpec;
+
+/// Where to listen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ListenAddr {
+    Unix(PathBuf),
+    Tcp(SocketAddr),
+}
+
+impl ListenAddr {
+    /// `unix:PATH` or `HOST:PORT` (an IP address; `localhost` is taken
+    /// as 127.0.0.1).
+    pub fn parse(s: &str) -> Result<ListenAddr, String> {
+        if let Some(path) = s.strip_prefix("unix:") {
+            let path = path.trim_start_matches("//");
+            if path.is_empty() {
+                return Err(format!("--listen {s:?}: unix: needs a path"));
+            }
+            return Ok(ListenAddr::Unix(PathBuf::from(path)));
+        }
+        let s2 = s.replace("localhost:", "127.0.0.1:");
+        s2.parse::<SocketAddr>().map(ListenAddr::Tcp).map_err(|_| {
+            format!("--listen {s:?}: expected unix:PATH or IP:PORT (e.g. 127.0.0.1:50051)")
+        })
+    }
+
+    pub fn is_loopback(&self) -> bool {
+        match self {
+            ListenAddr::Unix(_) => true,
+            ListenAddr::Tcp(a) => a.ip().is_loopback(),
+        }
+    }
+}
+
+impl std::fmt::Display for ListenAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ListenAddr::Unix(p) => write!(f, "unix:{}", p.display()),
+            ListenAddr::Tcp(a) => write!(f, "{a}"),
+        }
+    }
+}
+
+/// Everything `run` needs, checked.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The GPU's profile (copy link, memory) the planner plans for.
+    pub device: DeviceProfile,
+    /// The memory all jobs share, bytes.
+    pub budget_bytes: u64,
+    /// Guards SetMemoryBudget; none: anyone who can reach the socket may.
+    pub admin_token: Option<String>,
+    /// A job whose lease is not renewed for this long is removed.
+    pub lease: Duration,
+    /// The real guard on graphs (the gRPC decode limit is set above
+    /// `limits.max_input_bytes`).
+    pub limits: Limits,
+    /// The embedded store's directory; none: nothing persists.
+    pub state_dir: Option<PathBuf>,
+    /// Cold-start latency models.
+    pub models: ModelsSpec,
+    /// A plan that takes longer than this is reported (log, metric,
+    /// a PLANNING_CAPPED diagnostic); jobs waiting for their first plan
+    /// get a plan without moves meanwhile.
+    pub plan_cap: Duration,
+    /// Re-plan when a job's total latency moves more than this fraction.
+    pub replan_threshold: f64,
+    /// Weight of a new measurement in the per-op EWMA.
+    pub ewma_weight: f64,
+    /// How long shutdown waits for connections after ending every stream.
+    pub shutdown_deadline: Duration,
+    /// Prometheus metrics, on this loopback HTTP address.
+    pub metrics_listen: Option<SocketAddr>,
+}
+
+impl Config {
+    /// Defaults for `device`: its whole memory as the budget, a 10 s lease,
+    /// no store, no metrics.
+    pub fn new(device: DeviceProfile) -> Config {
+        Config {
+            budget_bytes: device.memory_bytes,
+            device,
+            admin_token: None,
+            lease: Duration::from_secs(10),
+            limits: Limits::default(),
+            state_dir: None,
+            models: ModelsSpec::Auto,
+            plan_cap: Duration::from_secs(2),
+            replan_threshold: 0.3,
+            ewma_weight: 0.9,
+            shutdown_deadline: Duration::from_secs(5),
+            metrics_listen: None,
+        }
+    }
+
+    /// The checks `run` relies on.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.budget_bytes == 0 {
+            return Err("the memory budget must be positive".into());
+        }
+        if self.lease < Duration::from_millis(100) {
+            return Err(format!(
+                "the lease must be at least 0.1 s, got {:?}",
+                self.lease
+            ));
+        }
+        if !(self.replan_threshold.is_finite() && self.replan_threshold >= 0.0) {
+            return Err(format!(
+                "the re-plan threshold must be finite and >= 0, got {}",
+                self.replan_threshold
+            ));
+        }
+        if !(self.ewma_weight > 0.0 && self.ewma_weight <= 1.0) {
+            return Err(format!(
+                "the EWMA weight must be in (0, 1], got {}",
+                self.ewma_weight
+            ));
+        }
+        if let Some(m) = self.metrics_listen
+            && !m.ip().is_loopback()
+        {
+            return Err(format!(
+                "--metrics-listen {m}: metrics are served on loopback only"
+            ));
+        }
+        if let Some(t) = &self.admin_token
+            && t.trim().is_empty()
+        {
+            return Err("the admin token is empty".into());
+        }
+        self.device.validate().map_err(|e| e.to_string())
+    }
+
+    /// The gRPC decode limit: the graph limit plus room for the rest of
+    /// the message.
+    pub fn max_message_bytes(&self) -> usize {
+        usize::try_from(self.limits.max_input_bytes)
+            .unwrap_or(usize::MAX)
+            .saturating_add(1 << 20)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listen_addresses_parse_or_say_what_is_expected() {
+        assert_eq!(
+            ListenAddr::parse("unix:/tmp/s.sock"),
+            Ok(ListenAddr::Unix("/tmp/s.sock".into()))
+        );
+        assert_eq!(
+            ListenAddr::parse("127.0.0.1:5000").map(|a| a.is_loopback()),
+            Ok(true)
+        );
+        assert_eq!(
+            ListenAddr::parse("0.0.0.0:5000").map(|a| a.is_loopback()),
+            Ok(false)
+        );
+        assert!(
+            ListenAddr::parse("nowhere")
+                .unwrap_err()
+                .contains("expected unix:PATH or IP:PORT")
+        );
+        assert!(ListenAddr::parse("unix:").is_err());
+    }
+}

@@ -1,0 +1,312 @@
+//! `run`: binds nothing itself (listeners come bound, so tests can use
+//! port 0), starts the planning task, the lease reaper and the metrics
+//! endpoint, serves the scheduler with gRPC health and reflection on every
+//! listener, and shuts down in order: streams end, connections drain
+//! within the deadline, the store is flushed, socket files are removed.
+
+use std::future::Future;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use tensile_proto::pb::memory_scheduler_server::MemorySchedulerServer;
+use tokio::net::{TcpListener, UnixListener};
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tokio_stream::wrappers::UnixListenerStream;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Server;
+use tonic::transport::server::TcpIncoming;
+use tracing::{error, info, warn};
+
+use crate::coldstart::ColdStart;
+use crate::config::{Config, ListenAddr};
+use crate::metrics::Metrics;
+use crate::planning::{Command, Planner};
+use crate::service::Service;
+use crate::state::Shared;
+use crate::store::{Store, StoreError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("reflection service: {0}")]
+    Reflection(String),
+}
+
+/// A bound listener.
+#[derive(Debug)]
+pub enum Listener {
+    Tcp(TcpListener),
+    /// The socket file is removed at shutdown.
+    Unix(UnixListener, PathBuf),
+}
+
+impl Listener {
+    /// Binds `addr`. A Unix socket's directory is created with mode 0700
+    /// (and set to it when it is the default one); a stale socket file
+    /// nobody listens on is replaced, a live one is an error.
+    pub async fn bind(addr: &ListenAddr) -> Result<Listener, RunError> {
+        let io = |what: String| move |source| RunError::Io { what, source };
+        match addr {
+            ListenAddr::Tcp(a) => Ok(Listener::Tcp(
+                TcpListener::bind(a)
+                    .await
+                    .map_err(io(format!("listen on {a}")))?,
+            )),
+            ListenAddr::Unix(path) => {
+                if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                    make_private_dir(dir)?;
+                }
+                if path.exists() {
+                    if tokio::net::UnixStream::connect(path).await.is_ok() {
+                        return Err(RunError::Config(format!(
+                            "{}: a scheduler is already listening there",
+                            path.display()
+                        )));
+                    }
+                    std::fs::remove_file(path)
+                        .map_err(io(format!("remove stale socket {}", path.display())))?;
+                }
+                let l = UnixListener::bind(path)
+                    .map_err(io(format!("listen on {}", path.display())))?;
+                Ok(Listener::Unix(l, path.clone()))
+            }
+        }
+    }
+
+    /// Where clients reach it: `unix:PATH` or `IP:PORT`.
+    pub fn address(&self) -> String {
+        match self {
+            Listener::Tcp(l) => l
+                .local_addr()
+                .map_or_else(|e| format!("tcp (unknown: {e})"), |a| a.to_string()),
+            Listener::Unix(_, p) => format!("unix:{}", p.display()),
+        }
+    }
+}
+
+/// Creates `dir` (mode 0700) if it is missing; one we did not create keeps
+/// its mode unless it is the default socket directory.
+fn make_private_dir(dir: &Path) -> Result<(), RunError> {
+    let io = |source| RunError::Io {
+        what: format!("socket directory {}", dir.display()),
+        source,
+    };
+    let created = !dir.exists();
+    std::fs::create_dir_all(dir).map_err(io)?;
+    if created || dir == tensile_proto::endpoint::default_socket_dir() {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(io)?;
+    }
+    Ok(())
+}
+
+/// Serves until `shutdown` completes, then shuts down within the
+/// configured deadline.
+pub async fn run(
+    listeners: Vec<Listener>,
+    config: Config,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), RunError> {
+    config.validate().map_err(RunError::Config)?;
+    if listeners.is_empty() {
+        return Err(RunError::Config("no listener".into()));
+    }
+    let store = match &config.state_dir {
+        Some(dir) => Some(Arc::new(Store::open(dir)?)),
+        None => None,
+    };
+    let (device, models) = (config.device.clone(), config.models.clone());
+    let cold = tokio::task::spawn_blocking(move || ColdStart::load(&device, &models))
+        .await
+        .map_err(|e| RunError::Config(format!("loading the latency models panicked: {e}")))?;
+    info!(
+        device = %config.device.name,
+        budget_bytes = config.budget_bytes,
+        lease_s = config.lease.as_secs_f64(),
+        cold_start = %cold.description,
+        store = ?config.state_dir,
+        "scheduler starting"
+    );
+    let cold = Arc::new(cold);
+    let metrics = Arc::new(Metrics::new());
+    let shared = Arc::new(Shared::new(config.budget_bytes));
+    let cancel = CancellationToken::new();
+    let mut tasks = JoinSet::new();
+
+    let (tx, rx) = mpsc::channel(4096);
+    let mut pc = tensile_experiments::device::planner_config(
+        &config.device,
+        Some(config.budget_bytes),
+        false,
+    );
+    pc.budget_bytes = Some(config.budget_bytes);
+    let planner = Planner::new(
+        shared.clone(),
+        pc,
+        config.replan_threshold,
+        config.ewma_weight,
+        config.plan_cap,
+        store.clone(),
+        config.device.name.clone(),
+        metrics.clone(),
+    );
+    let planning = tokio::spawn(planner.run(rx, cancel.clone()));
+    tasks.spawn(reap_leases(
+        shared.clone(),
+        tx.clone(),
+        metrics.clone(),
+        config.lease,
+        cancel.clone(),
+    ));
+    if let Some(addr) = config.metrics_listen {
+        let l = crate::metrics::bind(addr)
+            .await
+            .map_err(|source| RunError::Io {
+                what: format!("metrics on {addr}"),
+                source,
+            })?;
+        info!("metrics on http://{addr}/metrics");
+        let (m, c) = (metrics.clone(), cancel.clone());
+        tasks.spawn(async move {
+            if let Err(e) = crate::metrics::serve(l, m, c).await {
+                error!("metrics endpoint: {e}");
+            }
+        });
+    }
+
+    let service = Service::new(
+        shared.clone(),
+        tx,
+        config.clone(),
+        cold,
+        store.clone(),
+        metrics,
+        cancel.clone(),
+    );
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health.set_serving::<MemorySchedulerServer<Service>>().await;
+    let max = config.max_message_bytes();
+    let keepalive = Some(config.lease / 2);
+    let mut servers = JoinSet::new();
+    let mut sockets = Vec::new();
+    for listener in listeners {
+        let address = listener.address();
+        let reflection = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(tensile_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .build_v1()
+            .map_err(|e| RunError::Reflection(e.to_string()))?;
+        let router = Server::builder()
+            .http2_keepalive_interval(keepalive)
+            .http2_keepalive_timeout(keepalive)
+            .add_service(health_service.clone())
+            .add_service(reflection)
+            .add_service(
+                MemorySchedulerServer::new(service.clone())
+                    .max_decoding_message_size(max)
+                    .max_encoding_message_size(max),
+            );
+        let stop = cancel.clone().cancelled_owned();
+        info!("listening on {address}");
+        match listener {
+            Listener::Tcp(l) => {
+                servers.spawn(async move {
+                    router
+                        .serve_with_incoming_shutdown(TcpIncoming::from(l), stop)
+                        .await
+                        .map_err(|e| format!("{address}: {e}"))
+                });
+            }
+            Listener::Unix(l, path) => {
+                sockets.push(path);
+                servers.spawn(async move {
+                    router
+                        .serve_with_incoming_shutdown(UnixListenerStream::new(l), stop)
+                        .await
+                        .map_err(|e| format!("{address}: {e}"))
+                });
+            }
+        }
+    }
+    drop(service);
+
+    tokio::select! {
+        () = shutdown => info!("shutting down"),
+        Some(r) = servers.join_next() => error!("a listener stopped: {r:?}; shutting down"),
+    }
+    // Ending every plan stream first: tonic waits for open streams forever.
+    cancel.cancel();
+    let deadline = Instant::now() + config.shutdown_deadline;
+    let drained = tokio::time::timeout_at(deadline, async {
+        while servers.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        warn!(
+            deadline_s = config.shutdown_deadline.as_secs_f64(),
+            "connections still open at the shutdown deadline; closing them"
+        );
+        servers.abort_all();
+    }
+    if tokio::time::timeout_at(deadline, planning).await.is_err() {
+        warn!("the planning task did not finish by the deadline");
+    }
+    tasks.abort_all();
+    if let Some(s) = store {
+        let flushed = tokio::task::spawn_blocking(move || s.flush()).await;
+        if let Ok(Err(e)) = flushed {
+            error!("flushing the store: {e}");
+        }
+    }
+    for path in sockets {
+        let _ = std::fs::remove_file(path);
+    }
+    info!("scheduler stopped");
+    Ok(())
+}
+
+/// Removes jobs whose lease lapsed (no open plan stream, no report or
+/// heartbeat within the lease) and has the others re-planned.
+async fn reap_leases(
+    shared: Arc<Shared>,
+    tx: mpsc::Sender<Command>,
+    metrics: Arc<Metrics>,
+    lease: std::time::Duration,
+    cancel: CancellationToken,
+) {
+    let mut tick = tokio::time::interval((lease / 4).max(std::time::Duration::from_millis(25)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = cancel.cancelled() => return,
+        }
+        let now = Instant::now();
+        let lapsed: Vec<u64> = shared
+            .jobs()
+            .iter()
+            .filter(|(_, j)| j.subscribers == 0 && j.lease_until <= now)
+            .map(|(&id, _)| id)
+            .collect();
+        for id in lapsed {
+            if let Some(job) = shared.remove(id, "its lease lapsed") {
+                job.span.in_scope(|| warn!("lease lapsed; job removed"));
+                metrics.leases_lapsed.inc();
+                if tx.send(Command::Remove(id)).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}

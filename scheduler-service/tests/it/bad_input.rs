@@ -1,0 +1,234 @@
+//! Every bad input of issue 12 gets its status; random bytes and random
+//! protobuf messages get an error, never a panic, and the server keeps
+//! serving with its state intact.
+
+use proptest::prelude::*;
+use prost::Message;
+use tensile_proto::convert::graph_to_proto;
+use tensile_proto::pb;
+use tonic::Code;
+
+use crate::util::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_bad_input_gets_its_status() {
+    let mut cfg = config();
+    cfg.admin_token = Some("sesame".into());
+    cfg.limits.max_ops = 200;
+    let s = tcp(cfg).await;
+    let mut c = connect(&s.address).await;
+    let g = mlp(64);
+    let r = register(&mut c, "ok", &g).await;
+    let ops = g.ops().len();
+
+    // A malformed graph: the op at fault is named.
+    let mut bad = graph_to_proto(&g);
+    bad.ops[3].inputs.push(99_999);
+    let e = c
+        .register_job(pb::RegisterJobRequest {
+            graph: Some(bad),
+            ..register_req("x", &g)
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(e.message().contains("op 3"), "{}", e.message());
+    let mut bad = graph_to_proto(&g);
+    bad.tensors[2].bytes += 1;
+    let e = c
+        .register_job(pb::RegisterJobRequest {
+            graph: Some(bad),
+            ..register_req("x", &g)
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(e.message().contains("tensor 2"), "{}", e.message());
+    let e = c
+        .register_job(pb::RegisterJobRequest {
+            graph: None,
+            ..register_req("x", &g)
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+
+    // Over the limits (200 ops here).
+    let big =
+        tensile_graph::zoo::build("resnet50", &tensile_graph::zoo::ZooConfig::new(1)).unwrap();
+    let e = c.register_job(register_req("big", &big)).await.unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+    assert!(
+        e.message().contains("over the limit of 200"),
+        "{}",
+        e.message()
+    );
+
+    // Tokens.
+    let mut rep = report(&r, ops, 1e-3);
+    rep.token = String::new();
+    assert_eq!(
+        c.report_latencies(rep).await.unwrap_err().code(),
+        Code::Unauthenticated
+    );
+    let mut rep = report(&r, ops, 1e-3);
+    rep.token = "0".repeat(32);
+    assert_eq!(
+        c.report_latencies(rep).await.unwrap_err().code(),
+        Code::PermissionDenied
+    );
+    let e = c
+        .subscribe_plans(pb::SubscribePlansRequest {
+            job_id: r.job_id,
+            token: "nope".into(),
+            after_version: 0,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied);
+    let e = c
+        .unregister_job(pb::UnregisterJobRequest {
+            job_id: 4242,
+            token: r.token.clone(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound);
+    assert_eq!(
+        c.get_status(pb::GetStatusRequest { job_id: 4242 })
+            .await
+            .unwrap_err()
+            .code(),
+        Code::NotFound
+    );
+
+    // Latencies: wrong count, NaN, negative.
+    let e = c
+        .report_latencies(report(&r, ops - 1, 1e-3))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(
+        e.message().contains(&format!("the graph has {ops} ops")),
+        "{}",
+        e.message()
+    );
+    for v in [f64::NAN, -1.0, f64::INFINITY] {
+        let mut rep = report(&r, ops, 1e-3);
+        rep.op_latency_s[5] = v;
+        let e = c.report_latencies(rep).await.unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument);
+        assert!(e.message().contains("op_latency_s[5]"), "{}", e.message());
+    }
+    let mut rep = report(&r, ops, 1e-3);
+    rep.late_prefetches = vec![u32::MAX];
+    assert_eq!(
+        c.report_latencies(rep).await.unwrap_err().code(),
+        Code::InvalidArgument
+    );
+
+    // The admin token.
+    let budget = |t: &str| pb::SetMemoryBudgetRequest {
+        budget_bytes: 1 << 30,
+        admin_token: t.into(),
+    };
+    assert_eq!(
+        c.set_memory_budget(budget("")).await.unwrap_err().code(),
+        Code::Unauthenticated
+    );
+    assert_eq!(
+        c.set_memory_budget(budget("open"))
+            .await
+            .unwrap_err()
+            .code(),
+        Code::PermissionDenied
+    );
+    c.set_memory_budget(budget("sesame")).await.unwrap();
+
+    // None of it disturbed the job.
+    let st = c
+        .get_status(pb::GetStatusRequest { job_id: 0 })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(st.jobs.len(), 1);
+    assert_eq!(st.memory.unwrap().budget_bytes, 1 << 30);
+    c.report_latencies(report(&r, ops, 1e-3)).await.unwrap();
+    s.stop().await;
+}
+
+/// One server for all cases: its state must survive them all.
+fn fuzz_server() -> &'static (
+    tokio::runtime::Runtime,
+    String,
+    pb::RegisterJobResponse,
+    usize,
+) {
+    static S: std::sync::OnceLock<(
+        tokio::runtime::Runtime,
+        String,
+        pb::RegisterJobResponse,
+        usize,
+    )> = std::sync::OnceLock::new();
+    S.get_or_init(|| {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let (addr, r, ops) = rt.block_on(async {
+            let s = tcp(config()).await;
+            let addr = s.address.clone();
+            std::mem::forget(s); // lives for the test binary
+            let mut c = connect(&addr).await;
+            let g = mlp(64);
+            (addr, register(&mut c, "kept", &g).await, g.ops().len())
+        });
+        (rt, addr, r, ops)
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn random_messages_get_an_error_never_a_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512), flips in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..16)) {
+        let (rt, addr, r, ops) = fuzz_server();
+        rt.block_on(async {
+            let mut c = connect(addr).await;
+            // Random bytes read as each request type (what the server would
+            // decode from them), sent: an answer, never a crash.
+            if let Ok(m) = pb::RegisterJobRequest::decode(bytes.as_slice()) {
+                let _ = c.register_job(m).await;
+            }
+            if let Ok(mut m) = pb::ReportLatenciesRequest::decode(bytes.as_slice()) {
+                m.job_id = r.job_id;
+                let e = c.report_latencies(m).await.unwrap_err();
+                assert!(matches!(e.code(), Code::InvalidArgument | Code::PermissionDenied | Code::Unauthenticated), "{e:?}");
+            }
+            if let Ok(m) = pb::PlanGraphRequest::decode(bytes.as_slice()) {
+                let _ = c.plan_graph(m).await;
+            }
+            // A valid registration with random bytes flipped.
+            let mut enc = register_req("flip", &mlp(64)).encode_to_vec();
+            for (at, x) in &flips {
+                let n = enc.len();
+                enc[at % n] ^= x;
+            }
+            if let Ok(m) = pb::RegisterJobRequest::decode(enc.as_slice())
+                && let Ok(a) = c.register_job(m).await
+            {
+                c.unregister_job(pb::UnregisterJobRequest { job_id: a.get_ref().job_id, token: a.get_ref().token.clone() }).await.unwrap();
+            }
+            // Raw garbage on the socket (not even HTTP/2).
+            if let Ok(mut raw) = tokio::net::TcpStream::connect(addr.as_str()).await {
+                use tokio::io::AsyncWriteExt;
+                let _ = raw.write_all(&bytes).await;
+            }
+            // Still serving, the kept job intact.
+            let st = c.get_status(pb::GetStatusRequest { job_id: r.job_id }).await.unwrap().into_inner();
+            assert_eq!(st.jobs.len(), 1);
+            c.report_latencies(report(r, *ops, 1e-3)).await.unwrap();
+        });
+    }
+}

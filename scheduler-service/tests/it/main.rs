@@ -1,0 +1,11 @@
+//! The scheduler over real sockets (127.0.0.1:0 and Unix sockets in temp
+//! directories) with the real generated client; the binary killed and
+//! restarted; random input.
+
+#![allow(clippy::unwrap_used)] // tests unwrap: a failure is the test failing
+
+mod bad_input;
+mod lease;
+mod restart;
+mod rpc;
+mod util;
