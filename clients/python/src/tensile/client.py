@@ -307,13 +307,16 @@ class Client:
     def __init__(self, address: str | os.PathLike[str] | None = None, timeout_s: float = 60.0) -> None:
         self.target = target_of(address)
         self.timeout_s = timeout_s
-        self._channel = grpc.insecure_channel(
-            self.target,
-            options=[
-                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-            ],
-        )
+        options = [
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ]
+        if self.target.startswith("unix:"):
+            # gRPC core sends the socket path as the HTTP/2 :authority, which
+            # the scheduler's HTTP/2 stack rejects as malformed (RST_STREAM,
+            # PROTOCOL_ERROR); any host name does.
+            options.append(("grpc.default_authority", "localhost"))
+        self._channel = grpc.insecure_channel(self.target, options=options)
         self._stub = pb_grpc.MemorySchedulerStub(self._channel)
 
     def close(self) -> None:
