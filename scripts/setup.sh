@@ -22,6 +22,7 @@ pins=(
   "onnxruntime==1.31.1"
   "onnx==1.23.2"
   "grpcio-tools==1.76.0"
+  "mypy-protobuf==5.1.0"
   "pytest==8.4.2"
   "safetensors==0.7.0"
 )

@@ -1,0 +1,438 @@
+"""A Python client of the Memory Scheduler (``tensile.v1.MemoryScheduler``).
+
+The messages and the stub are generated from the one contract,
+``proto/tensile/v1/tensile.proto``, into :mod:`tensile.v1`
+(``scripts/gen_python_stubs.py``). This module adds what a user wants on top:
+graphs given as a file, a ``tensile-graph/v1`` dict or a model traced with
+:mod:`tensile.trace`; the scheduler's default socket; message size limits
+raised to what real graphs need; and errors as :class:`SchedulerError`, which
+carries the gRPC status code and message.
+
+Example::
+
+    import tensile
+
+    client = tensile.Client()                     # the scheduler's default socket
+    job = client.register("resnet50.json", name="resnet50")
+    for update in client.plans(job):              # blocks; one item per plan version
+        print(update.plan.version, len(update.plan.events))
+        break
+    client.report(job, iteration=0, plan_version=update.plan.version, op_latency_s=measured)
+    print(client.status())
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from tensile.v1 import tensile_pb2 as pb
+from tensile.v1 import tensile_pb2_grpc as pb_grpc
+
+__all__ = [
+    "Client",
+    "Job",
+    "SchedulerError",
+    "default_socket_path",
+    "graph_to_proto",
+    "plan_to_file",
+]
+
+#: Largest message either side accepts. The gRPC default (4 MiB) rejects real
+#: graphs (a traced DenseNet has about 6k ops); the scheduler's own graph
+#: limits stay the real guard.
+MAX_MESSAGE_BYTES = 1 << 30
+
+GRAPH_FORMAT = "tensile-graph/v1"
+PLAN_FORMAT = "tensile-plan/v1"
+
+_DTYPES = {
+    "f32": pb.DTYPE_F32,
+    "f16": pb.DTYPE_F16,
+    "bf16": pb.DTYPE_BF16,
+    "f64": pb.DTYPE_F64,
+    "i64": pb.DTYPE_I64,
+    "i32": pb.DTYPE_I32,
+    "i16": pb.DTYPE_I16,
+    "i8": pb.DTYPE_I8,
+    "u8": pb.DTYPE_U8,
+    "bool": pb.DTYPE_BOOL,
+}
+_KINDS = {
+    "input": pb.TENSOR_KIND_INPUT,
+    "parameter": pb.TENSOR_KIND_PARAMETER,
+    "buffer": pb.TENSOR_KIND_BUFFER,
+    "activation": pb.TENSOR_KIND_ACTIVATION,
+    "gradient": pb.TENSOR_KIND_GRADIENT,
+    "optimizer_state": pb.TENSOR_KIND_OPTIMIZER_STATE,
+    "workspace": pb.TENSOR_KIND_WORKSPACE,
+    "output": pb.TENSOR_KIND_OUTPUT,
+}
+_PHASES = {"forward": pb.PHASE_FORWARD, "backward": pb.PHASE_BACKWARD, "optimizer": pb.PHASE_OPTIMIZER}
+_ALIASES = {"in_place": pb.ALIAS_KIND_IN_PLACE, "view": pb.ALIAS_KIND_VIEW}
+_EVENTS = {
+    pb.EVENT_KIND_SWAP_OUT: "swap_out",
+    pb.EVENT_KIND_SWAP_IN: "swap_in",
+    pb.EVENT_KIND_RELEASE: "release",
+    pb.EVENT_KIND_RECOMPUTE: "recompute",
+}
+_TRIGGERS = {
+    pb.TRIGGER_KIND_AFTER: "after",
+    pb.TRIGGER_KIND_BEFORE: "before",
+    pb.TRIGGER_KIND_ITERATION_START: "iteration_start",
+}
+_DIAGNOSTICS = {
+    pb.DIAGNOSTIC_KIND_NO_SWAP_WINDOW: "no_swap_window",
+    pb.DIAGNOSTIC_KIND_SWAP_RATE_LIMIT: "swap_rate_limit",
+    pb.DIAGNOSTIC_KIND_NOT_RECOMPUTABLE: "not_recomputable",
+    pb.DIAGNOSTIC_KIND_OVER_BUDGET: "over_budget",
+    pb.DIAGNOSTIC_KIND_PLANNING_CAPPED: "planning_capped",
+}
+
+
+class SchedulerError(Exception):
+    """A call the scheduler (or the transport) refused: ``code`` is the gRPC
+    status code (``grpc.StatusCode``), ``message`` the scheduler's own words,
+    which name what was wrong (the op, the tensor, the job)."""
+
+    def __init__(self, method: str, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(f"{method}: {code.name}: {message}")
+        self.method = method
+        self.code = code
+        self.message = message
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """A registered job: its id, the secret every later call carries, and
+    its state and reason (why it is queued) when it was registered."""
+
+    id: int
+    token: str
+    state: int
+    reason: str = ""
+    lease_s: float = 0.0
+
+    @property
+    def state_name(self) -> str:
+        return pb.JobState.Name(self.state)
+
+
+def default_socket_path() -> Path:
+    """The scheduler's default Unix socket, as the scheduler computes it:
+    ``$XDG_RUNTIME_DIR/tensile/scheduler.sock`` when that variable is an
+    absolute path, else ``/tmp/tensile-$UID/scheduler.sock``."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR", "")
+    if runtime and os.path.isabs(runtime):
+        return Path(runtime) / "tensile" / "scheduler.sock"
+    return Path(f"/tmp/tensile-{os.getuid()}") / "scheduler.sock"
+
+
+def target_of(address: str | os.PathLike[str] | None) -> str:
+    """A gRPC target for ``address``: ``None`` or ``""`` is the default
+    socket; ``unix:PATH`` or an absolute path is a Unix socket; ``HOST:PORT``
+    (or ``http://HOST:PORT``) is TCP."""
+    if address is None or str(address).strip() == "":
+        return f"unix:{default_socket_path()}"
+    text = str(address).strip()
+    if text.startswith("unix:"):
+        path = text[len("unix:") :]
+        if path.startswith("//"):
+            path = path[2:]
+        return f"unix:{path}"
+    if text.startswith("/"):
+        return f"unix:{text}"
+    for scheme in ("http://", "https://"):
+        if text.startswith(scheme):
+            return text[len(scheme) :]
+    return text
+
+
+def graph_to_proto(graph: str | os.PathLike[str] | Mapping[str, Any] | pb.Graph) -> pb.Graph:
+    """The wire form of a graph given as a ``tensile-graph/v1`` file, its
+    parsed dict (what :func:`tensile.trace.trace_training_step` returns), or
+    a ``Graph`` message. Only the shape of the document is checked here; the
+    scheduler validates the graph itself and names the op or tensor at
+    fault."""
+    if isinstance(graph, pb.Graph):
+        return graph
+    if isinstance(graph, (str, os.PathLike)):
+        path = Path(graph)
+        try:
+            doc = json.loads(path.read_text())
+        except OSError as e:
+            raise ValueError(f"graph file {path}: {e.strerror or e}") from None
+        except json.JSONDecodeError as e:
+            raise ValueError(f"graph file {path}: invalid JSON: {e}") from None
+        return _graph_from_dict(doc, str(path))
+    if isinstance(graph, Mapping):
+        return _graph_from_dict(graph, "graph")
+    raise TypeError(f"a graph is a file path, a {GRAPH_FORMAT} dict or a tensile.v1.Graph, not {type(graph).__name__}")
+
+
+def _graph_from_dict(doc: Mapping[str, Any], what: str) -> pb.Graph:
+    if doc.get("format") != GRAPH_FORMAT:
+        raise ValueError(f"{what}: format is {doc.get('format')!r}, expected {GRAPH_FORMAT!r}")
+    out = pb.Graph(name=str(doc.get("name", "")))
+    for i, t in enumerate(doc.get("tensors", [])):
+        where = f"{what}: tensor {i}"
+        out.tensors.append(
+            pb.Tensor(
+                id=int(t["id"]),
+                name=str(t["name"]),
+                shape=[int(d) for d in t["shape"]],
+                dtype=_lookup(_DTYPES, t["dtype"], f"{where} dtype"),
+                bytes=int(t["bytes"]),
+                kind=_lookup(_KINDS, t["kind"], f"{where} kind"),
+            )
+        )
+    for i, o in enumerate(doc.get("ops", [])):
+        where = f"{what}: op {i} ({o.get('name', '?')})"
+        op = pb.Op(
+            id=int(o["id"]),
+            name=str(o["name"]),
+            op_type=str(o["type"]),
+            phase=_lookup(_PHASES, o["phase"], f"{where} phase"),
+            inputs=[int(x) for x in o["inputs"]],
+            outputs=[int(x) for x in o["outputs"]],
+        )
+        for key, value in o.get("attrs", {}).items():
+            op.attrs[key].CopyFrom(_attr(value, f"{where} attribute {key!r}"))
+        for a in o.get("aliases", []):
+            op.aliases.append(
+                pb.Alias(output=int(a["output"]), input=int(a["input"]), kind=_lookup(_ALIASES, a["kind"], f"{where} alias"))
+            )
+        out.ops.append(op)
+    return out
+
+
+def _lookup(table: Mapping[str, int], value: Any, what: str) -> int:
+    if value not in table:
+        raise ValueError(f"{what}: unknown value {value!r} (expected one of {', '.join(table)})")
+    return table[value]
+
+
+def _attr(value: Any, what: str) -> pb.AttrValue:
+    # The JSON reading of graph/src/json.rs: bool, then int, then float,
+    # then string, then a list of ints, then a list of numbers.
+    if isinstance(value, bool):
+        return pb.AttrValue(bool=value)
+    if isinstance(value, int):
+        return pb.AttrValue(int=value)
+    if isinstance(value, float):
+        return pb.AttrValue(float=value)
+    if isinstance(value, str):
+        return pb.AttrValue(str=value)
+    if isinstance(value, list):
+        if all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            return pb.AttrValue(ints=pb.IntList(values=value))
+        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+            return pb.AttrValue(floats=pb.FloatList(values=[float(v) for v in value]))
+    raise ValueError(f"{what}: unsupported value {value!r}")
+
+
+def plan_to_file(plan: pb.Plan, graph: Mapping[str, Any], diagnostics: Sequence[pb.Diagnostic] = ()) -> dict[str, Any]:
+    """A plan from the wire as a ``tensile-plan/v1`` document (the format of
+    ``tensilectl plan -o``, docs/plan-format.md) for the graph it was made
+    for: what ``tensile.apply`` and ``tensile-worker --plan`` read."""
+    tensors = graph["tensors"]
+    ops = graph["ops"]
+
+    def tensor_name(i: int) -> str:
+        if not 0 <= i < len(tensors):
+            raise ValueError(f"plan names tensor {i}, but graph {graph.get('name')!r} has {len(tensors)} tensors")
+        return str(tensors[i]["name"])
+
+    def op_name(i: int) -> str:
+        if not 0 <= i < len(ops):
+            raise ValueError(f"plan names op {i}, but graph {graph.get('name')!r} has {len(ops)} ops")
+        return str(ops[i]["name"])
+
+    events = []
+    for e in plan.events:
+        trigger = _TRIGGERS.get(e.trigger)
+        if trigger is None or e.kind not in _EVENTS:
+            raise ValueError(f"plan event on tensor {e.tensor}: unknown kind {e.kind} or trigger {e.trigger}")
+        item: dict[str, Any] = {"kind": _EVENTS[e.kind], "tensor": e.tensor, "tensor_name": tensor_name(e.tensor), "trigger": trigger}
+        if trigger != "iteration_start":
+            item["trigger_op"] = e.trigger_op
+            item["trigger_op_name"] = op_name(e.trigger_op)
+        item["delay_ns"] = round(e.delay_s * 1e9)
+        events.append(item)
+    p = plan.prediction
+    kinds = [e["kind"] for e in events]
+    return {
+        "format": PLAN_FORMAT,
+        "graph": graph["name"],
+        "version": plan.version,
+        "start_on_host": [{"tensor": t, "tensor_name": tensor_name(t)} for t in plan.start_on_host],
+        "events": events,
+        "prediction": {
+            "vanilla_peak_bytes": p.vanilla_peak_bytes,
+            "planned_peak_bytes": p.planned_peak_bytes,
+            "vanilla_iteration_ns": round(p.vanilla_iteration_s * 1e9),
+            "planned_iteration_ns": round(p.planned_iteration_s * 1e9),
+            "swap_outs": kinds.count("swap_out"),
+            "swap_ins": kinds.count("swap_in"),
+            "swapped_bytes": p.swapped_bytes,
+            "recomputed_ops": p.recomputed_ops,
+            "waits": [],
+        },
+        "diagnostics": [
+            {
+                "kind": _DIAGNOSTICS.get(d.kind, "unspecified"),
+                "tensor": d.tensor if d.HasField("tensor") else None,
+                "tensor_name": tensor_name(d.tensor) if d.HasField("tensor") else None,
+                "message": d.message,
+            }
+            for d in diagnostics
+        ],
+    }
+
+
+class Client:
+    """A connection to one scheduler.
+
+    ``address``: ``None`` for the scheduler's default socket, ``unix:PATH``
+    or an absolute path for another socket, ``HOST:PORT`` for TCP.
+    ``timeout_s`` bounds every unary call (plan streams are open-ended).
+    """
+
+    def __init__(self, address: str | os.PathLike[str] | None = None, timeout_s: float = 60.0) -> None:
+        self.target = target_of(address)
+        self.timeout_s = timeout_s
+        options = [
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ]
+        if self.target.startswith("unix:"):
+            # gRPC core sends the socket path as the HTTP/2 :authority, which
+            # the scheduler's HTTP/2 stack rejects as malformed (RST_STREAM,
+            # PROTOCOL_ERROR); any host name does.
+            options.append(("grpc.default_authority", "localhost"))
+        self._channel = grpc.insecure_channel(self.target, options=options)
+        self._stub = pb_grpc.MemorySchedulerStub(self._channel)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _call(self, method: str, request: Any) -> Any:
+        try:
+            return getattr(self._stub, method)(request, timeout=self.timeout_s)
+        except grpc.RpcError as e:
+            raise _error(method, e) from None
+
+    def register(
+        self,
+        graph: str | os.PathLike[str] | Mapping[str, Any] | pb.Graph,
+        name: str = "",
+        *,
+        op_latency_s: Sequence[float] = (),
+        priority: int = 0,
+        max_swap_rate: float = 0.0,
+        allow_recompute: bool | None = None,
+        base_bytes: int = 0,
+    ) -> Job:
+        """Registers a job with its graph; the first plan arrives on :meth:`plans`."""
+        g = graph_to_proto(graph)
+        settings = pb.JobSettings(max_swap_rate=max_swap_rate, priority=priority, base_bytes=base_bytes)
+        if allow_recompute is not None:
+            settings.allow_recompute = allow_recompute
+        request = pb.RegisterJobRequest(name=name or g.name, graph=g, settings=settings, op_latency_s=list(op_latency_s))
+        r = self._call("RegisterJob", request)
+        return Job(id=r.job_id, token=r.token, state=r.state, reason=r.reason, lease_s=r.lease_s)
+
+    def plans(self, job: Job, after_version: int = 0, timeout_s: float | None = None) -> Iterator[pb.PlanUpdate]:
+        """The job's plans: the newest at once, then each new version as it
+        is made. Ends when the job is unregistered or the scheduler stops;
+        with ``timeout_s``, the stream ends with DEADLINE_EXCEEDED after that
+        long."""
+        request = pb.SubscribePlansRequest(job_id=job.id, token=job.token, after_version=after_version)
+        stream = self._stub.SubscribePlans(request, timeout=timeout_s)
+        try:
+            yield from stream
+        except grpc.RpcError as e:
+            raise _error("SubscribePlans", e) from None
+        finally:
+            stream.cancel()
+
+    def report(
+        self,
+        job: Job,
+        iteration: int,
+        plan_version: int,
+        op_latency_s: Sequence[float],
+        *,
+        stall_s: float = 0.0,
+        late_prefetches: Sequence[int] = (),
+        passive_swaps: int = 0,
+        peak_bytes: int = 0,
+    ) -> pb.ReportLatenciesResponse:
+        """One iteration's measured op latencies (seconds, one per op)."""
+        request = pb.ReportLatenciesRequest(
+            job_id=job.id,
+            token=job.token,
+            iteration=iteration,
+            plan_version=plan_version,
+            op_latency_s=list(op_latency_s),
+            stall_s=stall_s,
+            late_prefetches=list(late_prefetches),
+            passive_swaps=passive_swaps,
+            peak_bytes=peak_bytes,
+        )
+        return self._call("ReportLatencies", request)
+
+    def heartbeat(self, job: Job) -> pb.HeartbeatResponse:
+        """Renews the job's lease without a report."""
+        return self._call("Heartbeat", pb.HeartbeatRequest(job_id=job.id, token=job.token))
+
+    def unregister(self, job: Job) -> None:
+        self._call("UnregisterJob", pb.UnregisterJobRequest(job_id=job.id, token=job.token))
+
+    def status(self, job_id: int = 0) -> pb.GetStatusResponse:
+        """Jobs, their states and plans, and the memory picture (one job when ``job_id`` is set)."""
+        return self._call("GetStatus", pb.GetStatusRequest(job_id=job_id))
+
+    def set_budget(self, budget_bytes: int, admin_token: str = "") -> pb.SetMemoryBudgetResponse:
+        """Changes the memory budget shared by all jobs (the admin token when the scheduler has one)."""
+        return self._call("SetMemoryBudget", pb.SetMemoryBudgetRequest(budget_bytes=budget_bytes, admin_token=admin_token))
+
+    def plan_graph(
+        self,
+        graph: str | os.PathLike[str] | Mapping[str, Any] | pb.Graph,
+        *,
+        budget_bytes: int = 0,
+        device: str = "",
+        op_latency_s: Sequence[float] = (),
+        allow_recompute: bool | None = None,
+    ) -> pb.PlanGraphResponse:
+        """Plans one graph offline, touching no registered job."""
+        settings = pb.JobSettings()
+        if allow_recompute is not None:
+            settings.allow_recompute = allow_recompute
+        request = pb.PlanGraphRequest(
+            graph=graph_to_proto(graph),
+            settings=settings,
+            op_latency_s=list(op_latency_s),
+            device=pb.DeviceProfile(name=device),
+            budget_bytes=budget_bytes,
+        )
+        return self._call("PlanGraph", request)
+
+
+def _error(method: str, e: grpc.RpcError) -> SchedulerError:
+    code = e.code() if hasattr(e, "code") else grpc.StatusCode.UNKNOWN
+    details = e.details() if hasattr(e, "details") else str(e)
+    return SchedulerError(method, code, details or "")

@@ -1,0 +1,117 @@
+"""The Python client (`tensile.Client`): graph conversion, addresses and plan
+files offline; the live calls against the real scheduler binary are in
+tests/python/test_client_live.py."""
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from tensile import client as tc
+from tensile.trace import InputSpec, trace_training_step
+from tensile.v1 import tensile_pb2 as pb
+
+ROOT = Path(__file__).resolve().parents[2]
+TENSILECTL = os.environ.get("TENSILECTL", str(ROOT / "target" / "debug" / "tensilectl"))
+
+
+@pytest.fixture(scope="module")
+def zoo_graph(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("zoo") / "resnet50.json"
+    out = subprocess.run([TENSILECTL, "graph", "export", "--model", "resnet50", "--batch", "2", "-o", str(path)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    return path
+
+
+def test_a_graph_file_becomes_the_same_message_as_its_dict(zoo_graph):
+    doc = json.loads(zoo_graph.read_text())
+    from_file = tc.graph_to_proto(zoo_graph)
+    assert from_file == tc.graph_to_proto(doc)
+    assert len(from_file.tensors) == len(doc["tensors"]) and len(from_file.ops) == len(doc["ops"])
+    # Field by field on one op with attributes and one with an alias.
+    for o, m in zip(doc["ops"], from_file.ops):
+        assert (m.id, m.name, m.op_type, list(m.inputs), list(m.outputs)) == (o["id"], o["name"], o["type"], o["inputs"], o["outputs"])
+        assert len(m.aliases) == len(o.get("aliases", []))
+        for key, value in o.get("attrs", {}).items():
+            got = m.attrs[key]
+            which = got.WhichOneof("value")
+            plain = {"int": got.int, "float": got.float, "bool": got.bool, "str": got.str}.get(which)
+            if which == "ints":
+                plain = list(got.ints.values)
+            elif which == "floats":
+                plain = list(got.floats.values)
+            assert plain == value, (o["name"], key)
+    t = from_file.tensors[0]
+    assert (t.name, list(t.shape), t.bytes) == (doc["tensors"][0]["name"], doc["tensors"][0]["shape"], doc["tensors"][0]["bytes"])
+
+
+def test_a_traced_model_converts():
+    graph = trace_training_step(lambda: torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU()), torch.optim.Adam, [InputSpec("input", (2, 8))], name="mlp")
+    msg = tc.graph_to_proto(graph)
+    assert msg.name == "mlp"
+    kinds = {pb.TensorKind.Name(t.kind) for t in msg.tensors}
+    assert {"TENSOR_KIND_INPUT", "TENSOR_KIND_PARAMETER", "TENSOR_KIND_OPTIMIZER_STATE"} <= kinds
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda d: d.update(format="tensile-graph/v0"), "format is 'tensile-graph/v0'"),
+        (lambda d: d["tensors"][3].update(dtype="f8"), "tensor 3 dtype: unknown value 'f8'"),
+        (lambda d: d["tensors"][5].update(kind="weights"), "tensor 5 kind: unknown value 'weights'"),
+        (lambda d: d["ops"][2].update(phase="sideways"), "op 2 ("),
+        (lambda d: d["ops"][0].setdefault("attrs", {}).update(bad={"x": 1}), "attribute 'bad': unsupported value"),
+    ],
+)
+def test_a_malformed_graph_names_what_is_wrong(zoo_graph, mutate, message):
+    doc = json.loads(zoo_graph.read_text())
+    mutate(doc)
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        tc.graph_to_proto(doc)
+
+
+def test_bad_graph_arguments(tmp_path):
+    with pytest.raises(ValueError, match="invalid JSON"):
+        bad = tmp_path / "bad.json"
+        bad.write_text("{not json")
+        tc.graph_to_proto(bad)
+    with pytest.raises(ValueError, match="No such file"):
+        tc.graph_to_proto(tmp_path / "missing.json")
+    with pytest.raises(TypeError, match="not int"):
+        tc.graph_to_proto(42)
+
+
+def test_addresses(monkeypatch):
+    monkeypatch.setenv("XDG_RUNTIME_DIR", "/run/user/7")
+    assert tc.target_of(None) == "unix:/run/user/7/tensile/scheduler.sock"
+    monkeypatch.delenv("XDG_RUNTIME_DIR")
+    assert tc.target_of("") == f"unix:/tmp/tensile-{os.getuid()}/scheduler.sock"
+    assert tc.target_of("unix:///tmp/s.sock") == "unix:/tmp/s.sock"
+    assert tc.target_of("unix:/tmp/s.sock") == "unix:/tmp/s.sock"
+    assert tc.target_of("/tmp/s.sock") == "unix:/tmp/s.sock"
+    assert tc.target_of("127.0.0.1:50051") == "127.0.0.1:50051"
+    assert tc.target_of("http://localhost:5") == "localhost:5"
+
+
+def test_a_wire_plan_becomes_a_plan_file(zoo_graph, tmp_path):
+    doc = json.loads(zoo_graph.read_text())
+    plan = pb.Plan(job_id=3, version=2, start_on_host=[1])
+    plan.events.append(pb.PlanEvent(kind=pb.EVENT_KIND_SWAP_OUT, tensor=10, trigger_op=4, delay_s=2.5e-6, trigger=pb.TRIGGER_KIND_AFTER))
+    plan.events.append(pb.PlanEvent(kind=pb.EVENT_KIND_SWAP_IN, tensor=10, trigger=pb.TRIGGER_KIND_ITERATION_START, delay_s=1e-3))
+    plan.prediction.planned_peak_bytes = 123
+    diag = pb.Diagnostic(kind=pb.DIAGNOSTIC_KIND_OVER_BUDGET, message="over", tensor=10)
+    out = tc.plan_to_file(plan, doc, [diag])
+    assert out["format"] == "tensile-plan/v1" and out["graph"] == doc["name"] and out["version"] == 2
+    assert out["start_on_host"] == [{"tensor": 1, "tensor_name": doc["tensors"][1]["name"]}]
+    first, second = out["events"]
+    assert first == {"kind": "swap_out", "tensor": 10, "tensor_name": doc["tensors"][10]["name"], "trigger": "after",
+                     "trigger_op": 4, "trigger_op_name": doc["ops"][4]["name"], "delay_ns": 2500}
+    assert second["trigger"] == "iteration_start" and "trigger_op" not in second and second["delay_ns"] == 1_000_000
+    assert out["prediction"]["planned_peak_bytes"] == 123 and out["prediction"]["swap_outs"] == 1
+    assert out["diagnostics"][0]["kind"] == "over_budget" and out["diagnostics"][0]["tensor"] == 10
+    plan.events.append(pb.PlanEvent(kind=pb.EVENT_KIND_RELEASE, tensor=10**6))
+    with pytest.raises(ValueError, match="plan names tensor 1000000"):
+        tc.plan_to_file(plan, doc)
