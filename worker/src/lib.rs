@@ -13,12 +13,17 @@
 //!   a device budget.
 //! - `real`: the real kernels (`tensile-kernels`) as [`Kernels`], their
 //!   initial values, saving parameters.
+//! - `session`: [`Session`], the job's connection to the scheduler (register,
+//!   plan stream, reports, lease), on a background thread; the loop takes
+//!   a new plan only at an iteration boundary.
 //! - `main.rs`: the `tensile-worker` binary.
 
 mod payload;
 mod real;
 mod runtime;
+mod session;
 
 pub use payload::{Flat, FlatMeta, Layout};
 pub use real::{initial_of, save_params};
+pub use session::{PushedPlan, Session, SessionConfig};
 pub use runtime::{IterationReport, Kernels, Worker, WorkerConfig, WorkerError, vanilla_plan};

@@ -5,6 +5,7 @@
 //! line (or one JSON object) per iteration; progress goes to stderr.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
@@ -14,7 +15,7 @@ use tch::Device;
 use tensile_graph::zoo::{self, ZooConfig};
 use tensile_graph::{Graph, Limits, Liveness, json};
 use tensile_swap_executor::HostConfig;
-use tensile_worker::{IterationReport, Worker, WorkerConfig, vanilla_plan};
+use tensile_worker::{IterationReport, Session, SessionConfig, Worker, WorkerConfig, vanilla_plan};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum CopyKind {
@@ -28,7 +29,7 @@ enum CopyKind {
 #[derive(Debug, Parser)]
 #[command(name = "tensile-worker", version)]
 #[command(group(ArgGroup::new("job").required(true).args(["model", "graph"])))]
-#[command(group(ArgGroup::new("policy").required(true).args(["plan", "vanilla"])))]
+#[command(group(ArgGroup::new("policy").args(["plan", "vanilla", "scheduler"])))]
 struct Args {
     /// Zoo model name (see `tensilectl zoo`).
     #[arg(long)]
@@ -51,6 +52,20 @@ struct Args {
     /// No plan: free every tensor after its last use, as PyTorch does.
     #[arg(long)]
     vanilla: bool,
+    /// Plans from the scheduler at ADDR (`unix:PATH`, `HOST:PORT`); with
+    /// neither --plan nor --vanilla, the scheduler's default socket.
+    #[arg(long, value_name = "ADDR")]
+    scheduler: Option<String>,
+    /// The job's name in the scheduler's status (default: the graph's).
+    #[arg(long)]
+    name: Option<String>,
+    /// Admission priority among queued jobs (higher first).
+    #[arg(long, default_value_t = 0)]
+    priority: i32,
+    /// How long to wait for the scheduler's first plan (queued jobs wait
+    /// here), seconds.
+    #[arg(long, default_value_t = 600.0)]
+    plan_timeout_s: f64,
     #[arg(long, default_value_t = 1)]
     iterations: usize,
     /// cpu, cuda or cuda:N.
@@ -171,6 +186,17 @@ fn print(r: &IterationReport, json: bool) -> Result<()> {
     Ok(())
 }
 
+fn start_session(args: &Args, g: &Graph) -> Result<Session> {
+    let config = SessionConfig {
+        server: args.scheduler.clone(),
+        name: args.name.clone().unwrap_or_else(|| g.name().to_string()),
+        priority: args.priority,
+        allow_recompute: None,
+        max_backoff: Duration::from_secs(2),
+    };
+    Session::start(Arc::new(g.clone()), config).context("starting the scheduler session")
+}
+
 fn main() -> Result<()> {
     let args = Args::parse();
     let device = device(&args.device)?;
@@ -192,14 +218,29 @@ fn main() -> Result<()> {
     let host = host_config(&args)?;
     let g = graph(&args)?;
     let live = Liveness::analyze(&g);
-    let plan = match &args.plan {
-        Some(path) => {
+    let session = if args.plan.is_none() && !args.vanilla {
+        Some(start_session(&args, &g)?)
+    } else {
+        None
+    };
+    let plan = match (&args.plan, &session) {
+        (Some(path), _) => {
             let bytes =
                 std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
             tensile_proto::plan_json::plan_from_json(&bytes, &g)
                 .with_context(|| format!("plan file {}", path.display()))?
         }
-        None => vanilla_plan(&live),
+        (None, Some(session)) => {
+            let wait = Duration::try_from_secs_f64(args.plan_timeout_s)
+                .context("--plan-timeout-s must be a number of seconds")?;
+            let Some(pushed) = session.wait_for_plan(wait) else {
+                bail!("no plan from the scheduler within {wait:?}");
+            };
+            eprintln!("scheduler: plan version {} of job {}", pushed.version, pushed.job_id);
+            session.applied(&pushed);
+            pushed.plan
+        }
+        (None, None) => vanilla_plan(&live),
     };
     let program = tensile_kernels::Program::new(&g, device)
         .with_context(|| format!("graph {:?} cannot run", g.name()))?;
@@ -230,7 +271,14 @@ fn main() -> Result<()> {
                 printed = print(r, args.json);
             }
         });
-        None
+        let pushed = session.as_ref()?.iteration_done(&g, r)?;
+        bar.suspend(|| {
+            eprintln!(
+                "scheduler: plan version {} of job {} from the next iteration",
+                pushed.version, pushed.job_id
+            )
+        });
+        Some(pushed.plan)
     })?;
     bar.finish_and_clear();
     printed?;

@@ -83,6 +83,9 @@ pub struct IterationReport {
     pub passive_swaps: usize,
     pub late_prefetches: usize,
     pub late_prefetch_wait_ns: u64,
+    /// The storages (root tensors) whose prefetches were late.
+    #[serde(skip)]
+    pub late_prefetch_tensors: Vec<TensorId>,
     pub failed_copies: usize,
     pub recomputed_ops: usize,
     pub swapped_bytes: u64,
@@ -112,6 +115,7 @@ impl IterationReport {
             passive_swaps: s.passive_swaps,
             late_prefetches: s.late_prefetches.len(),
             late_prefetch_wait_ns: s.late_prefetches.iter().map(|l| l.1).sum(),
+            late_prefetch_tensors: s.late_prefetches.iter().map(|l| l.0).collect(),
             failed_copies: s.failed_copies,
             recomputed_ops: s.recomputed_ops,
             swapped_bytes: s.swapped_bytes,

@@ -1,0 +1,359 @@
+//! The worker's side of the scheduler: register the job, keep its plan
+//! stream open, report every iteration, renew the lease, and survive the
+//! scheduler going away.
+//!
+//! The training loop is synchronous and never waits on the network: a
+//! background thread runs a small tokio runtime that owns the connection.
+//! The loop hands each iteration's report to it over a channel and, at the
+//! iteration boundary, takes the newest plan if one arrived
+//! ([`Session::iteration_done`]). When the scheduler vanishes the loop goes
+//! on with the plan it has while the background thread reconnects with
+//! backoff and registers the job again (a new job id: plan versions start
+//! over, so a plan is identified by job id and version together).
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tensile_graph::Graph;
+use tensile_planner::Plan;
+use tensile_proto::pb;
+use tensile_proto::pb::memory_scheduler_client::MemorySchedulerClient;
+use tokio::sync::mpsc;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::runtime::IterationReport;
+
+/// How the worker meets its scheduler.
+#[derive(Debug, Clone)]
+pub struct SessionConfig {
+    /// `unix:PATH`, an absolute path, `HOST:PORT`, or `None` for the
+    /// scheduler's default socket.
+    pub server: Option<String>,
+    /// The job's name in the scheduler's status.
+    pub name: String,
+    pub priority: i32,
+    pub allow_recompute: Option<bool>,
+    /// Longest pause between reconnection attempts.
+    pub max_backoff: Duration,
+}
+
+/// A plan the scheduler pushed, as the worker applies it.
+#[derive(Debug, Clone)]
+pub struct PushedPlan {
+    pub job_id: u64,
+    pub version: u64,
+    pub plan: Plan,
+}
+
+/// What the background thread shares with the training loop.
+#[derive(Debug, Default)]
+struct Shared {
+    /// The newest plan received (of the current registration).
+    newest: Option<PushedPlan>,
+    /// (job id, version) of the plan the loop runs.
+    applied: Option<(u64, u64)>,
+    /// The current registration, if any.
+    job_id: Option<u64>,
+    /// The job's state as last heard (QUEUED, PLANNING, ACTIVE), and why.
+    state: i32,
+    reason: String,
+    /// Registrations so far (1 after the first).
+    registrations: u64,
+    /// The last connection or call error, for the log.
+    last_error: Option<String>,
+}
+
+/// One iteration as the scheduler hears it.
+#[derive(Debug, Clone)]
+struct Report {
+    iteration: u64,
+    op_latency_s: Vec<f64>,
+    stall_s: f64,
+    late_prefetches: Vec<u32>,
+    passive_swaps: u32,
+    peak_bytes: u64,
+}
+
+/// The connection to the scheduler, run by a background thread.
+#[derive(Debug)]
+pub struct Session {
+    shared: Arc<Mutex<Shared>>,
+    reports: mpsc::UnboundedSender<Report>,
+    _thread: std::thread::JoinHandle<()>,
+}
+
+fn lock(shared: &Mutex<Shared>) -> MutexGuard<'_, Shared> {
+    // A panic while holding the lock cannot leave Shared half-updated in a
+    // way that matters (every field is replaced whole): go on.
+    shared.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Session {
+    /// Starts the background thread, which connects and registers `graph`.
+    pub fn start(graph: Arc<Graph>, config: SessionConfig) -> std::io::Result<Session> {
+        let shared = Arc::new(Mutex::new(Shared::default()));
+        let (tx, rx) = mpsc::unbounded_channel();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let task = Connection {
+            graph,
+            config,
+            shared: shared.clone(),
+            last_measured: Vec::new(),
+        };
+        let thread = std::thread::Builder::new()
+            .name("scheduler-session".into())
+            .spawn(move || runtime.block_on(task.run(rx)))?;
+        Ok(Session {
+            shared,
+            reports: tx,
+            _thread: thread,
+        })
+    }
+
+    /// Blocks until the scheduler has pushed a plan (the job is admitted
+    /// and planned), logging why it waits; `None` after `timeout`.
+    pub fn wait_for_plan(&self, timeout: Duration) -> Option<PushedPlan> {
+        let deadline = std::time::Instant::now() + timeout;
+        let mut said = String::new();
+        loop {
+            {
+                let s = lock(&self.shared);
+                if let Some(p) = &s.newest {
+                    return Some(p.clone());
+                }
+                let now = match (&s.job_id, &s.last_error) {
+                    (None, Some(e)) => format!("waiting for the scheduler: {e}"),
+                    (None, None) => "registering with the scheduler".to_string(),
+                    (Some(id), _) => {
+                        let state = pb::JobState::try_from(s.state)
+                            .map(|k| k.as_str_name())
+                            .unwrap_or("UNKNOWN");
+                        format!("job {id} is {state} {}", s.reason)
+                    }
+                };
+                if now != said {
+                    eprintln!("{}", now.trim_end());
+                    said = now;
+                }
+            }
+            if std::time::Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Marks `plan` as the one the loop runs.
+    pub fn applied(&self, plan: &PushedPlan) {
+        lock(&self.shared).applied = Some((plan.job_id, plan.version));
+    }
+
+    /// Reports the iteration and returns the plan to switch to, if a newer
+    /// one than the one running has arrived. Never blocks on the network.
+    pub fn iteration_done(&self, graph: &Graph, r: &IterationReport) -> Option<PushedPlan> {
+        let report = Report {
+            iteration: r.iteration as u64,
+            op_latency_s: r.op_ns.iter().map(|&ns| ns as f64 * 1e-9).collect(),
+            stall_s: r.stall_ns as f64 * 1e-9,
+            late_prefetches: r.late_prefetch_tensors.iter().map(|t| t.0).collect(),
+            passive_swaps: u32::try_from(r.passive_swaps).unwrap_or(u32::MAX),
+            peak_bytes: r.measured_peak_bytes,
+        };
+        debug_assert_eq!(report.op_latency_s.len(), graph.ops().len());
+        // The background thread may be gone only if it panicked; the loop
+        // then trains on without reports.
+        let _ = self.reports.send(report);
+        let mut s = lock(&self.shared);
+        let newest = s.newest.clone()?;
+        if s.applied == Some((newest.job_id, newest.version)) {
+            return None;
+        }
+        s.applied = Some((newest.job_id, newest.version));
+        Some(newest)
+    }
+
+    /// How many times the job was registered (more than 1 after the
+    /// scheduler restarted or dropped the job).
+    pub fn registrations(&self) -> u64 {
+        lock(&self.shared).registrations
+    }
+}
+
+/// The background task's state.
+struct Connection {
+    graph: Arc<Graph>,
+    config: SessionConfig,
+    shared: Arc<Mutex<Shared>>,
+    /// The last measured latencies: a re-registration starts from them.
+    last_measured: Vec<f64>,
+}
+
+/// Why a registration ended.
+enum Ended {
+    /// The scheduler is unreachable or dropped the job: register again.
+    Lost(String),
+    /// The training loop is gone: stop.
+    Done,
+}
+
+impl Connection {
+    async fn run(mut self, mut reports: mpsc::UnboundedReceiver<Report>) {
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            match self.registration(&mut reports).await {
+                Ended::Done => return,
+                Ended::Lost(why) => {
+                    let first = {
+                        let mut s = lock(&self.shared);
+                        let first = s.last_error.as_deref() != Some(why.as_str());
+                        s.job_id = None;
+                        s.last_error = Some(why.clone());
+                        first
+                    };
+                    if first {
+                        eprintln!("scheduler: {why}; training goes on with the plan it has, reconnecting");
+                    }
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(self.config.max_backoff);
+                }
+            }
+            // Reports made while disconnected are dropped (the scheduler
+            // wants the newest measurements, which the next registration
+            // carries), but the loop's end is not.
+            loop {
+                match reports.try_recv() {
+                    Ok(r) => self.last_measured = r.op_latency_s,
+                    Err(mpsc::error::TryRecvError::Empty) => break,
+                    Err(mpsc::error::TryRecvError::Disconnected) => return,
+                }
+            }
+        }
+    }
+
+    async fn connect(&self) -> Result<MemorySchedulerClient<Channel>, String> {
+        let uri = tensile_proto::endpoint::client_uri(self.config.server.as_deref());
+        let channel = Endpoint::from_shared(uri.clone())
+            .map_err(|e| format!("bad scheduler address {uri}: {e}"))?
+            .connect_timeout(Duration::from_secs(2))
+            .http2_keep_alive_interval(Duration::from_secs(5))
+            .keep_alive_timeout(Duration::from_secs(5))
+            .connect()
+            .await
+            .map_err(|e| format!("cannot reach {uri}: {e}"))?;
+        Ok(MemorySchedulerClient::new(channel)
+            .max_decoding_message_size(usize::MAX)
+            .max_encoding_message_size(usize::MAX))
+    }
+
+    /// One registration: register, subscribe, report and heartbeat until
+    /// the scheduler is lost or the loop ends.
+    async fn registration(&mut self, reports: &mut mpsc::UnboundedReceiver<Report>) -> Ended {
+        let mut client = match self.connect().await {
+            Ok(c) => c,
+            Err(e) => return Ended::Lost(e),
+        };
+        let settings = pb::JobSettings {
+            priority: self.config.priority,
+            allow_recompute: self.config.allow_recompute,
+            ..Default::default()
+        };
+        let request = pb::RegisterJobRequest {
+            name: self.config.name.clone(),
+            graph: Some(tensile_proto::convert::graph_to_proto(&self.graph)),
+            settings: Some(settings),
+            op_latency_s: self.last_measured.clone(),
+        };
+        let job = match client.register_job(request).await {
+            Ok(r) => r.into_inner(),
+            Err(s) => return Ended::Lost(format!("RegisterJob: {}", s.message())),
+        };
+        {
+            let mut s = lock(&self.shared);
+            s.job_id = Some(job.job_id);
+            s.state = job.state;
+            s.reason = job.reason.clone();
+            s.registrations += 1;
+            s.last_error = None;
+        }
+        eprintln!(
+            "scheduler: registered as job {} ({})",
+            job.job_id,
+            pb::JobState::try_from(job.state).map_or("UNKNOWN", |k| k.as_str_name())
+        );
+        let lease = Duration::from_secs_f64(if job.lease_s > 0.0 { job.lease_s } else { 10.0 });
+        let stream = client
+            .subscribe_plans(pb::SubscribePlansRequest {
+                job_id: job.job_id,
+                token: job.token.clone(),
+                after_version: 0,
+            })
+            .await;
+        let mut stream = match stream {
+            Ok(s) => s.into_inner(),
+            Err(s) => return Ended::Lost(format!("SubscribePlans: {}", s.message())),
+        };
+        let mut heartbeat = tokio::time::interval(lease / 3);
+        let mut plan_version = 0;
+        loop {
+            tokio::select! {
+                update = stream.message() => match update {
+                    Ok(Some(u)) => {
+                        if let Some(v) = self.take_update(job.job_id, u) {
+                            plan_version = v;
+                        }
+                    }
+                    Ok(None) => return Ended::Lost("the plan stream ended".into()),
+                    Err(s) => return Ended::Lost(format!("plan stream: {}", s.message())),
+                },
+                report = reports.recv() => {
+                    let Some(r) = report else { return Ended::Done };
+                    self.last_measured = r.op_latency_s.clone();
+                    let request = pb::ReportLatenciesRequest {
+                        job_id: job.job_id,
+                        token: job.token.clone(),
+                        iteration: r.iteration,
+                        plan_version,
+                        op_latency_s: r.op_latency_s,
+                        stall_s: r.stall_s,
+                        late_prefetches: r.late_prefetches,
+                        passive_swaps: r.passive_swaps,
+                        peak_bytes: r.peak_bytes,
+                    };
+                    if let Err(s) = client.report_latencies(request).await {
+                        return Ended::Lost(format!("ReportLatencies: {}", s.message()));
+                    }
+                }
+                _ = heartbeat.tick() => {
+                    let request = pb::HeartbeatRequest { job_id: job.job_id, token: job.token.clone() };
+                    if let Err(s) = client.heartbeat(request).await {
+                        return Ended::Lost(format!("Heartbeat: {}", s.message()));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Stores a pushed plan as the newest; returns its version.
+    fn take_update(&self, job_id: u64, u: pb::PlanUpdate) -> Option<u64> {
+        let mut s = lock(&self.shared);
+        s.state = u.state;
+        let plan = u.plan?;
+        match tensile_proto::convert::plan_from_proto(&plan, &self.graph) {
+            Ok(p) => {
+                s.newest = Some(PushedPlan {
+                    job_id,
+                    version: plan.version,
+                    plan: p,
+                });
+                Some(plan.version)
+            }
+            Err(e) => {
+                // A plan that does not fit the graph is never applied.
+                eprintln!("scheduler: plan version {} refused: {e}", plan.version);
+                None
+            }
+        }
+    }
+}
