@@ -97,6 +97,10 @@ struct Args {
     /// Write the parameters and buffers after the last iteration here.
     #[arg(long)]
     save_params: Option<PathBuf>,
+    /// Append resident device bytes at every change to this file, one
+    /// `unix_time_s,bytes` line each (for plots of memory over time).
+    #[arg(long, value_name = "FILE")]
+    memory_trace: Option<PathBuf>,
     /// One JSON object per iteration on stdout.
     #[arg(long)]
     json: bool,
@@ -186,6 +190,14 @@ fn print(r: &IterationReport, json: bool) -> Result<()> {
     Ok(())
 }
 
+fn write_trace(out: &mut impl std::io::Write, memory: &[(u64, u64)]) -> Result<()> {
+    for &(t, bytes) in memory {
+        writeln!(out, "{:.6},{bytes}", t as f64 * 1e-9)?;
+    }
+    out.flush()?;
+    Ok(())
+}
+
 fn start_session(args: &Args, g: &Graph) -> Result<Session> {
     let config = SessionConfig {
         server: args.scheduler.clone(),
@@ -263,12 +275,24 @@ fn main() -> Result<()> {
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     bar.set_message(g.name().to_string());
+    let mut trace = match &args.memory_trace {
+        Some(path) => {
+            worker.record_memory();
+            let file = std::fs::File::create(path)
+                .with_context(|| format!("creating {}", path.display()))?;
+            Some(std::io::BufWriter::new(file))
+        }
+        None => None,
+    };
     let mut printed = Ok(());
     worker.run(|r| {
         bar.inc(1);
         bar.suspend(|| {
             if printed.is_ok() {
                 printed = print(r, args.json);
+            }
+            if let (Some(out), true) = (&mut trace, printed.is_ok()) {
+                printed = write_trace(out, &r.memory);
             }
         });
         let pushed = session.as_ref()?.iteration_done(&g, r)?;
@@ -281,6 +305,9 @@ fn main() -> Result<()> {
         Some(pushed.plan)
     })?;
     bar.finish_and_clear();
+    if let Some(session) = session {
+        session.finish(Duration::from_secs(5));
+    }
     printed?;
     if let Some(path) = &args.save_params {
         let values = worker.persistent_values()?;

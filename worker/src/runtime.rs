@@ -86,6 +86,10 @@ pub struct IterationReport {
     /// The storages (root tensors) whose prefetches were late.
     #[serde(skip)]
     pub late_prefetch_tensors: Vec<TensorId>,
+    /// Resident device bytes at every change during the iteration, as (ns
+    /// since the Unix epoch, bytes), when [`Worker::record_memory`] is on.
+    #[serde(skip)]
+    pub memory: Vec<(u64, u64)>,
     pub failed_copies: usize,
     pub recomputed_ops: usize,
     pub swapped_bytes: u64,
@@ -116,6 +120,7 @@ impl IterationReport {
             late_prefetches: s.late_prefetches.len(),
             late_prefetch_wait_ns: s.late_prefetches.iter().map(|l| l.1).sum(),
             late_prefetch_tensors: s.late_prefetches.iter().map(|l| l.0).collect(),
+            memory: Vec::new(),
             failed_copies: s.failed_copies,
             recomputed_ops: s.recomputed_ops,
             swapped_bytes: s.swapped_bytes,
@@ -132,6 +137,10 @@ pub struct Worker<'g, K> {
     exec: Executor<'g, HostCopies<Flat>>,
     kernels: K,
     epoch: Instant,
+    /// Wall-clock time of `epoch`, ns since the Unix epoch.
+    epoch_unix_ns: u64,
+    /// (ns since `epoch`, resident device bytes) at every change, when on.
+    memory_log: Option<Vec<(u64, u64)>>,
     budget: Option<u64>,
     /// Device tensors by tensor id.
     table: Vec<Option<Tensor>>,
@@ -196,6 +205,10 @@ impl<'g, K: Kernels> Worker<'g, K> {
             exec,
             kernels,
             epoch,
+            epoch_unix_ns: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64),
+            memory_log: None,
             budget: config.memory_budget_bytes,
             table: (0..n).map(|_| None).collect(),
             layout: vec![None; n],
@@ -283,6 +296,30 @@ impl<'g, K: Kernels> Worker<'g, K> {
         self.resident[s.index()] = bytes;
         self.measured[s.index()] = Some(bytes);
         self.peak = self.peak.max(self.mem);
+        self.log_memory();
+    }
+
+    fn log_memory(&mut self) {
+        let now = self.now();
+        if let Some(log) = &mut self.memory_log {
+            log.push((now, self.mem));
+        }
+    }
+
+    /// Records resident device bytes at every change from now on (for a
+    /// plot of memory over time); [`Worker::take_memory_log`] drains it.
+    pub fn record_memory(&mut self) {
+        self.memory_log.get_or_insert_with(Vec::new);
+    }
+
+    /// The memory changes recorded since the last call, as (ns since the
+    /// Unix epoch, resident device bytes).
+    pub fn take_memory_log(&mut self) -> Vec<(u64, u64)> {
+        let base = self.epoch_unix_ns;
+        self.memory_log
+            .as_mut()
+            .map(|log| log.drain(..).map(|(t, b)| (base + t, b)).collect())
+            .unwrap_or_default()
     }
 
     fn apply_effects(&mut self) -> Result<(), WorkerError> {
@@ -345,6 +382,7 @@ impl<'g, K: Kernels> Worker<'g, K> {
         }
         self.mem -= self.resident[s.index()];
         self.resident[s.index()] = 0;
+        self.log_memory();
     }
 
     /// The tensor `t`, re-derived from its storage if it came back from
@@ -458,7 +496,8 @@ impl<'g, K: Kernels> Worker<'g, K> {
                     let Some(stats) = self.exec.iterations_done().last() else {
                         continue;
                     };
-                    let r = IterationReport::new(i, stats, self.peak, self.kernel_ns);
+                    let mut r = IterationReport::new(i, stats, self.peak, self.kernel_ns);
+                    r.memory = self.take_memory_log();
                     self.kernel_ns = 0;
                     if let Some(plan) = on_iteration(&r) {
                         // Persistent storage the new plan starts on the

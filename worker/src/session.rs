@@ -79,7 +79,7 @@ struct Report {
 pub struct Session {
     shared: Arc<Mutex<Shared>>,
     reports: mpsc::UnboundedSender<Report>,
-    _thread: std::thread::JoinHandle<()>,
+    thread: Option<std::thread::JoinHandle<()>>,
 }
 
 fn lock(shared: &Mutex<Shared>) -> MutexGuard<'_, Shared> {
@@ -108,7 +108,7 @@ impl Session {
         Ok(Session {
             shared,
             reports: tx,
-            _thread: thread,
+            thread: Some(thread),
         })
     }
 
@@ -172,6 +172,22 @@ impl Session {
         }
         s.applied = Some((newest.job_id, newest.version));
         Some(newest)
+    }
+
+    /// Ends the session: the job unregisters (when connected) and the
+    /// background thread stops. Waits at most `timeout` for that.
+    pub fn finish(mut self, timeout: Duration) {
+        let (tx, _) = mpsc::unbounded_channel();
+        drop(std::mem::replace(&mut self.reports, tx));
+        if let Some(thread) = self.thread.take() {
+            let deadline = std::time::Instant::now() + timeout;
+            while !thread.is_finished() && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            if thread.is_finished() {
+                let _ = thread.join();
+            }
+        }
     }
 
     /// How many times the job was registered (more than 1 after the
@@ -308,7 +324,15 @@ impl Connection {
                     Err(s) => return Ended::Lost(format!("plan stream: {}", s.message())),
                 },
                 report = reports.recv() => {
-                    let Some(r) = report else { return Ended::Done };
+                    let Some(r) = report else {
+                        // Training is over: leave now rather than when the
+                        // lease lapses, so the others are re-planned at once.
+                        let request = pb::UnregisterJobRequest { job_id: job.job_id, token: job.token.clone() };
+                        if let Err(s) = client.unregister_job(request).await {
+                            eprintln!("scheduler: UnregisterJob: {}", s.message());
+                        }
+                        return Ended::Done;
+                    };
                     self.last_measured = r.op_latency_s.clone();
                     let request = pb::ReportLatenciesRequest {
                         job_id: job.job_id,

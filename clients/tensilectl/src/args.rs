@@ -31,6 +31,47 @@ pub(crate) enum Command {
     /// Benchmarks that print figures side by side.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// The real system on this machine: a scheduler and one worker per job
+    /// (real kernels on the CPU, real copies), a live table, then the same
+    /// jobs without plans, side by side, and memory over time as a plot.
+    Demo(DemoArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub(crate) struct DemoArgs {
+    /// The jobs, MODEL:BATCH:RESOLUTION each (zoo models).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "resnet50:4:96,densenet121:4:96,densenet121:2:128"
+    )]
+    pub(crate) jobs: Vec<String>,
+    /// Training iterations per job.
+    #[arg(long, default_value_t = 12)]
+    pub(crate) iterations: usize,
+    /// The memory budget the jobs share, MB (default: --budget-fraction of
+    /// the sum of their vanilla peaks).
+    #[arg(long)]
+    pub(crate) budget_mb: Option<u64>,
+    #[arg(long, default_value_t = 0.6)]
+    pub(crate) budget_fraction: f64,
+    /// The host copy engine's bandwidth per direction, GB/s: scaled so that
+    /// copy time against compute time resembles a GPU's (README).
+    #[arg(long, default_value_t = 0.25)]
+    pub(crate) link_gbps: f64,
+    /// Kernel threads per worker.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) threads: u32,
+    /// Where the memory plot goes (SVG).
+    #[arg(long, default_value = "target/tensile-demo.svg")]
+    pub(crate) plot: PathBuf,
+    /// The folder holding tensile-scheduler and tensile-worker (default:
+    /// this executable's).
+    #[arg(long)]
+    pub(crate) bin_dir: Option<PathBuf>,
+    /// Keep the run's folder (logs, per-iteration JSON, memory traces).
+    #[arg(long)]
+    pub(crate) keep_logs: bool,
 }
 
 #[derive(Debug, Subcommand)]

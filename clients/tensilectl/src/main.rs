@@ -8,6 +8,7 @@
 mod args;
 mod bench_cmd;
 mod config;
+mod demo_cmd;
 mod graph_cmd;
 mod input;
 mod latency_cmd;
@@ -38,6 +39,7 @@ fn main() -> ExitCode {
         Command::Bench(BenchCommand::Paper(a)) => {
             config::BenchCommand::from_args(&a).and_then(|c| bench_cmd::run(&c))
         }
+        Command::Demo(a) => demo_cmd::run(&a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
