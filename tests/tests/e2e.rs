@@ -1,0 +1,422 @@
+//! End to end over real processes and a real socket: `tensile-scheduler`
+//! and `tensile-worker`s as a user runs them, on a Unix socket in a
+//! temporary folder.
+//!
+//! - Three workers on one scheduler, under a budget their vanilla peaks
+//!   exceed together, finish with parameters bit-identical to their
+//!   standalone vanilla runs.
+//! - `kill -9` of a worker: its job is dropped within the lease and the
+//!   others receive new plans.
+//! - `kill -9` of the scheduler mid-run and a restart on the same socket
+//!   and store: the worker keeps training, registers again, and finishes
+//!   with bit-identical parameters.
+//!
+//! The binaries are the workspace's own (`cargo test --workspace` builds
+//! them, since their packages have tests of their own); a missing one is a
+//! failure that says how to build it.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tensile_graph::Liveness;
+use tensile_graph::zoo::{self, ZooConfig};
+use tensile_proto::pb;
+
+fn bin(name: &str) -> PathBuf {
+    // target/debug/deps/e2e-HASH -> target/debug
+    let exe = std::env::current_exe().expect("test executable path");
+    let dir = exe.parent().and_then(Path::parent).expect("target folder");
+    let path = dir.join(name);
+    assert!(
+        path.exists(),
+        "{} is not built: run `cargo build -p {}` (cargo test --workspace builds it)",
+        path.display(),
+        if name == "tensile-worker" {
+            "tensile-worker"
+        } else {
+            "tensile-scheduler"
+        }
+    );
+    path
+}
+
+/// A child process killed (SIGKILL) when dropped, so that a failing test
+/// leaves nothing running.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+struct Scheduler {
+    proc: Proc,
+    socket: PathBuf,
+}
+
+fn start_scheduler(dir: &Path, budget_mb: u64, lease_s: f64) -> Scheduler {
+    let socket = dir.join("scheduler.sock");
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("scheduler.log"))
+        .expect("scheduler log");
+    let child = Command::new(bin("tensile-scheduler"))
+        .arg("--listen")
+        .arg(format!("unix:{}", socket.display()))
+        .arg("--state")
+        .arg(dir.join("state"))
+        .args(["--budget-mb", &budget_mb.to_string()])
+        // This CPU's calibrated profile: no fixed per-job context memory,
+        // unlike a GPU's.
+        .args(["--device", "cpu"])
+        .args(["--lease-s", &lease_s.to_string()])
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("start tensile-scheduler");
+    let proc = Proc(child);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    // A restarted scheduler replaces the stale socket: wait until it answers.
+    while !answers(&socket) {
+        assert!(
+            Instant::now() < deadline,
+            "tensile-scheduler did not answer within 60 s: {}",
+            std::fs::read_to_string(dir.join("scheduler.log")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Scheduler { proc, socket }
+}
+
+fn status(socket: &Path) -> Result<pb::GetStatusResponse, String> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    rt.block_on(async {
+        let uri = tensile_proto::endpoint::client_uri(Some(&format!("unix:{}", socket.display())));
+        let channel = tonic::transport::Endpoint::from_shared(uri)
+            .map_err(|e| e.to_string())?
+            .connect_timeout(Duration::from_secs(2))
+            .connect()
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut client = pb::memory_scheduler_client::MemorySchedulerClient::new(channel);
+        client
+            .get_status(pb::GetStatusRequest { job_id: 0 })
+            .await
+            .map(tonic::Response::into_inner)
+            .map_err(|e| e.to_string())
+    })
+}
+
+fn answers(socket: &Path) -> bool {
+    socket.exists() && status(socket).is_ok()
+}
+
+#[derive(Clone)]
+struct Job {
+    model: &'static str,
+    batch: u64,
+    resolution: u64,
+    seed: u64,
+}
+
+impl Job {
+    fn name(&self) -> String {
+        format!(
+            "{}-b{}-r{}-s{}",
+            self.model, self.batch, self.resolution, self.seed
+        )
+    }
+
+    fn vanilla_peak(&self) -> u64 {
+        let config = ZooConfig {
+            resolution: Some(self.resolution),
+            ..ZooConfig::new(self.batch)
+        };
+        let g = zoo::build(self.model, &config).expect("zoo model");
+        Liveness::analyze(&g).vanilla_footprint().peak
+    }
+
+    /// Starts the worker; `policy` is `--vanilla` or `--scheduler ADDR`.
+    fn spawn(&self, dir: &Path, tag: &str, iterations: usize, policy: &[String]) -> Proc {
+        let base = dir.join(format!("{tag}-{}", self.name()));
+        let child = Command::new(bin("tensile-worker"))
+            .args(["--model", self.model])
+            .args(["--batch", &self.batch.to_string()])
+            .args(["--resolution", &self.resolution.to_string()])
+            .args(["--seed", &self.seed.to_string()])
+            .args(["--iterations", &iterations.to_string()])
+            .args(["--threads", "1", "--link-gbps", "2", "--json"])
+            .args(["--name", &self.name()])
+            .arg("--save-params")
+            .arg(base.with_extension("safetensors"))
+            .args(policy)
+            .env("RUST_BACKTRACE", "0")
+            .stdout(std::fs::File::create(base.with_extension("jsonl")).expect("stdout file"))
+            .stderr(std::fs::File::create(base.with_extension("log")).expect("stderr file"))
+            .spawn()
+            .expect("start tensile-worker");
+        Proc(child)
+    }
+}
+
+fn wait_ok(mut p: Proc, what: &str, log: &Path, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = p.0.try_wait().expect("wait") {
+            assert!(
+                status.success(),
+                "{what} failed ({status}): {}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            );
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what} still running after {limit:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn file(dir: &Path, tag: &str, job: &Job, ext: &str) -> PathBuf {
+    dir.join(format!("{tag}-{}.{ext}", job.name()))
+}
+
+fn same_params(dir: &Path, a: &str, b: &str, job: &Job) {
+    let x = std::fs::read(file(dir, a, job, "safetensors")).expect("parameters");
+    let y = std::fs::read(file(dir, b, job, "safetensors")).expect("parameters");
+    assert!(
+        x == y,
+        "{}: parameters of the {a} run differ from the {b} run",
+        job.name()
+    );
+}
+
+fn swapped_bytes(dir: &Path, tag: &str, job: &Job) -> u64 {
+    let text = std::fs::read_to_string(file(dir, tag, job, "jsonl")).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| v.get("swapped_bytes").and_then(serde_json::Value::as_u64))
+        .sum()
+}
+
+fn tempdir() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "tensile-e2e-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    ));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
+
+const LIMIT: Duration = Duration::from_secs(300);
+
+/// The tests run one at a time: each starts several processes that train,
+/// and the machines that run CI have two cores.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+#[test]
+fn three_workers_on_one_scheduler_match_their_standalone_vanilla_runs() {
+    let _serial = one_at_a_time();
+    let dir = tempdir();
+    let jobs = [
+        Job {
+            model: "resnet50",
+            batch: 2,
+            resolution: 32,
+            seed: 1,
+        },
+        Job {
+            model: "densenet121",
+            batch: 2,
+            resolution: 32,
+            seed: 2,
+        },
+        Job {
+            model: "resnet50",
+            batch: 2,
+            resolution: 48,
+            seed: 3,
+        },
+    ];
+    let vanilla_sum: u64 = jobs.iter().map(Job::vanilla_peak).sum();
+    let budget_mb = vanilla_sum * 6 / 10 / 1_000_000;
+    let sched = start_scheduler(&dir, budget_mb, 10.0);
+    let server = vec![
+        "--scheduler".to_string(),
+        format!("unix:{}", sched.socket.display()),
+    ];
+    let planned: Vec<Proc> = jobs
+        .iter()
+        .map(|j| j.spawn(&dir, "planned", 3, &server))
+        .collect();
+    for (p, j) in planned.into_iter().zip(&jobs) {
+        wait_ok(p, &j.name(), &file(&dir, "planned", j, "log"), LIMIT);
+    }
+    for j in &jobs {
+        let vanilla = j.spawn(&dir, "vanilla", 3, &["--vanilla".to_string()]);
+        wait_ok(vanilla, &j.name(), &file(&dir, "vanilla", j, "log"), LIMIT);
+        same_params(&dir, "planned", "vanilla", j);
+        let log = std::fs::read_to_string(file(&dir, "planned", j, "log")).unwrap_or_default();
+        assert!(
+            log.contains("scheduler: plan version"),
+            "{}: no plan applied: {log}",
+            j.name()
+        );
+    }
+    let swapped: u64 = jobs.iter().map(|j| swapped_bytes(&dir, "planned", j)).sum();
+    assert!(
+        swapped > 0,
+        "under a budget 40% below vanilla, the plans moved nothing"
+    );
+    // Every job left when it finished.
+    let left = status(&sched.socket).expect("status");
+    assert!(
+        left.jobs
+            .iter()
+            .all(|j| j.state == pb::JobState::Done as i32),
+        "{left:?}"
+    );
+    drop(sched);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_killed_worker_is_dropped_within_its_lease_and_the_others_replanned() {
+    let _serial = one_at_a_time();
+    let dir = tempdir();
+    let a = Job {
+        model: "resnet50",
+        batch: 2,
+        resolution: 32,
+        seed: 4,
+    };
+    let b = Job {
+        model: "resnet50",
+        batch: 2,
+        resolution: 48,
+        seed: 5,
+    };
+    let budget_mb = (a.vanilla_peak() + b.vanilla_peak()) * 7 / 10 / 1_000_000;
+    let lease_s = 2.0;
+    let sched = start_scheduler(&dir, budget_mb, lease_s);
+    let server = vec![
+        "--scheduler".to_string(),
+        format!("unix:{}", sched.socket.display()),
+    ];
+    let mut pa = a.spawn(&dir, "long", 100_000, &server);
+    let _pb = b.spawn(&dir, "long", 100_000, &server);
+    // Both admitted and planned.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let version_of = |s: &pb::GetStatusResponse, name: &str| {
+        s.jobs
+            .iter()
+            .find(|j| j.name == name && j.state == pb::JobState::Active as i32)
+            .map(|j| j.plan_version)
+    };
+    let before = loop {
+        let s = status(&sched.socket).expect("status");
+        if let (Some(_), Some(vb)) = (version_of(&s, &a.name()), version_of(&s, &b.name())) {
+            break vb;
+        }
+        assert!(Instant::now() < deadline, "jobs not both planned: {s:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    pa.0.kill().expect("kill -9 the worker");
+    let killed = Instant::now();
+    loop {
+        let s = status(&sched.socket).expect("status");
+        let a_gone = !s
+            .jobs
+            .iter()
+            .any(|j| j.name == a.name() && j.state != pb::JobState::Done as i32);
+        let b_replanned = version_of(&s, &b.name()).is_some_and(|v| v > before);
+        if a_gone && b_replanned {
+            break;
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs_f64(lease_s * 2.0 + 30.0),
+            "after {:?}: killed job gone {a_gone}, other job re-planned {b_replanned}: {s:?}",
+            killed.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(sched);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_restarted_scheduler_gets_the_worker_back_and_nothing_is_lost() {
+    let _serial = one_at_a_time();
+    let dir = tempdir();
+    let job = Job {
+        model: "resnet50",
+        batch: 2,
+        resolution: 32,
+        seed: 6,
+    };
+    let budget_mb = job.vanilla_peak() * 7 / 10 / 1_000_000;
+    let mut sched = start_scheduler(&dir, budget_mb, 10.0);
+    let server = vec![
+        "--scheduler".to_string(),
+        format!("unix:{}", sched.socket.display()),
+    ];
+    let iterations = 40;
+    let worker = job.spawn(&dir, "restart", iterations, &server);
+    let log = file(&dir, "restart", &job, "log");
+    let jsonl = file(&dir, "restart", &job, "jsonl");
+    let iterations_done = || {
+        std::fs::read_to_string(&jsonl)
+            .map(|t| t.lines().count())
+            .unwrap_or(0)
+    };
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while iterations_done() < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the worker did not start training"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // kill -9 the scheduler mid-run; the worker trains on meanwhile.
+    sched.proc.0.kill().expect("kill -9 the scheduler");
+    let _ = sched.proc.0.wait();
+    let at_kill = iterations_done();
+    std::thread::sleep(Duration::from_millis(500));
+    sched = start_scheduler(&dir, budget_mb, 10.0);
+    wait_ok(worker, "worker across a scheduler restart", &log, LIMIT);
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        text.matches("scheduler: registered as job").count() >= 2,
+        "the worker did not register again: {text}"
+    );
+    assert!(
+        at_kill < iterations,
+        "the worker finished before the scheduler was killed: make it longer"
+    );
+    assert_eq!(iterations_done(), iterations);
+    let vanilla = job.spawn(&dir, "vanilla", iterations, &["--vanilla".to_string()]);
+    wait_ok(
+        vanilla,
+        "vanilla run",
+        &file(&dir, "vanilla", &job, "log"),
+        LIMIT,
+    );
+    same_params(&dir, "restart", "vanilla", &job);
+    drop(sched);
+    let _ = std::fs::remove_dir_all(&dir);
+}
