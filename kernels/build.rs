@@ -1,8 +1,9 @@
 //! Compiles the boxed-dispatch shim (`csrc/shim.cpp`) against the libtorch
 //! that torch-sys links (its headers under `$LIBTORCH/include`, C++17, the
 //! same `_GLIBCXX_USE_CXX11_ABI` as torch-sys), and gives this package's tests
-//! an rpath to libtorch and the CUDA library forced in (so that a binary
-//! built here can use a GPU where one exists; on CPU machines it is unused).
+//! an rpath to libtorch and, when this libtorch has it, the CUDA library
+//! forced in (so that a binary built here can use a GPU where one exists; on
+//! CPU machines it is unused).
 use std::path::PathBuf;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -35,6 +36,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .file("csrc/shim.cpp")
         .compile("tensile_kernels_shim");
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
-    println!("cargo:rustc-link-arg=-Wl,--no-as-needed,-ltorch_cuda,--as-needed");
+    if lib.join("libtorch_cuda.so").exists() {
+        println!("cargo:rustc-link-arg=-Wl,--no-as-needed,-ltorch_cuda,--as-needed");
+    }
     Ok(())
 }

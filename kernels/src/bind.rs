@@ -236,11 +236,23 @@ pub(crate) fn bind(op: &Op, cache: &mut Cache) -> Result<Bound, String> {
             "{name:?} is not an operator name (expected a namespace, as in aten::add)"
         ));
     }
-    let explicit = match op.attrs.get("overload") {
+    let mut explicit = match op.attrs.get("overload") {
         Some(AttrValue::Str(s)) => Some(s.clone()),
         Some(other) => return Err(format!("attribute \"overload\" is {other:?}, not a string")),
         None => None,
     };
+    // `aten::add.Tensor`: the overload written into the name.
+    if let Some((ns, rest)) = name.split_once("::")
+        && let Some((base, overload)) = rest.split_once('.')
+    {
+        if explicit.as_deref().is_some_and(|e| e != overload) {
+            return Err(format!(
+                "the name says overload {overload:?}, the attribute {explicit:?}"
+            ));
+        }
+        explicit = Some(overload.to_string());
+        name = &op.op_type[..ns.len() + 2 + base.len()];
+    }
     let mut candidates = match &explicit {
         Some(o) => vec![if o == "default" {
             String::new()

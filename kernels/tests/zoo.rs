@@ -298,3 +298,21 @@ fn cuda_memory_statistics_or_a_clear_error() {
     let after = tensile_kernels::cuda_memory(0, true).expect("stats");
     assert!(after.allocated < during.allocated && after.allocated_peak >= during.allocated);
 }
+
+#[test]
+fn an_overload_in_the_op_name_binds() {
+    let _turn = turn();
+    let g = zoo_graph("resnet50", 2, 32, false);
+    let i = g
+        .ops()
+        .iter()
+        .position(|o| o.op_type == "aten::relu_")
+        .expect("a relu");
+    let ok = edited(&g, i, |o| o.op_type = "aten::relu_.default".into());
+    let program = Program::new(&ok, Device::Cpu).expect("binds");
+    assert_eq!(program.binding(g.ops()[i].id).map(|b| b.0), Some(""));
+    let e = bind_error(&edited(&g, i, |o| {
+        o.op_type = "aten::relu_.sideways".into()
+    }));
+    assert!(e.contains("relu_") && e.contains("sideways"), "{e}");
+}

@@ -134,8 +134,11 @@ pub struct HostCopies<P: Payload> {
     next_id: u64,
     polled: u64,
     in_flight: usize,
-    /// Buffers given back, reused by later swap-outs.
+    /// Buffers given back, reused by later swap-outs of the same size
+    /// (storages are swapped again every iteration): they count against
+    /// the cap, and go first when a copy needs the room.
     spare: Vec<Vec<u8>>,
+    spare_bytes: u64,
 }
 
 impl<P: Payload> std::fmt::Debug for HostCopies<P> {
@@ -266,6 +269,7 @@ impl<P: Payload> HostCopies<P> {
             polled: 0,
             in_flight: 0,
             spare: Vec::new(),
+            spare_bytes: 0,
         }
     }
 
@@ -328,17 +332,41 @@ impl<P: Payload> HostCopies<P> {
         }
         self.pool_used += len;
         self.pool_peak = self.pool_peak.max(self.pool_used);
+        while self.pool_used.saturating_add(self.spare_bytes) > self.config.pool_cap_bytes {
+            let Some(buf) = self.spare.pop() else { break };
+            self.spare_bytes -= buf.len() as u64;
+        }
         Ok(())
+    }
+
+    /// Keeps `buf` for reuse while the pool's cap has room for it.
+    fn keep_spare(&mut self, buf: Vec<u8>) {
+        let len = buf.len() as u64;
+        if len > 0 && self.pool_used + self.spare_bytes + len <= self.config.pool_cap_bytes {
+            self.spare_bytes += len;
+            self.spare.push(buf);
+        }
+    }
+
+    /// A spare buffer of exactly `len` bytes, if one was given back.
+    fn take_spare(&mut self, len: usize) -> Vec<u8> {
+        match self.spare.iter().position(|b| b.len() == len) {
+            Some(i) => {
+                let buf = self.spare.swap_remove(i);
+                self.spare_bytes -= len as u64;
+                buf
+            }
+            None => Vec::new(),
+        }
     }
 
     /// Drops the storage's host copy, giving its bytes back to the pool.
     fn discard(&mut self, s: StorageId) {
         if let Some(h) = self.host.remove(&s) {
             self.pool_used -= h.bytes.len() as u64;
-            if let Ok(buf) = Arc::try_unwrap(h.bytes)
-                && self.spare.len() < 8
-            {
-                self.spare.push(buf);
+            // Kept for reuse unless a copy still reads it.
+            if let Ok(buf) = Arc::try_unwrap(h.bytes) {
+                self.keep_spare(buf);
             }
         }
     }
@@ -458,12 +486,13 @@ impl<P: Payload> CopyEngine for HostCopies<P> {
                     return self.fail_now(s, format!("storage {} has no device data", s.0));
                 };
                 let len = src.byte_len() as u64;
+                let buf = self.take_spare(len as usize);
                 if let Err(why) = self.reserve(len, s) {
+                    self.keep_spare(buf);
                     return self.fail_now(s, why);
                 }
                 let id = self.fresh_id();
                 self.out_meta.insert(id, (s, src.meta(), len));
-                let buf = self.spare.pop().unwrap_or_default();
                 Job::Out {
                     id,
                     src,

@@ -146,11 +146,23 @@ fn the_pool_cap_holds_and_a_copy_past_it_fails_clearly() {
         other => panic!("expected a failure for want of room, got {other:?}"),
     }
     assert!(e.pool_bytes().1 <= 1_500_000, "never over the cap");
+    assert!(
+        e.pool_bytes().0 + e.spare_bytes <= 1_500_000,
+        "spares included"
+    );
     // Room comes back when the first host copy is discarded.
     e.discard_host(StorageId(0));
     let c = e.submit(copy(Dir::ToHost, 2, 1_000_000));
     assert!(matches!(settle(&mut e, epoch, c), CopyStatus::Ends(_)));
     assert_eq!(e.pool_bytes(), (1_000_000, 1_000_000));
+    // The discarded buffer was kept (it fits the cap beside the copy) and
+    // is reused by the next swap-out of that size, no new allocation.
+    assert_eq!(e.spare_bytes, 0, "reused by storage 2's copy");
+    e.discard_host(StorageId(2));
+    assert_eq!((e.pool_bytes().0, e.spare_bytes), (0, 1_000_000));
+    let d = e.submit(copy(Dir::ToHost, 0, 1_000_000));
+    assert!(matches!(settle(&mut e, epoch, d), CopyStatus::Ends(_)));
+    assert_eq!((e.pool_bytes().0, e.spare_bytes), (1_000_000, 0));
 }
 
 #[test]

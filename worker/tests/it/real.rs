@@ -204,3 +204,96 @@ fn the_binary_trains_under_vanilla_and_a_plan_file_and_runs_out_of_memory_clearl
     assert!(String::from_utf8_lossy(&out.stderr).contains("CUDA copy engine"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn the_binary_reads_graph_files_and_parameter_files() {
+    let g = resnet();
+    let dir = std::env::temp_dir().join(format!("tensile-worker-files-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let graph_file = dir.join("graph.json");
+    std::fs::write(&graph_file, tensile_graph::json::to_string(&g)).expect("write");
+    let init = dir.join("init.safetensors");
+    // No iteration: the initial parameters as seeded.
+    let out = worker_bin()
+        .args(["--graph", graph_file.to_str().expect("utf-8")])
+        .args([
+            "--vanilla",
+            "--iterations",
+            "0",
+            "--seed",
+            "3",
+            "--save-params",
+        ])
+        .arg(&init)
+        .output()
+        .expect("runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Two iterations from the seed and from the file it wrote: the same.
+    let mut saved = Vec::new();
+    // The same seed for what the file does not hold (the batch).
+    let from_file = ["--init-params", init.to_str().expect("utf-8")];
+    for (k, source) in [&[][..], &from_file[..]].into_iter().enumerate() {
+        let file = dir.join(format!("after{k}.safetensors"));
+        let out = worker_bin()
+            .args([
+                "--graph",
+                graph_file.to_str().expect("utf-8"),
+                "--threads",
+                "1",
+                "--seed",
+                "3",
+            ])
+            .args(source)
+            .args(["--vanilla", "--iterations", "2", "--save-params"])
+            .arg(&file)
+            .output()
+            .expect("runs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        saved.push(std::fs::read(&file).expect("saved"));
+    }
+    assert!(
+        saved[0] == saved[1],
+        "--init-params did not give the seeded values"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_binary_says_what_is_wrong() {
+    let job = ["--model", "resnet50", "--batch", "1", "--resolution", "64"];
+    let cases: [(&[&str], &str); 6] = [
+        (&["--vanilla", "--device", "tpu"], "unknown device"),
+        (
+            &["--vanilla", "--fault-fail-every", "0"],
+            "--fault-fail-every",
+        ),
+        (&["--vanilla", "--link-gbps=-1"], "--link-gbps"),
+        (
+            &["--plan", "/nonexistent/plan.json"],
+            "/nonexistent/plan.json",
+        ),
+        (&["--vanilla", "--device", "cuda"], "cuda"),
+        (&["--vanilla", "--optimizer", "lamb"], "lamb"),
+    ];
+    for (args, want) in cases {
+        let out = worker_bin().args(job).args(args).output().expect("runs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(stderr.contains(want), "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+    let out = worker_bin()
+        .args(["--model", "no_such_model", "--vanilla"])
+        .output()
+        .expect("runs");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no_such_model"));
+}
