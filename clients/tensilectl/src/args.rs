@@ -99,6 +99,10 @@ pub(crate) struct BenchServiceArgs {
     /// each worker count.
     #[arg(long)]
     pub(crate) server: Option<String>,
+    /// The scheduler binary to start. Default: `tensile-scheduler` beside
+    /// this binary.
+    #[arg(long, conflicts_with = "server")]
+    pub(crate) scheduler_bin: Option<PathBuf>,
     /// Worker counts, comma separated.
     #[arg(long, default_value = "1,8,64")]
     pub(crate) workers: String,

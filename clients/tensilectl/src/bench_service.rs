@@ -92,7 +92,7 @@ pub(crate) fn run(a: &BenchServiceArgs) -> Result<()> {
         let server = match &a.server {
             Some(s) => s.clone(),
             None => {
-                let (c, addr, metrics) = spawn_scheduler()?;
+                let (c, addr, metrics) = spawn_scheduler(a.scheduler_bin.clone())?;
                 child = Some((c, metrics));
                 addr
             }
@@ -156,9 +156,11 @@ fn print_row(r: &Row) {
 
 /// `tensile-scheduler` from beside this binary, on a fresh socket, with
 /// metrics on a free loopback port.
-fn spawn_scheduler() -> Result<(Child, String, u16)> {
-    let exe = std::env::current_exe()?;
-    let bin = exe.with_file_name("tensile-scheduler");
+fn spawn_scheduler(bin: Option<PathBuf>) -> Result<(Child, String, u16)> {
+    let bin = match bin {
+        Some(b) => b,
+        None => std::env::current_exe()?.with_file_name("tensile-scheduler"),
+    };
     if !bin.exists() {
         bail!(
             "{} not found: build it (cargo build -p tensile-scheduler) or pass --server",
