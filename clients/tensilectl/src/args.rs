@@ -35,6 +35,14 @@ pub(crate) enum Command {
     /// (real kernels on the CPU, real copies), a live table, then the same
     /// jobs without plans, side by side, and memory over time as a plot.
     Demo(DemoArgs),
+    /// The scheduler's jobs, their states and plan versions, predicted and
+    /// reported peaks, and the memory picture.
+    Status(StatusArgs),
+    /// Set the scheduler's memory budget (needs the admin token when the
+    /// scheduler has one: TENSILE_ADMIN_TOKEN or --admin-token-file).
+    Budget(BudgetArgs),
+    /// Print a job's plan versions as they arrive.
+    Watch(WatchArgs),
 }
 
 #[derive(Debug, Clone, Args)]
@@ -74,12 +82,83 @@ pub(crate) struct DemoArgs {
     pub(crate) keep_logs: bool,
 }
 
+#[derive(Debug, Args)]
+pub(crate) struct StatusArgs {
+    #[arg(long, env = "TENSILE_SERVER")]
+    /// The scheduler: unix:PATH or HOST:PORT (default: its default socket).
+    pub(crate) server: Option<String>,
+    /// Only this job.
+    #[arg(long)]
+    pub(crate) job: Option<u64>,
+    /// Print JSON.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct BudgetArgs {
+    /// The new budget, MB (10^6 bytes).
+    pub(crate) mb: u64,
+    /// The scheduler: unix:PATH or HOST:PORT (default: its default socket).
+    #[arg(long, env = "TENSILE_SERVER")]
+    pub(crate) server: Option<String>,
+    /// A file holding the scheduler's admin token.
+    #[arg(long, env = "TENSILE_ADMIN_TOKEN_FILE")]
+    pub(crate) admin_token_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct WatchArgs {
+    /// The job's id.
+    pub(crate) job: u64,
+    /// The scheduler: unix:PATH or HOST:PORT (default: its default socket).
+    #[arg(long, env = "TENSILE_SERVER")]
+    pub(crate) server: Option<String>,
+    /// The job's token: follow its plan stream. Without it, the job's
+    /// status is polled.
+    #[arg(long, env = "TENSILE_JOB_TOKEN")]
+    pub(crate) token: Option<String>,
+}
+
 #[derive(Debug, Subcommand)]
 pub(crate) enum BenchCommand {
     /// The TENSILE paper's experiments (Tables I, III, IV; Figs. 6, 7) for
     /// ours and every baseline, on simulated devices, with the paper's
     /// figures beside ours.
     Paper(BenchPaperArgs),
+    /// The scheduler service under load: 1, 8, 64 simulated workers over a
+    /// real socket, each registering a zoo job at batch 2 and reporting
+    /// every iteration; register-to-first-plan and re-plan latency, plans
+    /// per second, the scheduler's resident memory.
+    Service(BenchServiceArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct BenchServiceArgs {
+    /// A running scheduler (unix:PATH or HOST:PORT). Default: start
+    /// `tensile-scheduler` (beside this binary) on a temporary socket for
+    /// each worker count.
+    #[arg(long)]
+    pub(crate) server: Option<String>,
+    /// The scheduler binary to start. Default: `tensile-scheduler` beside
+    /// this binary.
+    #[arg(long, conflicts_with = "server")]
+    pub(crate) scheduler_bin: Option<PathBuf>,
+    /// Worker counts, comma separated.
+    #[arg(long, default_value = "1,8,64")]
+    pub(crate) workers: String,
+    /// Iterations each worker reports.
+    #[arg(long, default_value_t = 6)]
+    pub(crate) iterations: usize,
+    /// Zoo models the workers cycle through (batch 2).
+    #[arg(
+        long,
+        default_value = "resnet50,vgg16,inception_v3,densenet121,bert_base,inception_v4"
+    )]
+    pub(crate) models: String,
+    /// Print JSON.
+    #[arg(long)]
+    pub(crate) json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -228,6 +307,10 @@ pub(crate) struct PlanArgs {
     /// the diagnostics (`tensile-plan/v1`, see `docs/plan-format.md`).
     #[arg(short, long)]
     pub(crate) output: Option<PathBuf>,
+    /// Have this scheduler plan it (PlanGraph): unix:PATH or HOST:PORT,
+    /// or `default` for its default socket.
+    #[arg(long)]
+    pub(crate) server: Option<String>,
 }
 
 #[derive(Debug, Args)]

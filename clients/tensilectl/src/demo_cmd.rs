@@ -432,12 +432,7 @@ fn live_table(
 }
 
 async fn get_status(server: &str) -> Result<pb::GetStatusResponse> {
-    let uri = tensile_proto::endpoint::client_uri(Some(server));
-    let channel = tonic::transport::Endpoint::from_shared(uri)?
-        .connect_timeout(Duration::from_secs(2))
-        .connect()
-        .await?;
-    let mut client = pb::memory_scheduler_client::MemorySchedulerClient::new(channel);
+    let mut client = crate::server_cmd::connect(Some(server)).await?;
     Ok(client
         .get_status(pb::GetStatusRequest { job_id: 0 })
         .await?

@@ -7,6 +7,7 @@
 
 mod args;
 mod bench_cmd;
+mod bench_service;
 mod config;
 mod demo_cmd;
 mod graph_cmd;
@@ -15,6 +16,7 @@ mod latency_cmd;
 mod plan_cmd;
 mod plot;
 mod report;
+mod server_cmd;
 mod sim_cmd;
 mod zoo_cmd;
 
@@ -31,7 +33,17 @@ fn main() -> ExitCode {
         Command::Graph(GraphCommand::Stats(a)) => graph_cmd::stats(&a),
         Command::Graph(GraphCommand::Export(a)) => graph_cmd::export(&a),
         Command::Graph(GraphCommand::Check(a)) => graph_cmd::check(&a),
-        Command::Plan(a) => config::PlanCommand::from_args(&a).and_then(|c| plan_cmd::run(&c)),
+        Command::Plan(a) => match a.server.as_deref() {
+            Some(server) => {
+                let server = if server == "default" {
+                    tensile_proto::endpoint::client_uri(None)
+                } else {
+                    server.to_string()
+                };
+                server_cmd::plan(&a, &server)
+            }
+            None => config::PlanCommand::from_args(&a).and_then(|c| plan_cmd::run(&c)),
+        },
         Command::Sim(a) => config::SimCommand::from_args(&a).and_then(|c| sim_cmd::run(&c)),
         Command::Latency(LatencyCommand::Profile(a)) => latency_cmd::profile(&a),
         Command::Latency(LatencyCommand::Train(a)) => latency_cmd::train(&a),
@@ -40,6 +52,10 @@ fn main() -> ExitCode {
             config::BenchCommand::from_args(&a).and_then(|c| bench_cmd::run(&c))
         }
         Command::Demo(a) => demo_cmd::run(&a),
+        Command::Bench(BenchCommand::Service(a)) => bench_service::run(&a),
+        Command::Status(a) => server_cmd::status(&a),
+        Command::Budget(a) => server_cmd::budget(&a),
+        Command::Watch(a) => server_cmd::watch(&a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

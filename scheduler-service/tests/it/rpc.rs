@@ -221,3 +221,47 @@ async fn plan_graph_plans_offline_and_health_answers() {
     );
     s.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_are_served_on_loopback_and_count_what_happened() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut cfg = config();
+    cfg.metrics_listen = Some(format!("127.0.0.1:{port}").parse().unwrap());
+    let s = tcp(cfg).await;
+    let mut c = connect(&s.address).await;
+    let g = mlp(64);
+    let r = register(&mut c, "m", &g).await;
+    let mut plans = subscribe(&mut c, &r).await;
+    next_plan(&mut plans).await;
+    c.report_latencies(report(&r, g.ops().len(), 1e-3))
+        .await
+        .unwrap();
+    next_plan(&mut plans).await;
+    let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    conn.write_all(b"GET /metrics HTTP/1.0\r\n\r\n")
+        .await
+        .unwrap();
+    let mut body = String::new();
+    conn.read_to_string(&mut body).await.unwrap();
+    assert!(body.contains("tensile_scheduler_reports_total 1"), "{body}");
+    assert!(
+        body.contains("tensile_scheduler_replans_total{reason=\"first_measurements\"} 1"),
+        "{body}"
+    );
+    assert!(
+        body.contains("tensile_scheduler_jobs{state=\"active\"} 1"),
+        "{body}"
+    );
+    assert!(
+        body.contains("tensile_scheduler_planning_seconds_count 2"),
+        "{body}"
+    );
+    s.stop().await;
+}

@@ -1,0 +1,381 @@
+//! `tensilectl bench service`: simulated workers against a real scheduler
+//! over a real socket. Each worker registers a zoo job at batch 2,
+//! subscribes, and reports every iteration (latencies alternating between
+//! the roofline and twice it, so that every report drifts past the
+//! threshold and asks for a re-plan). Prints register-to-first-plan and
+//! re-plan latency percentiles, plans pushed per second and the
+//! scheduler's resident memory.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use serde::Serialize;
+use tensile_graph::Graph;
+use tensile_graph::zoo::{self, ZooConfig};
+use tensile_latency_model::{DeviceProfile, estimate_latencies};
+use tensile_proto::pb;
+
+use crate::args::BenchServiceArgs;
+use crate::server_cmd::{Client, block_on, connect};
+
+#[derive(Debug, Clone, Serialize)]
+struct Row {
+    workers: usize,
+    register_to_first_plan_ms_p50: f64,
+    register_to_first_plan_ms_p99: f64,
+    replan_ms_p50: f64,
+    replan_ms_p99: f64,
+    replans: usize,
+    plans_received: usize,
+    plans_per_s: f64,
+    wall_s: f64,
+    /// Workers that got every plan they were promised.
+    complete_workers: usize,
+    scheduler_rss_mb: Option<f64>,
+    scheduler_peak_rss_mb: Option<f64>,
+    /// The scheduler's own planning time (its Prometheus histogram), when
+    /// it was started here.
+    planning_s_total: Option<f64>,
+    plannings: Option<u64>,
+}
+
+/// One worker's figures.
+#[derive(Debug, Default)]
+struct Worker {
+    first_plan: Duration,
+    replans: Vec<Duration>,
+    plans: usize,
+    complete: bool,
+}
+
+fn percentile(xs: &mut [f64], q: f64) -> f64 {
+    if xs.is_empty() {
+        return f64::NAN;
+    }
+    xs.sort_by(f64::total_cmp);
+    let i = ((xs.len() - 1) as f64 * q).round() as usize;
+    xs[i]
+}
+
+pub(crate) fn run(a: &BenchServiceArgs) -> Result<()> {
+    let counts: Vec<usize> = a
+        .workers
+        .split(',')
+        .map(|s| s.trim().parse::<usize>())
+        .collect::<Result<_, _>>()
+        .context("--workers: expected numbers, comma separated")?;
+    if counts.iter().any(|&n| n == 0 || n > 1024) {
+        bail!("--workers: each count must be in 1..=1024");
+    }
+    if a.iterations == 0 || a.iterations > 1000 {
+        bail!("--iterations must be in 1..=1000");
+    }
+    let device = DeviceProfile::builtin("a6000")?;
+    let mut jobs = Vec::new();
+    for m in a.models.split(',').map(str::trim).filter(|m| !m.is_empty()) {
+        let g = zoo::build(m, &ZooConfig::new(2)).with_context(|| format!("--models: {m}"))?;
+        let lat: Vec<f64> = estimate_latencies(&g, &device)
+            .iter()
+            .map(|&ns| ns as f64 / 1e9)
+            .collect();
+        jobs.push((Arc::new(g), Arc::new(lat)));
+    }
+    if jobs.is_empty() {
+        bail!("--models is empty");
+    }
+    let mut rows = Vec::new();
+    for &n in &counts {
+        let mut child = None;
+        let server = match &a.server {
+            Some(s) => s.clone(),
+            None => {
+                let (c, addr, metrics) = spawn_scheduler(a.scheduler_bin.clone())?;
+                child = Some((c, metrics));
+                addr
+            }
+        };
+        let result = block_on(bench(&server, n, a.iterations, &jobs))?;
+        let (rss, hwm, planning) = match &mut child {
+            Some((c, metrics)) => {
+                let (rss, hwm) = rss_mb(c.id());
+                let planning = block_on(scrape_planning(*metrics))?.ok().flatten();
+                let _ = Command::new("kill").arg(c.id().to_string()).status();
+                let _ = c.wait();
+                (rss, hwm, planning)
+            }
+            None => (None, None, None),
+        };
+        let mut row = result?;
+        row.scheduler_rss_mb = rss;
+        row.scheduler_peak_rss_mb = hwm;
+        if let Some((sum, count)) = planning {
+            row.planning_s_total = Some(sum);
+            row.plannings = Some(count);
+        }
+        if !a.json {
+            print_row(&row);
+        }
+        rows.push(row);
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+    }
+    Ok(())
+}
+
+fn print_row(r: &Row) {
+    println!(
+        "{:>3} workers: register->first plan p50 {:.1} ms p99 {:.1} ms; re-plan p50 {:.1} ms p99 {:.1} ms ({} re-plans); {} plans in {:.2} s = {:.1} plans/s; {}/{} workers complete; scheduler RSS {} (peak {}){}",
+        r.workers,
+        r.register_to_first_plan_ms_p50,
+        r.register_to_first_plan_ms_p99,
+        r.replan_ms_p50,
+        r.replan_ms_p99,
+        r.replans,
+        r.plans_received,
+        r.wall_s,
+        r.plans_per_s,
+        r.complete_workers,
+        r.workers,
+        r.scheduler_rss_mb
+            .map_or("?".into(), |m| format!("{m:.1} MB")),
+        r.scheduler_peak_rss_mb
+            .map_or("?".into(), |m| format!("{m:.1} MB")),
+        match (r.planning_s_total, r.plannings) {
+            (Some(s), Some(n)) if n > 0 => format!(
+                "; the scheduler planned {n} times, {:.1} ms per plan of all jobs",
+                s / n as f64 * 1e3
+            ),
+            _ => String::new(),
+        }
+    );
+}
+
+/// `tensile-scheduler` from beside this binary, on a fresh socket, with
+/// metrics on a free loopback port.
+fn spawn_scheduler(bin: Option<PathBuf>) -> Result<(Child, String, u16)> {
+    let bin = match bin {
+        Some(b) => b,
+        None => std::env::current_exe()?.with_file_name("tensile-scheduler"),
+    };
+    if !bin.exists() {
+        bail!(
+            "{} not found: build it (cargo build -p tensile-scheduler) or pass --server",
+            bin.display()
+        );
+    }
+    let dir: PathBuf = std::env::temp_dir().join(format!("tensile-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let sock = dir.join("s.sock");
+    let _ = std::fs::remove_file(&sock);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let child = Command::new(bin)
+        .args([
+            "--device",
+            "a6000",
+            "--latency-models",
+            "roofline",
+            "--state",
+            "none",
+            // Every worker keeps its stream open; no lease lapses.
+            "--lease-s",
+            "60",
+        ])
+        .arg(format!("--listen=unix:{}", sock.display()))
+        .arg(format!("--metrics-listen=127.0.0.1:{port}"))
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .spawn()
+        .context("cannot start tensile-scheduler")?;
+    let addr = format!("unix:{}", sock.display());
+    for _ in 0..200 {
+        if sock.exists() {
+            return Ok((child, addr, port));
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    bail!("tensile-scheduler did not create {}", sock.display())
+}
+
+/// VmRSS and VmHWM of a process, MB.
+fn rss_mb(pid: u32) -> (Option<f64>, Option<f64>) {
+    let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return (None, None);
+    };
+    let field = |name: &str| {
+        s.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|kb| kb.parse::<f64>().ok())
+            .map(|kb| kb * 1024.0 / 1e6)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// The scheduler's planning time histogram: (sum s, count).
+async fn scrape_planning(port: u16) -> Result<Option<(f64, u64)>> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(mut s) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
+        return Ok(None);
+    };
+    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        .await?;
+    let mut body = String::new();
+    s.read_to_string(&mut body).await?;
+    let value = |name: &str| {
+        body.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<f64>().ok())
+    };
+    Ok(value("tensile_scheduler_planning_seconds_sum")
+        .zip(value("tensile_scheduler_planning_seconds_count"))
+        .map(|(s, c)| (s, c as u64)))
+}
+
+async fn bench(
+    server: &str,
+    n: usize,
+    iterations: usize,
+    jobs: &[(Arc<Graph>, Arc<Vec<f64>>)],
+) -> Result<Row> {
+    let start = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for w in 0..n {
+        let (g, lat) = jobs[w % jobs.len()].clone();
+        let c = connect(Some(server)).await?;
+        tasks.spawn(worker(c, w, g, lat, iterations));
+    }
+    let mut workers = Vec::new();
+    while let Some(r) = tasks.join_next().await {
+        workers.push(r.context("a worker panicked")??);
+    }
+    let wall = start.elapsed().as_secs_f64();
+    let mut first: Vec<f64> = workers
+        .iter()
+        .map(|w| w.first_plan.as_secs_f64() * 1e3)
+        .collect();
+    let mut replans: Vec<f64> = workers
+        .iter()
+        .flat_map(|w| w.replans.iter().map(|d| d.as_secs_f64() * 1e3))
+        .collect();
+    let plans: usize = workers.iter().map(|w| w.plans).sum();
+    Ok(Row {
+        workers: n,
+        register_to_first_plan_ms_p50: percentile(&mut first, 0.5),
+        register_to_first_plan_ms_p99: percentile(&mut first, 0.99),
+        replan_ms_p50: percentile(&mut replans, 0.5),
+        replan_ms_p99: percentile(&mut replans, 0.99),
+        replans: replans.len(),
+        plans_received: plans,
+        plans_per_s: plans as f64 / wall,
+        wall_s: wall,
+        complete_workers: workers.iter().filter(|w| w.complete).count(),
+        scheduler_rss_mb: None,
+        scheduler_peak_rss_mb: None,
+        planning_s_total: None,
+        plannings: None,
+    })
+}
+
+/// One simulated worker.
+async fn worker(
+    mut c: Client,
+    w: usize,
+    g: Arc<Graph>,
+    lat: Arc<Vec<f64>>,
+    iterations: usize,
+) -> Result<Worker> {
+    let mut out = Worker::default();
+    let t = Instant::now();
+    let r = c
+        .register_job(pb::RegisterJobRequest {
+            name: format!("{}-{w}", g.name()),
+            graph: Some(tensile_proto::convert::graph_to_proto(&g)),
+            settings: None,
+            op_latency_s: Vec::new(),
+        })
+        .await
+        .context("RegisterJob")?
+        .into_inner();
+    let mut s = c
+        .subscribe_plans(pb::SubscribePlansRequest {
+            job_id: r.job_id,
+            token: r.token.clone(),
+            after_version: 0,
+        })
+        .await
+        .context("SubscribePlans")?
+        .into_inner();
+    let mut version = 0;
+    while version == 0 {
+        let Some(u) = s.message().await? else {
+            bail!("job {}: the stream ended before the first plan", r.job_id);
+        };
+        if let Some(p) = u.plan {
+            version = p.version;
+        }
+    }
+    out.first_plan = t.elapsed();
+    out.plans = 1;
+    let mut complete = true;
+    for i in 0..iterations {
+        let scale = if i % 2 == 0 { 2.0 } else { 1.0 };
+        let t = Instant::now();
+        let a = c
+            .report_latencies(pb::ReportLatenciesRequest {
+                job_id: r.job_id,
+                token: r.token.clone(),
+                iteration: i as u64,
+                plan_version: version,
+                op_latency_s: lat.iter().map(|x| x * scale).collect(),
+                stall_s: 0.0,
+                late_prefetches: Vec::new(),
+                passive_swaps: 0,
+                peak_bytes: 0,
+            })
+            .await
+            .context("ReportLatencies")?
+            .into_inner();
+        if a.replanned {
+            // Wait for a version newer than the one the report saw; other
+            // jobs' re-plans may bring several.
+            let want = a.plan_version + 1;
+            loop {
+                let next = tokio::time::timeout(Duration::from_secs(120), s.message()).await;
+                match next {
+                    Ok(Ok(Some(u))) => {
+                        if let Some(p) = u.plan {
+                            out.plans += 1;
+                            version = p.version;
+                            if version >= want {
+                                break;
+                            }
+                        }
+                    }
+                    _ => {
+                        complete = false;
+                        break;
+                    }
+                }
+            }
+            out.replans.push(t.elapsed());
+        } else {
+            // A simulated iteration.
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    out.complete = complete;
+    c.unregister_job(pb::UnregisterJobRequest {
+        job_id: r.job_id,
+        token: r.token,
+    })
+    .await
+    .context("UnregisterJob")?;
+    Ok(out)
+}

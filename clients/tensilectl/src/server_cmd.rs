@@ -1,0 +1,366 @@
+//! The scheduler's client commands: `status`, `budget`, `watch`, and
+//! `plan --server` (PlanGraph). Without `--server` they reach the
+//! scheduler's default Unix socket.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use serde::Serialize;
+use tensile_proto::pb;
+use tensile_proto::pb::memory_scheduler_client::MemorySchedulerClient;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::args::{BudgetArgs, PlanArgs, StatusArgs, WatchArgs};
+use crate::report::bytes;
+
+pub(crate) type Client = MemorySchedulerClient<Channel>;
+
+/// A runtime for one command.
+pub(crate) fn block_on<F: std::future::Future>(f: F) -> Result<F::Output> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?
+        .block_on(f))
+}
+
+/// Connects to `server` (unix:PATH, HOST:PORT) or the default socket.
+pub(crate) async fn connect(server: Option<&str>) -> Result<Client> {
+    let uri = tensile_proto::endpoint::client_uri(server);
+    let ch = Endpoint::from_shared(uri.clone())
+        .with_context(|| format!("bad server address {uri:?}"))?
+        .connect_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .with_context(|| {
+            format!("cannot reach the scheduler at {uri} (is tensile-scheduler running? --server)")
+        })?;
+    Ok(MemorySchedulerClient::new(ch)
+        .max_decoding_message_size(usize::MAX)
+        .max_encoding_message_size(usize::MAX))
+}
+
+fn state_name(s: i32) -> &'static str {
+    match pb::JobState::try_from(s) {
+        Ok(pb::JobState::Queued) => "queued",
+        Ok(pb::JobState::Active) => "active",
+        Ok(pb::JobState::Done) => "done",
+        Ok(pb::JobState::Planning) => "planning",
+        _ => "unknown",
+    }
+}
+
+/// `status --json`.
+#[derive(Debug, Serialize)]
+struct StatusJson {
+    device: String,
+    budget_bytes: u64,
+    device_bytes: u64,
+    sum_of_peaks_bytes: u64,
+    aligned_peak_bytes: u64,
+    vanilla_sum_of_peaks_bytes: u64,
+    jobs: Vec<JobJson>,
+    diagnostics: Vec<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct JobJson {
+    job_id: u64,
+    name: String,
+    state: &'static str,
+    reason: String,
+    priority: i32,
+    plan_version: u64,
+    ops: u32,
+    iterations_reported: u64,
+    latency_source: String,
+    lower_bound_bytes: u64,
+    vanilla_peak_bytes: u64,
+    planned_peak_bytes: u64,
+    reported_peak_bytes: u64,
+}
+
+pub(crate) fn status(a: &StatusArgs) -> Result<()> {
+    let st = block_on(async {
+        let mut c = connect(a.server.as_deref()).await?;
+        let r = c
+            .get_status(pb::GetStatusRequest {
+                job_id: a.job.unwrap_or(0),
+            })
+            .await
+            .context("GetStatus")?;
+        Ok::<_, anyhow::Error>(r.into_inner())
+    })??;
+    let mem = st.memory.unwrap_or_default();
+    let out = StatusJson {
+        device: st.device,
+        budget_bytes: mem.budget_bytes,
+        device_bytes: mem.device_bytes,
+        sum_of_peaks_bytes: mem.sum_of_peaks_bytes,
+        aligned_peak_bytes: mem.aligned_peak_bytes,
+        vanilla_sum_of_peaks_bytes: mem.vanilla_sum_of_peaks_bytes,
+        jobs: st
+            .jobs
+            .iter()
+            .map(|j| {
+                let p = j.prediction.unwrap_or_default();
+                JobJson {
+                    job_id: j.job_id,
+                    name: j.name.clone(),
+                    state: state_name(j.state),
+                    reason: j.reason.clone(),
+                    priority: j.priority,
+                    plan_version: j.plan_version,
+                    ops: j.ops,
+                    iterations_reported: j.iterations_reported,
+                    latency_source: j.latency_source.clone(),
+                    lower_bound_bytes: j.lower_bound_bytes,
+                    vanilla_peak_bytes: p.vanilla_peak_bytes,
+                    planned_peak_bytes: p.planned_peak_bytes,
+                    reported_peak_bytes: j.reported_peak_bytes,
+                }
+            })
+            .collect(),
+        diagnostics: st.diagnostics.iter().map(|d| d.message.clone()).collect(),
+    };
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    println!(
+        "{}: budget {} of {}; planned peaks add up to {} (vanilla {}), aligned {}",
+        out.device,
+        bytes(out.budget_bytes),
+        bytes(out.device_bytes),
+        bytes(out.sum_of_peaks_bytes),
+        bytes(out.vanilla_sum_of_peaks_bytes),
+        bytes(out.aligned_peak_bytes)
+    );
+    if out.jobs.is_empty() {
+        println!("no jobs");
+    } else {
+        println!(
+            "{:>5}  {:<20} {:<9} {:>4} {:>7} {:>6}  {:>10} {:>10} {:>10}  latencies",
+            "job", "name", "state", "prio", "version", "iters", "vanilla", "planned", "reported"
+        );
+    }
+    for j in &out.jobs {
+        println!(
+            "{:>5}  {:<20} {:<9} {:>4} {:>7} {:>6}  {:>10} {:>10} {:>10}  {}",
+            j.job_id,
+            j.name,
+            j.state,
+            j.priority,
+            j.plan_version,
+            j.iterations_reported,
+            bytes(j.vanilla_peak_bytes),
+            bytes(j.planned_peak_bytes),
+            bytes(j.reported_peak_bytes),
+            j.latency_source
+        );
+        if !j.reason.is_empty() {
+            println!("       {}", j.reason);
+        }
+    }
+    for d in &out.diagnostics {
+        println!("note: {d}");
+    }
+    Ok(())
+}
+
+/// The admin token: `--admin-token-file`, else `TENSILE_ADMIN_TOKEN`.
+fn admin_token(a: &BudgetArgs) -> Result<String> {
+    if let Some(p) = &a.admin_token_file {
+        let t = std::fs::read_to_string(p).with_context(|| p.display().to_string())?;
+        return Ok(t.trim().to_string());
+    }
+    Ok(std::env::var("TENSILE_ADMIN_TOKEN").unwrap_or_default())
+}
+
+pub(crate) fn budget(a: &BudgetArgs) -> Result<()> {
+    if a.mb == 0 {
+        bail!("the budget must be positive (MB)");
+    }
+    let token = admin_token(a)?;
+    let r = block_on(async {
+        let mut c = connect(a.server.as_deref()).await?;
+        let r = c
+            .set_memory_budget(pb::SetMemoryBudgetRequest {
+                budget_bytes: a.mb.saturating_mul(1_000_000),
+                admin_token: token,
+            })
+            .await
+            .context("SetMemoryBudget")?;
+        Ok::<_, anyhow::Error>(r.into_inner())
+    })??;
+    println!("budget set to {}", bytes(r.budget_bytes));
+    for j in &r.changed {
+        println!(
+            "  job {} {:?} is now {}",
+            j.job_id,
+            j.name,
+            state_name(j.state)
+        );
+    }
+    Ok(())
+}
+
+pub(crate) fn watch(a: &WatchArgs) -> Result<()> {
+    block_on(async {
+        let mut c = connect(a.server.as_deref()).await?;
+        match &a.token {
+            Some(token) => watch_stream(&mut c, a.job, token).await,
+            None => watch_status(&mut c, a.job).await,
+        }
+    })?
+}
+
+/// With the job's token: its plan stream.
+async fn watch_stream(c: &mut Client, job: u64, token: &str) -> Result<()> {
+    let mut s = c
+        .subscribe_plans(pb::SubscribePlansRequest {
+            job_id: job,
+            token: token.to_string(),
+            after_version: 0,
+        })
+        .await
+        .context("SubscribePlans")?
+        .into_inner();
+    while let Some(u) = s.message().await.context("the plan stream")? {
+        match &u.plan {
+            Some(p) => {
+                let pr = p.prediction.unwrap_or_default();
+                println!(
+                    "job {job} plan v{}: {} events, peak {} (vanilla {}), {:.2} ms per iteration",
+                    p.version,
+                    p.events.len(),
+                    bytes(pr.planned_peak_bytes),
+                    bytes(pr.vanilla_peak_bytes),
+                    pr.planned_iteration_s * 1e3
+                );
+            }
+            None => println!("job {job} is {}", state_name(u.state)),
+        }
+        for d in &u.diagnostics {
+            println!("  note: {}", d.message);
+        }
+    }
+    println!("job {job}: the stream ended");
+    Ok(())
+}
+
+/// Without a token: the job's status, printed whenever its plan version or
+/// state changes, until it is gone.
+async fn watch_status(c: &mut Client, job: u64) -> Result<()> {
+    let mut last = None;
+    loop {
+        let st = match c.get_status(pb::GetStatusRequest { job_id: job }).await {
+            Ok(r) => r.into_inner(),
+            Err(e) if e.code() == tonic::Code::NotFound && last.is_some() => {
+                println!("job {job} is gone");
+                return Ok(());
+            }
+            Err(e) => return Err(e).context("GetStatus"),
+        };
+        if let Some(j) = st.jobs.first() {
+            let now = (j.plan_version, j.state);
+            if last != Some(now) {
+                let p = j.prediction.unwrap_or_default();
+                println!(
+                    "job {job} {:?}: {} plan v{}, peak {} (vanilla {})",
+                    j.name,
+                    state_name(j.state),
+                    j.plan_version,
+                    bytes(p.planned_peak_bytes),
+                    bytes(p.vanilla_peak_bytes)
+                );
+                last = Some(now);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// `plan --server`: the scheduler plans the graph (PlanGraph).
+pub(crate) fn plan(a: &PlanArgs, server: &str) -> Result<()> {
+    let graph = match &a.file {
+        Some(path) => crate::input::graph_file(path, &tensile_graph::Limits::default())
+            .with_context(|| path.display().to_string())?,
+        None => crate::input::zoo_graph(&a.model)?,
+    };
+    let req = pb::PlanGraphRequest {
+        graph: Some(tensile_proto::convert::graph_to_proto(&graph)),
+        settings: None,
+        op_latency_s: Vec::new(),
+        device: Some(pb::DeviceProfile {
+            name: a.device.device.clone(),
+            ..pb::DeviceProfile::default()
+        }),
+        budget_bytes: a.device.budget_mb.map_or(0, |mb| mb * 1_000_000),
+    };
+    let r = block_on(async {
+        let mut c = connect(Some(server)).await?;
+        let r = c.plan_graph(req).await.context("PlanGraph")?;
+        Ok::<_, anyhow::Error>(r.into_inner())
+    })??;
+    let plan = r.plan.clone().unwrap_or_default();
+    if let Some(path) = &a.output {
+        let domain = tensile_proto::convert::plan_from_proto(&plan, &graph)?;
+        let diags: Vec<_> = r
+            .diagnostics
+            .iter()
+            .filter_map(|d| tensile_proto::convert::diagnostic_from_proto(d, 0).ok())
+            .collect();
+        let text = tensile_proto::plan_json::plan_to_json(&domain, &diags, &graph) + "\n";
+        std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))?;
+        eprintln!("plan written to {}", path.display());
+    }
+    let p = plan.prediction.unwrap_or_default();
+    let count = |k: pb::EventKind| plan.events.iter().filter(|e| e.kind == k as i32).count();
+    if a.json {
+        let v = serde_json::json!({
+            "graph": graph.name(),
+            "server": server,
+            "vanilla_peak_bytes": p.vanilla_peak_bytes,
+            "planned_peak_bytes": p.planned_peak_bytes,
+            "vanilla_time_s": p.vanilla_iteration_s,
+            "planned_time_s": p.planned_iteration_s,
+            "swap_outs": count(pb::EventKind::SwapOut),
+            "swap_ins": count(pb::EventKind::SwapIn),
+            "releases": count(pb::EventKind::Release),
+            "recomputed_ops": p.recomputed_ops,
+            "swapped_bytes": p.swapped_bytes,
+            "plan_ms": r.planning_s * 1e3,
+            "latency_source": r.latency_source.first().cloned().unwrap_or_default(),
+            "diagnostics": r.diagnostics.iter().map(|d| d.message.clone()).collect::<Vec<_>>(),
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    println!("{} planned by the scheduler at {server}", graph.name());
+    println!(
+        "  peak      vanilla {}  planned {}",
+        bytes(p.vanilla_peak_bytes),
+        bytes(p.planned_peak_bytes)
+    );
+    println!(
+        "  time      vanilla {:.2} ms  planned {:.2} ms  (latencies: {})",
+        p.vanilla_iteration_s * 1e3,
+        p.planned_iteration_s * 1e3,
+        r.latency_source.first().map_or("", String::as_str)
+    );
+    println!(
+        "  events    {} swap-outs, {} swap-ins, {} releases, {} recomputed ops; {} swapped",
+        count(pb::EventKind::SwapOut),
+        count(pb::EventKind::SwapIn),
+        count(pb::EventKind::Release),
+        p.recomputed_ops,
+        bytes(p.swapped_bytes)
+    );
+    println!("  planned in {:.2} ms", r.planning_s * 1e3);
+    for d in &r.diagnostics {
+        println!("  note: {}", d.message);
+    }
+    Ok(())
+}
