@@ -66,6 +66,8 @@ class IterationStats:
     late: int = 0
     #: The storages fetched on demand, by name, in order.
     late_storages: list[str] = dataclasses.field(default_factory=list)
+    #: Prefetches moved earlier for the next iterations (see ``Applier._retime``).
+    retimed: int = 0
     #: Events with nothing to act on (a storage autograd did not save, releases).
     skipped: int = 0
     #: The optimizer step was the state-creating first one (not checked).
@@ -121,6 +123,8 @@ class Applier(TorchDispatchMode):
         self.in_iter = False
         self.checking = False
         self.stats: list[IterationStats] = []
+        #: The plan's ``after`` events, some moved earlier (see ``_retime``).
+        self.after = {k: list(evs) for k, evs in self.s.after.items()}
         self._register_module_tensors()
 
     # -- setup -----------------------------------------------------------
@@ -306,7 +310,7 @@ class Applier(TorchDispatchMode):
         if self.pending is None:
             return
         k, self.pending = self.pending, None
-        for ev in self.s.after.get(k, []):
+        for ev in self.after.get(k, []):
             self._fire(ev)
         if k < self.s.optimizer_start:
             self.stats[-1].saved_curve.append(self.resident)
@@ -413,6 +417,8 @@ class Applier(TorchDispatchMode):
             return h.tensor  # type: ignore[return-value]
         with _disable_current_modes(), self.lock:
             res = h.res
+            if self.in_iter and self.checking:
+                self._flush()  # a boundary between ops: the last op's prefetches are due
             if res.copy is not None and res.copy.direction == "out":
                 self._settle(res, wait=True)
             if not res.on_device:
@@ -421,10 +427,29 @@ class Applier(TorchDispatchMode):
                 if self.stats:
                     self.stats[-1].late += 1
                     self.stats[-1].late_storages.append(res.name)
+                    if self.in_iter and self.checking:
+                        self._retime(res.id)
             if isinstance(self.engine, CudaEngine):
                 self.engine.before_use(res)
             assert res.dev is not None
             return view_of(res.dev, *h.meta)
+
+    def _retime(self, sid: int) -> None:
+        """Moves a prefetch that came too late to just before this node.
+
+        Autograd unpacks all of a node's saved tensors before the node's
+        first op, while the plan places a prefetch before the first op that
+        reads the storage, which may be inside that node. The first
+        iteration that finds such a prefetch still pending here moves it to
+        the op that ended last, so later iterations issue it in time."""
+        here = self.k - 1
+        for t in sorted(k for k in self.after if k > here):
+            for ev in self.after[t]:
+                if ev.storage == sid and ev.kind == "swap_in":
+                    self.after[t].remove(ev)
+                    self.after.setdefault(here, []).append(ev)
+                    self.stats[-1].retimed += 1
+                    return
 
     def _handle_gone(self, res: Residence) -> None:
         with self.lock:
