@@ -207,3 +207,22 @@ def test_cuda_parity(tmp_path):
     plan = tensile.plan(model, optimizer, data[0], F.cross_entropy, workdir=tmp_path)
     hooked = train(model, data, plan)
     assert_bit_identical(plain, hooked)
+
+
+def test_another_batch_size_is_refused_naming_the_op(tmp_path):
+    data = image_batches(1)
+    model = resnet18()
+    plan = planned(model, data[0], tmp_path)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    with pytest.raises(tensile.PlanMismatchError, match=r"op 0: .*shape \[8, 64, 48, 48\].*shape \[4, 64, 48, 48\]"):
+        with tensile.apply(plan, model, optimizer):
+            F.cross_entropy(model(data[0][0][:4]), data[0][1][:4]).backward()
+
+
+def test_a_plan_that_recomputes_is_refused_naming_the_tensor(tmp_path):
+    model = resnet18()
+    plan = planned(model, image_batches(1)[0], tmp_path)
+    victim = next(e for e in plan.events if e["kind"] == "swap_out" and "trigger_op" in e)
+    plan.plan["events"].append({**victim, "kind": "recompute", "trigger": "before"})
+    with pytest.raises(tensile.PlanApplyError, match=f"recomputes '{victim['tensor_name']}'"):
+        tensile.apply(plan, model, torch.optim.Adam(model.parameters())).__enter__()

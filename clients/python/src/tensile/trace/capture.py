@@ -115,12 +115,7 @@ def capture(
         module = model
         swap = _fake_state(fake, module)
     else:
-        # Built on the meta device (no memory, and deepcopy inside builders
-        # works there), then given fake parameters and buffers of our mode.
-        with torch.device("meta"):
-            module = model()
-        if not isinstance(module, nn.Module):
-            raise TraceError(f"the model factory returned {type(module).__name__}, not an nn.Module")
+        module = build_model(model, name)
         _materialize(fake, module, device)
         swap = {}
     was_training = module.training
@@ -130,6 +125,38 @@ def capture(
             return _capture_module(fake, module, optimizer, optimizer_kwargs or {}, loss_fn, inputs, target, name, dev)
     finally:
         module.train(was_training)
+
+
+def build_model(factory: Callable[[], nn.Module], name: str = "model") -> nn.Module:
+    """Calls a model factory where it works: on the meta device (no memory),
+    else, for builders that compute with tensor values (``.tolist()``,
+    ``.item()`` on a tensor they made, which the meta device has no data
+    for), on the CPU. Either way the parameters are replaced by fake ones
+    before tracing. A failure is one line naming the model."""
+    try:
+        with torch.device("meta"):
+            module = factory()
+    except Exception as meta_error:  # noqa: BLE001 - any builder failure: try the CPU
+        try:
+            with torch.device("cpu"):
+                module = factory()
+        except Exception as e:  # noqa: BLE001 - reported as one line naming the model
+            raise TraceError(
+                f"cannot build model {name!r} ({_qualname(factory)}): {_one_line(e)} "
+                f"(on the meta device: {_one_line(meta_error)})"
+            ) from e
+    if not isinstance(module, nn.Module):
+        raise TraceError(f"the model factory of {name!r} returned {type(module).__name__}, not an nn.Module")
+    return module
+
+
+def _qualname(factory: Callable[..., Any]) -> str:
+    return getattr(factory, "__qualname__", None) or type(factory).__name__
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
 
 
 def _device_of(module: nn.Module) -> str:
