@@ -114,14 +114,13 @@ class Applier(TorchDispatchMode):
         }
         self.persist: dict[int, Residence] = {}
         self.acts: dict[int, Residence] = {}
-        self.live: dict[int, int] = {}  # handles alive per activation storage
-        self.counted: set[int] = set()  # activation storages counted as resident
         self.resident = 0
         self.inflight: set[Residence] = set()
         self.k = 0
         self.pending: int | None = None
         self.in_iter = False
         self.checking = False
+        self.broken: str | None = None
         self.stats: list[IterationStats] = []
         #: The plan's ``after`` events, some moved earlier (see ``_retime``).
         self.after = {k: list(evs) for k, evs in self.s.after.items()}
@@ -188,10 +187,12 @@ class Applier(TorchDispatchMode):
     # -- iteration boundaries (module and optimizer hooks) ---------------
 
     def forward_pre_hook(self, module: nn.Module, args: Any) -> None:
+        if self.broken is not None:
+            raise PlanApplyError(f"the plan no longer applies ({self.broken}); leave the tensile.apply block")
         if self.in_iter or not torch.is_grad_enabled():
             return
         self.in_iter, self.checking, self.k, self.pending = True, True, 0, None
-        self.acts, self.live, self.counted, self.resident = {}, {}, set(), 0
+        self.acts, self.resident = {}, 0
         self.stats.append(IterationStats())
         with _disable_current_modes():
             for ev in self.s.at_start:
@@ -203,7 +204,7 @@ class Applier(TorchDispatchMode):
         with _disable_current_modes():
             self._flush()
         if self.k != self.s.optimizer_start:
-            raise PlanMismatchError(self._mismatch(self.k, "optimizer.step()"))
+            raise self._fail(self._mismatch(self.k, "optimizer.step()"))
         fresh = any(
             len(self.optimizer.state.get(p, {})) == 0 for g in self.optimizer.param_groups for p in g["params"]
         )
@@ -218,7 +219,7 @@ class Applier(TorchDispatchMode):
             if self.checking:
                 self._flush()
                 if self.k != self.s.n_ops:
-                    raise PlanMismatchError(self._mismatch(self.k, "nothing more (the step ended)"))
+                    raise self._fail(self._mismatch(self.k, "nothing more (the step ended)"))
             self.register_optimizer_state()
             self._park_start_on_host()
         self.stats[-1].ops = self.k if self.checking else self.s.optimizer_start
@@ -286,18 +287,24 @@ class Applier(TorchDispatchMode):
         name = func._schema.name
         key = (name, func._overloadname)
         if k >= self.s.n_ops:
-            raise PlanMismatchError(
+            raise self._fail(
                 f"op {k}: the plan's graph has {self.s.n_ops} ops, the model ran one more, {_label(key)}"
             )
         if key != self.s.op_keys[k]:
-            raise PlanMismatchError(self._mismatch(k, _label(key)))
+            raise self._fail(self._mismatch(k, _label(key)))
         for t, tid in zip(outs, self.plan.ops[k]["outputs"]):
             want = self.plan.tensors[tid]["shape"]
             if list(t.shape) != want:
-                raise PlanMismatchError(
+                raise self._fail(
                     f"op {k}: the plan expects {self.plan.op_label(k)} with an output of shape {want}, "
                     f"the model's has shape {list(t.shape)} (shapes must not change after tracing)"
                 )
+
+    def _fail(self, message: str) -> PlanMismatchError:
+        """Stops applying the plan: later iterations in the block are refused."""
+        self.in_iter = False
+        self.broken = message
+        return PlanMismatchError(message)
 
     def _mismatch(self, k: int, got: str) -> str:
         want = self.plan.op_label(k) if k < self.s.n_ops else "the end of the iteration"
@@ -331,7 +338,7 @@ class Applier(TorchDispatchMode):
                 stats.skipped += 1
             return
         res = self.acts.get(ev.storage)
-        if res is None or self.live.get(ev.storage, 0) == 0:
+        if res is None or res.live == 0:
             stats.skipped += 1  # not saved by autograd (or already freed): nothing to move
         elif ev.kind == "swap_out" and res.on_device and res.copy is None:
             self.engine.swap_out(res)
@@ -356,7 +363,7 @@ class Applier(TorchDispatchMode):
             obj = getattr(res, "obj", None)
             if obj is not None and res.dev is None and res.host is not None:
                 obj.data = view_of(res.host.untyped_storage(), *res.meta)  # type: ignore[attr-defined]
-            if obj is None and self.live.get(res.id, 0) == 0 and self.acts.get(res.id) is res:
+            if obj is None and res.live == 0:
                 res.dev = None
                 self.engine.drop_host(res)
             self._recount(res)
@@ -408,7 +415,7 @@ class Applier(TorchDispatchMode):
                 self.engine.drop_host(res)
             elif res.dev is not None and not _same_storage(res.dev, storage):
                 return _Saved(self, None, held, None)  # eager and traced storages disagree: not managed
-            self.live[sid] = self.live.get(sid, 0) + 1
+            res.live += 1
             self._recount(res)
             return _Saved(self, res, None, (t.dtype, t.storage_offset(), t.size(), t.stride()))
 
@@ -453,9 +460,8 @@ class Applier(TorchDispatchMode):
 
     def _handle_gone(self, res: Residence) -> None:
         with self.lock:
-            n = self.live.get(res.id, 0) - 1
-            self.live[res.id] = n
-            if n == 0 and self.acts.get(res.id) is res:
+            res.live -= 1
+            if res.live == 0:
                 if res.copy is None:
                     res.dev = None
                     self.engine.drop_host(res)
@@ -463,15 +469,13 @@ class Applier(TorchDispatchMode):
 
     def _recount(self, res: Residence) -> None:
         """Keeps ``resident``: activation storages held on the device with a live handle."""
-        if getattr(res, "obj", None) is not None or self.acts.get(res.id) is not res:
+        if getattr(res, "obj", None) is not None:
             return
-        should = res.dev is not None and self.live.get(res.id, 0) > 0
-        if should and res.id not in self.counted:
-            self.counted.add(res.id)
-            self.resident += res.nbytes
-        elif not should and res.id in self.counted:
-            self.counted.discard(res.id)
-            self.resident -= res.nbytes
+        should = res.dev is not None and res.live > 0
+        if should != res.counted:
+            res.counted = should
+            if self.acts.get(res.id) is res:  # a storage of an earlier iteration counts no more
+                self.resident += res.nbytes if should else -res.nbytes
 
 
 def _counted(func: Any, flat_args: list[Any], out: Any) -> bool:

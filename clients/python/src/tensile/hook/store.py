@@ -78,6 +78,10 @@ class Residence:
         self.dev: torch.UntypedStorage | None = None
         self.host: torch.Tensor | None = None  # uint8 pool buffer
         self.copy: Copy | None = None
+        #: Saved-tensor handles alive (activation storages).
+        self.live = 0
+        #: Whether the hook counts it among the resident saved bytes.
+        self.counted = False
 
     @property
     def on_device(self) -> bool:
