@@ -37,7 +37,6 @@ from typing import Any
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
-from torch.utils._pytree import tree_flatten
 
 from tensile.hook.schedule import PERSISTENT, Event, Schedule
 from tensile.hook.store import CudaEngine, Residence, engine_for, view_of
@@ -237,7 +236,7 @@ class Applier(TorchDispatchMode):
         kwargs = kwargs or {}
         if not self.in_iter:
             return func(*args, **kwargs)
-        flat, _ = tree_flatten((args, kwargs))
+        flat = _tensors((args, kwargs), [])
         with self.lock:
             if self.checking:
                 self._flush()
@@ -249,7 +248,8 @@ class Applier(TorchDispatchMode):
                 for ev in self.s.before.get(k, []):
                     self._fire(ev)
         out = func(*args, **kwargs)
-        if not self.checking or not _counted(func, flat, out):
+        outs = _tensors(out, [])
+        if not self.checking or not _counted(func, flat, outs):
             return out
         if (func._schema.name, func._overloadname) == _DETACH and (k >= self.s.n_ops or self.s.op_keys[k] != _DETACH):
             # A detach the trace does not have (autograd's, around saved
@@ -258,7 +258,6 @@ class Applier(TorchDispatchMode):
             if tid is not None:
                 out._tensile_tid = tid
             return out
-        outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
         self._check(k, func, outs)
         if k < self.s.backward_start:
             # Only the forward's tensors are ever saved for the backward.
@@ -478,15 +477,34 @@ class Applier(TorchDispatchMode):
                 self.resident += res.nbytes if should else -res.nbytes
 
 
-def _counted(func: Any, flat_args: list[Any], out: Any) -> bool:
-    """Whether the tracer's converter made an op of this call (see convert.py)."""
-    name = func._schema.name
-    if name.startswith("profiler::") or name in _UNCOUNTED:
-        return False
-    if any(isinstance(t, torch.Tensor) for t in tree_flatten(out)[0]):
-        return True
-    writes = any(a.alias_info is not None and a.alias_info.is_write for a in func._schema.arguments)
-    return writes and any(isinstance(a, torch.Tensor) for a in flat_args)
+_KINDS: dict[Any, tuple[bool, bool]] = {}
+
+
+def _counted(func: Any, tensor_args: list[torch.Tensor], outs: list[torch.Tensor]) -> bool:
+    """Whether the tracer's converter made an op of this call (see convert.py):
+    one with a tensor output, or writing a tensor argument in place."""
+    kind = _KINDS.get(func)
+    if kind is None:
+        name = func._schema.name
+        skipped = name.startswith("profiler::") or name in _UNCOUNTED
+        writes = any(a.alias_info is not None and a.alias_info.is_write for a in func._schema.arguments)
+        kind = _KINDS[func] = (skipped, writes)
+    skipped, writes = kind
+    return not skipped and (bool(outs) or (writes and bool(tensor_args)))
+
+
+def _tensors(x: Any, found: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The tensors in nested tuples, lists and dicts, in order (what an ATen
+    call's arguments and results hold)."""
+    if isinstance(x, torch.Tensor):
+        found.append(x)
+    elif isinstance(x, (tuple, list)):
+        for v in x:
+            _tensors(v, found)
+    elif isinstance(x, dict):
+        for v in x.values():
+            _tensors(v, found)
+    return found
 
 
 def _label(key: tuple[str, str]) -> str:
