@@ -75,9 +75,17 @@ def token_batches(n: int):
     return [(torch.randint(0, 100, (4, 32), generator=g), torch.randint(0, 10, (4,), generator=g)) for _ in range(n)]
 
 
-def train(model: nn.Module, batches, plan=None):
+def adam(params):
+    return torch.optim.Adam(params, lr=1e-3)
+
+
+def sgd(params):
+    return torch.optim.SGD(params, lr=0.1, momentum=0.9, weight_decay=1e-4)
+
+
+def train(model: nn.Module, batches, plan=None, make_optimizer=adam):
     """STEPS steps of the user's unchanged loop; returns (grads per step, params, hook)."""
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    optimizer = make_optimizer(model.parameters())
     grads = []
     torch.manual_seed(2)  # dropout masks: the same draws with and without the hook
     hook = tensile.apply(plan, model, optimizer) if plan is not None else None
@@ -95,8 +103,8 @@ def train(model: nn.Module, batches, plan=None):
     return grads, [p.detach().clone() for p in model.parameters()], applier
 
 
-def planned(model: nn.Module, batch, tmp_path: Path):
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+def planned(model: nn.Module, batch, tmp_path: Path, make_optimizer=adam):
+    optimizer = make_optimizer(model.parameters())
     return tensile.plan(model, optimizer, batch, F.cross_entropy, workdir=tmp_path)
 
 
@@ -129,6 +137,16 @@ def test_three_steps_are_bit_identical_with_the_hook(make, batches, tmp_path):
     assert all(s.ops == len(plan.ops) for s in stats[1:])
     assert all(s.swap_outs > 0 and s.swap_ins > 0 for s in stats)
     assert stats[-1].late == 0, f"late fetches in a steady iteration: {stats[-1].late_storages}"
+
+
+def test_sgd_with_momentum_and_weight_decay_is_bit_identical(tmp_path):
+    data = token_batches(STEPS)
+    plain = train(encoder(), data, make_optimizer=sgd)
+    model = encoder()
+    plan = planned(model, data[0], tmp_path, make_optimizer=sgd)
+    hooked = train(model, data, plan, make_optimizer=sgd)
+    assert_bit_identical(plain, hooked)
+    assert hooked[2].stats[-1].swap_outs > 0
 
 
 def test_resident_saved_peak_matches_the_plan(tmp_path):
