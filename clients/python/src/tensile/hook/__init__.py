@@ -31,17 +31,21 @@ __all__ = ["apply", "Applier", "IterationStats", "PlanApplyError", "PlanMismatch
 
 
 @contextlib.contextmanager
-def apply(plan: Plan, model: nn.Module, optimizer: torch.optim.Optimizer) -> Iterator[Applier]:
+def apply(
+    plan: Plan, model: nn.Module, optimizer: torch.optim.Optimizer, *, copies_complete_after: int = 0
+) -> Iterator[Applier]:
     """Applies ``plan`` to every training iteration run inside the block.
 
     Yields the :class:`Applier`, whose ``stats`` list holds one
     :class:`IterationStats` per iteration. On leaving the block (normally or
     on an error) every parameter, buffer and optimizer state tensor is back on
-    its device.
+    its device. ``copies_complete_after`` is a test option for CPU models:
+    each copy then looks in flight for that many op boundaries, as GPU
+    copies are.
     """
     if not isinstance(plan, Plan):
         raise PlanApplyError(f"plan is a {type(plan).__name__}, not a tensile Plan (use tensile.plan)")
-    applier = Applier(plan, model, optimizer)
+    applier = Applier(plan, model, optimizer, copies_complete_after)
     with contextlib.ExitStack() as stack:
         stack.callback(applier.finish)
         for handle in (

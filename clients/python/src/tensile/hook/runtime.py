@@ -39,7 +39,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from tensile.hook.schedule import PERSISTENT, Event, Schedule
-from tensile.hook.store import CudaEngine, Residence, engine_for, view_of
+from tensile.hook.store import Residence, engine_for, view_of
 from tensile.planning import Plan
 
 _UNCOUNTED = ("aten::_local_scalar_dense",)
@@ -95,7 +95,9 @@ class _Saved:
 class Applier(TorchDispatchMode):
     """Applies one plan to the iterations run while it is active."""
 
-    def __init__(self, plan: Plan, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    def __init__(
+        self, plan: Plan, model: nn.Module, optimizer: torch.optim.Optimizer, copies_complete_after: int = 0
+    ) -> None:
         super().__init__()
         self.s = Schedule(plan)
         if self.s.recomputes:
@@ -106,7 +108,7 @@ class Applier(TorchDispatchMode):
             )
         self.plan, self.model, self.optimizer = plan, model, optimizer
         self.device = _device_of(model)
-        self.engine = engine_for(self.device)
+        self.engine = engine_for(self.device, copies_complete_after)
         self.lock = threading.RLock()
         self.by_name = {
             t["name"]: t["id"] for t in plan.tensors if t["kind"] in PERSISTENT and self.s.root[t["id"]] == t["id"]
@@ -150,10 +152,10 @@ class Applier(TorchDispatchMode):
         storage = t.untyped_storage()
         res = Residence(tid, name, t.device, storage.nbytes())
         res.dev = storage
-        res.obj = t  # type: ignore[attr-defined]
-        res.meta = (t.dtype, t.storage_offset(), t.size(), t.stride())  # type: ignore[attr-defined]
-        t._tensile_res = res  # type: ignore[attr-defined]
-        t._tensile_tid = tid  # type: ignore[attr-defined]
+        res.obj = t
+        res.meta = (t.dtype, t.storage_offset(), t.size(), t.stride())
+        t._tensile_res = res
+        t._tensile_tid = tid
         self.persist[tid] = res
 
     def register_optimizer_state(self) -> None:
@@ -178,7 +180,7 @@ class Applier(TorchDispatchMode):
                 if not res.on_device:
                     self._persist_in(res)
                 self._settle(res, wait=True)
-                obj = res.obj  # type: ignore[attr-defined]
+                obj = res.obj
                 for attr in ("_tensile_res", "_tensile_tid"):
                     if hasattr(obj, attr):
                         delattr(obj, attr)
@@ -359,9 +361,9 @@ class Applier(TorchDispatchMode):
     def _settle(self, res: Residence, wait: bool) -> None:
         if self.engine.settle(res, wait):
             self.inflight.discard(res)
-            obj = getattr(res, "obj", None)
+            obj = res.obj
             if obj is not None and res.dev is None and res.host is not None:
-                obj.data = view_of(res.host.untyped_storage(), *res.meta)  # type: ignore[attr-defined]
+                obj.data = view_of(res.host.untyped_storage(), *res.meta)
             if obj is None and res.live == 0:
                 res.dev = None
                 self.engine.drop_host(res)
@@ -376,7 +378,7 @@ class Applier(TorchDispatchMode):
         self._settle(res, wait=True)
         self.engine.swap_in(res)
         assert res.dev is not None
-        res.obj.data = view_of(res.dev, *res.meta)  # type: ignore[attr-defined]
+        res.obj.data = view_of(res.dev, *res.meta)
         self._after_copy(res)
 
     def _fetch_persistent(self, flat: list[Any]) -> None:
@@ -384,13 +386,16 @@ class Applier(TorchDispatchMode):
             res = getattr(a, "_tensile_res", None) if isinstance(a, torch.Tensor) else None
             if res is None:
                 continue
+            if res.copy is not None and res.copy.direction == "out":
+                # The op may write it: its swap-out must not finish with stale bytes.
+                with _disable_current_modes():
+                    self._settle(res, wait=True)
             if not res.on_device:
                 with _disable_current_modes():
                     self._persist_in(res)
                 self.stats[-1].late += 1
                 self.stats[-1].late_storages.append(res.name)
-            if isinstance(self.engine, CudaEngine):
-                self.engine.before_use(res)
+            self.engine.before_use(res)
 
     # -- saved tensors -----------------------------------------------------
 
@@ -435,8 +440,7 @@ class Applier(TorchDispatchMode):
                     self.stats[-1].late_storages.append(res.name)
                     if self.in_iter and self.checking:
                         self._retime(res.id)
-            if isinstance(self.engine, CudaEngine):
-                self.engine.before_use(res)
+            self.engine.before_use(res)
             assert res.dev is not None
             return view_of(res.dev, *h.meta)
 
@@ -468,7 +472,7 @@ class Applier(TorchDispatchMode):
 
     def _recount(self, res: Residence) -> None:
         """Keeps ``resident``: activation storages held on the device with a live handle."""
-        if getattr(res, "obj", None) is not None:
+        if res.obj is not None:
             return
         should = res.dev is not None and res.live > 0
         if should != res.counted:

@@ -26,6 +26,7 @@ job): the copies are the hook's, not the user's ops.
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 from typing import Any
 
@@ -82,6 +83,11 @@ class Residence:
         self.live = 0
         #: Whether the hook counts it among the resident saved bytes.
         self.counted = False
+        #: For parameters, buffers and optimizer state: the tensor object the
+        #: model or optimizer holds (moved through its ``.data``) and its
+        #: ``(dtype, storage offset, size, stride)``.
+        self.obj: torch.Tensor | None = None
+        self.meta: tuple[Any, ...] = ()
 
     @property
     def on_device(self) -> bool:
@@ -98,22 +104,32 @@ def view_of(storage: torch.UntypedStorage, dtype: torch.dtype, offset: int, size
     return torch.empty(0, dtype=dtype, device=storage.device).set_(storage, offset, size, stride)
 
 
-class CopyEngine:
+class CopyEngine(abc.ABC):
     """Starts and finishes copies between a residence's device and host bytes."""
 
     def __init__(self, pool: HostPool) -> None:
         self.pool = pool
+        #: Copies that had to be waited for (still in flight when needed).
+        self.waited = 0
 
+    @abc.abstractmethod
     def swap_out(self, res: Residence) -> None:
-        raise NotImplementedError
+        """Starts copying ``res``'s device bytes into a host buffer; the
+        device bytes are dropped once the copy has completed."""
 
+    @abc.abstractmethod
     def swap_in(self, res: Residence) -> None:
-        raise NotImplementedError
+        """Allocates ``res``'s device bytes and starts copying the host
+        buffer into them; the buffer goes back to the pool once done."""
 
+    @abc.abstractmethod
     def settle(self, res: Residence, wait: bool) -> bool:
         """Finishes ``res``'s copy if it is complete (or waits for it when
         ``wait``); True when no copy is left in flight."""
-        raise NotImplementedError
+
+    def before_use(self, res: Residence) -> None:
+        """Orders the consumer after ``res``'s swap-in (nothing to do when
+        copies complete at once)."""
 
     def drop_host(self, res: Residence) -> None:
         if res.host is not None:
@@ -122,23 +138,51 @@ class CopyEngine:
 
 
 class HostEngine(CopyEngine):
-    """Copies between CPU "device" storages and the host pool, done at once."""
+    """Copies between CPU "device" storages and the host pool.
+
+    The bytes move at once. ``completes_after`` (a test option) makes each
+    copy look in flight for that many polls, as a GPU copy is, so that the
+    hook's in-flight paths (device bytes held until the swap-out completes,
+    a swap-in waited for, a write cancelling a swap-out) run in CI."""
+
+    def __init__(self, pool: HostPool, completes_after: int = 0) -> None:
+        super().__init__(pool)
+        self.completes_after = completes_after
 
     def swap_out(self, res: Residence) -> None:
         assert res.dev is not None and res.copy is None
         buf = self.pool.take(res.nbytes)
         buf.copy_(bytes_of(res.dev))
         res.host = buf
-        res.dev = None  # the copy has completed: nothing is dropped before it
+        if self.completes_after:
+            res.copy = Copy("out", done=[self.completes_after], keep=res.dev)
+        else:
+            res.dev = None  # the copy has completed: nothing is dropped before it
 
     def swap_in(self, res: Residence) -> None:
         assert res.host is not None and res.copy is None
         dev = torch.empty(res.nbytes, dtype=torch.uint8, device=res.device)
         dev.copy_(res.host)
         res.dev = dev.untyped_storage()
-        self.drop_host(res)
+        if self.completes_after:
+            res.copy = Copy("in", done=[self.completes_after], keep=res.host)
+        else:
+            self.drop_host(res)
 
     def settle(self, res: Residence, wait: bool) -> bool:
+        c = res.copy
+        if c is None:
+            return True
+        if c.done[0] > 0:
+            if not wait:
+                c.done[0] -= 1
+                return False
+            self.waited += 1
+        if c.direction == "out":
+            res.dev = None
+        else:
+            self.drop_host(res)
+        res.copy = None
         return True
 
 
@@ -188,6 +232,7 @@ class CudaEngine(CopyEngine):
         if not c.done.query():
             if not wait:
                 return False
+            self.waited += 1
             c.done.synchronize()
         if c.direction == "out":
             res.dev = None  # only now: the copy reading it has completed
@@ -202,9 +247,9 @@ class CudaEngine(CopyEngine):
             torch.cuda.current_stream(res.device).wait_event(res.copy.done)
 
 
-def engine_for(device: torch.device) -> CopyEngine:
+def engine_for(device: torch.device, completes_after: int = 0) -> CopyEngine:
     if device.type == "cuda":
         return CudaEngine(HostPool(pin=True))
     if device.type == "cpu":
-        return HostEngine(HostPool(pin=False))
+        return HostEngine(HostPool(pin=False), completes_after)
     raise ValueError(f"tensile.apply supports cpu and cuda models, not {device.type}")
