@@ -149,6 +149,19 @@ def test_sgd_with_momentum_and_weight_decay_is_bit_identical(tmp_path):
     assert hooked[2].stats[-1].swap_outs > 0
 
 
+def test_a_plan_under_a_budget_applies_bit_identically(tmp_path):
+    data = image_batches(STEPS)
+    plain = train(resnet18(), data)
+    model = resnet18()
+    free = planned(model, data[0], tmp_path / "free")
+    budget_mb = int(free.prediction["planned_peak_bytes"] / 1e6 * 0.8)
+    optimizer = adam(model.parameters())
+    plan = tensile.plan(model, optimizer, data[0], F.cross_entropy, budget_mb=budget_mb, workdir=tmp_path)
+    assert plan.prediction["planned_peak_bytes"] < free.prediction["planned_peak_bytes"]
+    hooked = train(model, data, plan)
+    assert_bit_identical(plain, hooked)
+
+
 def test_copies_in_flight_lose_nothing(tmp_path):
     """Copies that complete only some op boundaries later, as on a GPU: a
     device copy is held until its swap-out completes, a consumer waits for

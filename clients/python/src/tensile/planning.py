@@ -107,7 +107,7 @@ def plan(
     optimizer: torch.optim.Optimizer,
     example_batch: Any,
     loss_fn: LossFn,
-    budget_mb: float | None = None,
+    budget_mb: int | None = None,
     server: str | None = None,
     *,
     device_profile: str | None = None,
@@ -118,9 +118,10 @@ def plan(
 
     ``example_batch`` is ``(inputs, target)``: ``inputs`` a tensor or a tuple
     of tensors passed to ``model(*inputs)``, ``target`` what ``loss_fn(output,
-    target)`` takes; only their shapes and dtypes are used. ``budget_mb`` asks
-    the planner to fit that many MB (it may then recompute, which
-    :func:`tensile.apply` refuses in eager mode: see the README).
+    target)`` takes; only their shapes and dtypes are used. ``budget_mb`` (a
+    whole number of MB, 10^6 bytes) asks the planner to fit that much; a plan
+    that then recomputes is refused here, since :func:`tensile.apply` cannot
+    recompute in eager mode (see the README).
     ``device_profile`` is a ``tensilectl --device`` profile (default ``cpu``
     for a model on the CPU, ``a6000`` otherwise). Files go to ``workdir``
     (default: a new temporary directory).
@@ -159,14 +160,22 @@ def plan(
     profile = device_profile or ("cpu" if device == "cpu" else "a6000")
     args = [str(find_tensilectl()), "plan", str(graph_path), "--device", profile, "-o", str(plan_path)]
     if budget_mb is not None:
-        if not budget_mb > 0:
-            raise PlanError(f"budget_mb must be positive, got {budget_mb}")
+        if isinstance(budget_mb, bool) or not isinstance(budget_mb, int) or budget_mb < 1:
+            raise PlanError(f"budget_mb must be a positive whole number of MB, got {budget_mb!r}")
         args += ["--budget-mb", str(budget_mb)]
     done = subprocess.run(args, capture_output=True, text=True)
     if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or ["(no message)"])[-1]
-        raise PlanError(f"tensilectl plan failed for {graph_name}: {last}")
-    return load_plan(graph_path, plan_path)
+        first = (done.stderr.strip().splitlines() or ["(no message)"])[0]
+        raise PlanError(f"tensilectl plan failed for {graph_name}: {first}")
+    planned = load_plan(graph_path, plan_path)
+    recomputes = [e for e in planned.events if e["kind"] == "recompute"]
+    if recomputes:
+        raise PlanError(
+            f"to meet budget_mb={budget_mb} the planner recomputes {len(recomputes)} tensors "
+            f"({recomputes[0]['tensor_name']!r} first), which tensile.apply cannot do in eager mode: "
+            "raise the budget or leave it out"
+        )
+    return planned
 
 
 def find_tensilectl() -> Path:
