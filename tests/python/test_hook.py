@@ -137,6 +137,9 @@ def test_three_steps_are_bit_identical_with_the_hook(make, batches, tmp_path):
     assert all(s.ops == len(plan.ops) for s in stats[1:])
     assert all(s.swap_outs > 0 and s.swap_ins > 0 for s in stats)
     assert stats[-1].late == 0, f"late fetches in a steady iteration: {stats[-1].late_storages}"
+    op_ns = stats[-1].op_ns  # every op timed; the detaches the hook makes unnecessary at 0
+    assert sorted(op_ns) == list(range(len(plan.ops)))
+    assert all(ns > 0 for k, ns in op_ns.items() if plan.ops[k]["type"] != "aten::detach")
 
 
 def test_sgd_with_momentum_and_weight_decay_is_bit_identical(tmp_path):

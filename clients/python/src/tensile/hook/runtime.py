@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from typing import Any
 
 import torch
@@ -73,6 +74,10 @@ class IterationStats:
     initializing: bool = False
     #: Resident saved bytes after each op of the forward and backward passes.
     saved_curve: list[int] = dataclasses.field(default_factory=list)
+    #: Measured latency of each graph op in ns, by op id (on the CPU, where
+    #: an op's call is its run; empty on CUDA, whose kernels run
+    #: asynchronously), for a scheduler's re-planning.
+    op_ns: dict[int, int] = dataclasses.field(default_factory=dict)
 
     @property
     def peak_saved_bytes(self) -> int:
@@ -109,6 +114,7 @@ class Applier(TorchDispatchMode):
         self.plan, self.model, self.optimizer = plan, model, optimizer
         self.device = _device_of(model)
         self.engine = engine_for(self.device, copies_complete_after)
+        self.measure = self.device.type == "cpu"
         self.lock = threading.RLock()
         self.by_name = {
             t["name"]: t["id"] for t in plan.tensors if t["kind"] in PERSISTENT and self.s.root[t["id"]] == t["id"]
@@ -249,7 +255,9 @@ class Applier(TorchDispatchMode):
             if self.checking and k < self.s.n_ops:
                 for ev in self.s.before.get(k, []):
                     self._fire(ev)
+        started = time.perf_counter_ns()
         out = func(*args, **kwargs)
+        elapsed = time.perf_counter_ns() - started
         outs = _tensors(out, [])
         if not self.checking or not _counted(func, flat, outs):
             return out
@@ -261,6 +269,8 @@ class Applier(TorchDispatchMode):
                 out._tensile_tid = tid
             return out
         self._check(k, func, outs)
+        if self.measure:
+            self.stats[-1].op_ns[k] = elapsed
         if k < self.s.backward_start:
             # Only the forward's tensors are ever saved for the backward.
             for t, tid in zip(outs, self.plan.ops[k]["outputs"]):
@@ -280,6 +290,8 @@ class Applier(TorchDispatchMode):
         if name == "aten::detach" or name.startswith("profiler::") or name in _UNCOUNTED:
             return
         while self.k < self.s.n_ops and self.s.op_keys[self.k] == _DETACH:
+            if self.measure:
+                self.stats[-1].op_ns[self.k] = 0  # not run at all
             self.pending = self.k
             self.k += 1
             self._flush()
