@@ -94,3 +94,22 @@ def test_the_command_reports_an_unbuildable_model_in_one_line(tmp_path):
     assert done.returncode == 1
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "cannot build model" in lines[0] and "RuntimeError: no such layer" in lines[0]
+
+
+def test_an_input_too_small_for_the_model_is_one_line_naming_the_module(tmp_path):
+    module = tmp_path / "smallmodels.py"
+    module.write_text(
+        "from torch import nn\n"
+        "def pooled():\n"
+        "    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.MaxPool2d(8), nn.Flatten(), nn.Linear(4, 10))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    done = subprocess.run(
+        [os.sys.executable, "-m", "tensile.trace", "--model", "smallmodels:pooled", "--batch", "1",
+         "--resolution", "4", "-o", str(tmp_path / "g.json")],
+        capture_output=True, text=True, env=env,
+    )
+    assert done.returncode == 1
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr  # no logged traceback from the fake-tensor kernels
+    assert "module '1' (MaxPool2d)" in lines[0] and "shape does not fit" in lines[0], lines[0]

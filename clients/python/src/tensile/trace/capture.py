@@ -25,10 +25,12 @@ backward node and the module that created it) where it failed.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import inspect
-from collections.abc import Callable, Sequence
+import logging
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -120,11 +122,25 @@ def capture(
         swap = {}
     was_training = module.training
     try:
-        with torch.nn.utils.stateless._reparametrize_module(module, swap, tie_weights=True):
+        with quiet_torch_logs(), torch.nn.utils.stateless._reparametrize_module(module, swap, tie_weights=True):
             dev = device if not swap else _device_of(module)
             return _capture_module(fake, module, optimizer, optimizer_kwargs or {}, loss_fn, inputs, target, name, dev)
     finally:
         module.train(was_training)
+
+
+@contextlib.contextmanager
+def quiet_torch_logs() -> Iterator[None]:
+    """Silences the tracebacks torch logs when a fake-tensor kernel fails
+    (``failed while attempting to run meta``): the failure is re-raised and
+    reported as one line naming the module, and the log would bury it."""
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def build_model(factory: Callable[[], nn.Module], name: str = "model") -> nn.Module:
@@ -370,6 +386,8 @@ class _ModuleTracker:
                 "the model reads tensor values or branches on them (data-dependent control flow: "
                 "if/while on a tensor, .item(), .tolist(), nonzero): one iteration is not a static graph"
             )
+        elif _is_shape_error(e):
+            why = "the input's shape does not fit this module (another resolution or input shape may)"
         else:
             why = "an operation that cannot be traced under fake tensors"
         if self.grad_fn is not None:
@@ -410,6 +428,16 @@ def _autograd_function_frame(e: BaseException) -> str | None:
             found = code.co_qualname
         tb = tb.tb_next
     return found
+
+
+def _is_shape_error(e: BaseException) -> bool:
+    """A kernel's shape check failed (pooling output too small, a reshape or
+    a matmul that does not fit): the model expects another input size."""
+    text = str(e)
+    return isinstance(e, (RuntimeError, ValueError)) and any(
+        s in text for s in ("Output size is too small", "is invalid for input of size", "size mismatch",
+                            "shapes cannot be multiplied", "must match the size", "Expected size")
+    )
 
 
 def _is_data_dependent(e: BaseException) -> bool:
