@@ -211,6 +211,24 @@ def test_a_model_changed_after_tracing_is_refused_naming_the_op(tmp_path):
     assert all(res.on_device for res in applier.persist.values())
 
 
+def test_evaluation_inside_the_block_is_left_alone(tmp_path):
+    data = token_batches(2)
+    model = encoder()
+    plan = planned(model, data[0], tmp_path)
+    optimizer = adam(model.parameters())
+    with tensile.apply(plan, model, optimizer) as applier:
+        for inputs, target in data:
+            F.cross_entropy(model(inputs), target).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            model.eval()
+            with torch.no_grad():
+                model(inputs)
+            model(inputs)  # eval mode with gradients on: still not a training iteration
+            model.train()
+    assert len(applier.stats) == 2 and applier.stats[-1].ops == len(plan.ops)
+
+
 def test_a_changed_shape_is_refused_before_training(tmp_path):
     data = image_batches(1)
     model = resnet18()

@@ -196,8 +196,8 @@ class Applier(TorchDispatchMode):
     def forward_pre_hook(self, module: nn.Module, args: Any) -> None:
         if self.broken is not None:
             raise PlanApplyError(f"the plan no longer applies ({self.broken}); leave the tensile.apply block")
-        if self.in_iter or not torch.is_grad_enabled():
-            return
+        if self.in_iter or not torch.is_grad_enabled() or not module.training:
+            return  # evaluation passes are not training iterations
         self.in_iter, self.checking, self.k, self.pending = True, True, 0, None
         self.acts, self.resident = {}, 0
         self.stats.append(IterationStats())
