@@ -291,3 +291,25 @@ def test_a_plan_that_recomputes_is_refused_naming_the_tensor(tmp_path):
     plan.plan["events"].append({**victim, "kind": "recompute", "trigger": "before"})
     with pytest.raises(tensile.PlanApplyError, match=f"recomputes '{victim['tensor_name']}'"):
         tensile.apply(plan, model, torch.optim.Adam(model.parameters())).__enter__()
+
+
+class Branchy(nn.Module):
+    """Data-dependent control flow: which layer runs depends on the values."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 2)
+        self.b = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.a(x) if x.sum() > 0 else self.b(x)
+
+
+def test_data_dependent_control_flow_is_refused_in_one_line(tmp_path):
+    model = Branchy()
+    optimizer = adam(model.parameters())
+    batch = (torch.randn(2, 4), torch.randint(0, 2, (2,)))
+    with pytest.raises(tensile.PlanError) as e:
+        tensile.plan(model, optimizer, batch, F.cross_entropy, workdir=tmp_path)
+    message = str(e.value)
+    assert "\n" not in message and "Branchy" in message and "data-dependent control flow" in message, message
