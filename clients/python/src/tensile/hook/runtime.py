@@ -325,8 +325,9 @@ class Applier(TorchDispatchMode):
 
     def _flush(self) -> None:
         """Fires the events of the last op, settles copies, samples memory."""
-        for res in list(self.inflight):
-            self._settle(res, wait=False)
+        if self.inflight:
+            for res in list(self.inflight):
+                self._settle(res, wait=False)
         if self.pending is None:
             return
         k, self.pending = self.pending, None
