@@ -75,7 +75,11 @@ def resolve(spec: str, resolution: int | None = None) -> tuple[str, Callable[[],
         kwargs = {"weights": None, **_TORCHVISION_KWARGS.get(attr, {})}
         if resolution is not None and attr.startswith("vit_"):
             kwargs["image_size"] = resolution
-        return attr, lambda: torchvision.models.get_model(attr, **kwargs)
+        def build() -> nn.Module:
+            return torchvision.models.get_model(attr, **kwargs)
+
+        build.__qualname__ = f"torchvision.models.{attr}"
+        return attr, build
     try:
         module = importlib.import_module(source)
     except ImportError as e:
