@@ -19,8 +19,8 @@ Models are kept small (ResNet-18 at 96x96, batch 8; the tracer's transformer
 encoder at d_model 64) so that the file runs in seconds.
 """
 
-import copy
 import os
+from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
@@ -160,6 +160,28 @@ def test_a_plan_under_a_budget_applies_bit_identically(tmp_path):
     assert plan.prediction["planned_peak_bytes"] < free.prediction["planned_peak_bytes"]
     hooked = train(model, data, plan)
     assert_bit_identical(plain, hooked)
+
+
+def test_gradient_clipping_between_backward_and_step_is_allowed(tmp_path):
+    data = token_batches(STEPS)
+
+    def run(model, plan=None):
+        optimizer = adam(model.parameters())
+        torch.manual_seed(2)
+        hook = tensile.apply(plan, model, optimizer) if plan is not None else nullcontext()
+        with hook as applier:
+            for inputs, target in data:
+                F.cross_entropy(model(inputs), target).backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 0.01, foreach=False)
+                optimizer.step()
+                optimizer.zero_grad()
+        return [p.detach().clone() for p in model.parameters()], applier
+
+    plain, _ = run(encoder())
+    model = encoder()
+    hooked, applier = run(model, planned(model, data[0], tmp_path))
+    assert all(torch.equal(a, b) for a, b in zip(plain, hooked))
+    assert all(s.untraced_ops > 0 for s in applier.stats) and applier.stats[-1].late == 0
 
 
 def test_copies_in_flight_lose_nothing(tmp_path):

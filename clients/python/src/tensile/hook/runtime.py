@@ -72,6 +72,9 @@ class IterationStats:
     skipped: int = 0
     #: The optimizer step was the state-creating first one (not checked).
     initializing: bool = False
+    #: Ops run between the backward pass and ``optimizer.step()`` (gradient
+    #: clipping, scaling): not in the graph, run as they are.
+    untraced_ops: int = 0
     #: Resident saved bytes after each op of the forward and backward passes.
     saved_curve: list[int] = dataclasses.field(default_factory=list)
     #: Measured latency of each graph op in ns, by op id (on the CPU, where
@@ -128,6 +131,7 @@ class Applier(TorchDispatchMode):
         self.in_iter = False
         self.checking = False
         self.broken: str | None = None
+        self.in_step = False  # inside optimizer.step()
         self.stats: list[IterationStats] = []
         #: The plan's ``after`` events, some moved earlier (see ``_retime``).
         self.after = {k: list(evs) for k, evs in self.s.after.items()}
@@ -198,7 +202,7 @@ class Applier(TorchDispatchMode):
             raise PlanApplyError(f"the plan no longer applies ({self.broken}); leave the tensile.apply block")
         if self.in_iter or not torch.is_grad_enabled() or not module.training:
             return  # evaluation passes are not training iterations
-        self.in_iter, self.checking, self.k, self.pending = True, True, 0, None
+        self.in_iter, self.checking, self.k, self.pending, self.in_step = True, True, 0, None, False
         self.acts, self.resident = {}, 0
         self.stats.append(IterationStats())
         with _disable_current_modes():
@@ -208,6 +212,7 @@ class Applier(TorchDispatchMode):
     def step_pre_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if not self.in_iter:
             return
+        self.in_step = True
         with _disable_current_modes():
             self._flush()
         if self.k != self.s.optimizer_start:
@@ -249,6 +254,11 @@ class Applier(TorchDispatchMode):
             if self.checking:
                 self._flush()
             self._fetch_persistent(flat)
+            if self.checking and self.k == self.s.optimizer_start and not self.in_step:
+                # Between the end of the backward pass and optimizer.step():
+                # the user's own ops (gradient clipping, scaling), not traced.
+                self.stats[-1].untraced_ops += 1
+                return func(*args, **kwargs)
             if self.checking:
                 self._skip_saved_detaches(func)
             k = self.k
