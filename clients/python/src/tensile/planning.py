@@ -122,8 +122,8 @@ def plan(
     whole number of MB, 10^6 bytes) asks the planner to fit that much; a plan
     that then recomputes is refused here, since :func:`tensile.apply` cannot
     recompute in eager mode (see the README).
-    ``device_profile`` is a ``tensilectl --device`` profile (default ``cpu``
-    for a model on the CPU, ``a6000`` otherwise). Files go to ``workdir``
+    ``device_profile`` is a ``tensilectl --device`` profile (default: see
+    :func:`default_profile`). Files go to ``workdir``
     (default: a new temporary directory).
     """
     if server is not None:
@@ -157,7 +157,7 @@ def plan(
     graph_path = folder / f"{graph_name}.graph.json"
     plan_path = folder / f"{graph_name}.plan.json"
     graph_path.write_text(json.dumps(graph))
-    profile = device_profile or ("cpu" if device == "cpu" else "a6000")
+    profile = device_profile or default_profile(device)
     args = [str(find_tensilectl()), "plan", str(graph_path), "--device", profile, "-o", str(plan_path)]
     if budget_mb is not None:
         if isinstance(budget_mb, bool) or not isinstance(budget_mb, int) or budget_mb < 1:
@@ -176,6 +176,16 @@ def plan(
             "raise the budget or leave it out"
         )
     return planned
+
+
+def default_profile(device: str) -> str:
+    """The ``tensilectl --device`` profile for where the model lives: ``cpu``,
+    ``h100`` on an H100, else ``a6000``."""
+    if device == "cpu":
+        return "cpu"
+    if device == "cuda" and torch.cuda.is_available() and "H100" in torch.cuda.get_device_name():
+        return "h100"
+    return "a6000"
 
 
 def find_tensilectl() -> Path:
