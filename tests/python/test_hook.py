@@ -335,3 +335,28 @@ def test_data_dependent_control_flow_is_refused_in_one_line(tmp_path):
         tensile.plan(model, optimizer, batch, F.cross_entropy, workdir=tmp_path)
     message = str(e.value)
     assert "\n" not in message and "Branchy" in message and "data-dependent control flow" in message, message
+
+
+def test_the_predicted_saved_curve_follows_its_definition():
+    """A five-op graph worked by hand: activation A (400 B) and B (800 B) are
+    made in the forward, read in the backward; the plan has A on the host
+    from after op 1 until after op 3."""
+    t = lambda i, name, kind, nbytes: {"id": i, "name": name, "shape": [nbytes // 4], "dtype": "f32",
+                                       "bytes": nbytes, "kind": kind}
+    op = lambda i, phase, ins, outs: {"id": i, "name": f"op{i}", "type": "aten::mul", "phase": phase,
+                                      "inputs": ins, "outputs": outs}
+    graph = {
+        "format": "tensile-graph/v1", "name": "tiny",
+        "tensors": [t(0, "x", "input", 400), t(1, "A", "activation", 400), t(2, "B", "activation", 800),
+                    t(3, "loss", "output", 4), t(4, "gB", "gradient", 800), t(5, "gA", "gradient", 400)],
+        "ops": [op(0, "forward", [0], [1]), op(1, "forward", [1], [2]), op(2, "forward", [2], [3]),
+                op(3, "backward", [3, 2], [4]), op(4, "backward", [4, 1], [5])],
+    }
+    ev = lambda kind, after: {"kind": kind, "tensor": 1, "tensor_name": "A", "trigger": "after",
+                              "trigger_op": after, "trigger_op_name": f"op{after}", "delay_ns": 0}
+    plan = tensile.Plan(graph, {"format": "tensile-plan/v1", "graph": "tiny", "version": 1, "start_on_host": [],
+                                "events": [ev("swap_out", 1), ev("swap_in", 3)], "prediction": {}, "diagnostics": []})
+    s = Schedule(plan)
+    assert s.saved_storages() == {1: (0, 4), 2: (1, 3)}
+    assert s.vanilla_saved_curve() == [400, 1200, 1200, 400, 0]
+    assert s.predicted_saved_curve() == [400, 800, 800, 400, 0]
