@@ -25,7 +25,9 @@ One training iteration runs from the model's forward call to the end of
 The first ``optimizer.step()`` of a fresh optimizer creates its state, ops
 the traced (later) iteration does not have: that step's optimizer ops are
 neither checked nor planned, and the state is planned from the next
-iteration on.
+iteration on. Ops between the end of the backward pass and
+``optimizer.step()`` (gradient clipping) are the user's, not the graph's:
+they run unplanned and are counted.
 """
 
 from __future__ import annotations
