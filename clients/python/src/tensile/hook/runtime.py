@@ -251,7 +251,7 @@ class Applier(TorchDispatchMode):
         kwargs = kwargs or {}
         if not self.in_iter:
             return func(*args, **kwargs)
-        flat = _tensors((args, kwargs), [])
+        flat = _tensors(kwargs, _tensors(args, [])) if kwargs else _tensors(args, [])
         with self.lock:
             if self.checking:
                 self._flush()
@@ -270,7 +270,7 @@ class Applier(TorchDispatchMode):
         started = time.perf_counter_ns()
         out = func(*args, **kwargs)
         elapsed = time.perf_counter_ns() - started
-        outs = _tensors(out, [])
+        outs = _tensors(out, []) if isinstance(out, (torch.Tensor, list, tuple)) else []
         if not self.checking or not _counted(func, flat, outs):
             return out
         if (func._schema.name, func._overloadname) == _DETACH and (k >= self.s.n_ops or self.s.op_keys[k] != _DETACH):
@@ -523,16 +523,17 @@ def _counted(func: Any, tensor_args: list[torch.Tensor], outs: list[torch.Tensor
 
 
 def _tensors(x: Any, found: list[torch.Tensor]) -> list[torch.Tensor]:
-    """The tensors in nested tuples, lists and dicts, in order (what an ATen
-    call's arguments and results hold)."""
+    """The tensors of an ATen call's arguments or results, in order: a
+    tensor, or a tuple, list or dict of tensors and of lists of tensors
+    (``Tensor[]``, ``Tensor?[]``), the only nesting ATen schemas have."""
     if isinstance(x, torch.Tensor):
         found.append(x)
-    elif isinstance(x, (tuple, list)):
-        for v in x:
-            _tensors(v, found)
-    elif isinstance(x, dict):
-        for v in x.values():
-            _tensors(v, found)
+        return found
+    for v in x.values() if isinstance(x, dict) else x:
+        if isinstance(v, torch.Tensor):
+            found.append(v)
+        elif isinstance(v, (list, tuple)) and v and not isinstance(v[0], (int, float, bool)):
+            found.extend(w for w in v if isinstance(w, torch.Tensor))
     return found
 
 
