@@ -182,6 +182,13 @@ def test_gradient_clipping_between_backward_and_step_is_allowed(tmp_path):
     hooked, applier = run(model, planned(model, data[0], tmp_path))
     assert all(torch.equal(a, b) for a, b in zip(plain, hooked))
     assert all(s.untraced_ops > 0 for s in applier.stats) and applier.stats[-1].late == 0
+    first, last = applier.measurements(0), applier.measurements()
+    # The first iteration fetches what its parking left on the host, and the
+    # prefetches planned inside autograd nodes; the last one fetches nothing.
+    assert first["iteration"] == 0 and len(first["late_prefetches"]) + first["passive_swaps"] == applier.stats[0].late > 0
+    assert first["stall_s"] > 0 and first["op_latency_s"] == []  # its optimizer step is not checked
+    assert last["iteration"] == STEPS - 1 and last["late_prefetches"] == [] and last["stall_s"] == 0
+    assert len(last["op_latency_s"]) == len(applier.plan.ops) and last["peak_bytes"] > 0
 
 
 def test_copies_in_flight_lose_nothing(tmp_path):

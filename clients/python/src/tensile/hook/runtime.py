@@ -70,6 +70,11 @@ class IterationStats:
     late_storages: list[str] = dataclasses.field(default_factory=list)
     #: Prefetches moved earlier for the next iterations (see ``Applier._retime``).
     retimed: int = 0
+    #: Of the late fetches: storages the plan prefetches (by id), the count
+    #: of those it has no prefetch for, and the time spent fetching.
+    late_prefetches: list[int] = dataclasses.field(default_factory=list)
+    passive_swaps: int = 0
+    stall_ns: int = 0
     #: Events with nothing to act on (a storage autograd did not save, releases).
     skipped: int = 0
     #: The optimizer step was the state-creating first one (not checked).
@@ -416,10 +421,11 @@ class Applier(TorchDispatchMode):
                 with _disable_current_modes():
                     self._settle(res, wait=True)
             if not res.on_device:
+                started = time.perf_counter_ns()
                 with _disable_current_modes():
                     self._persist_in(res)
-                self.stats[-1].late += 1
-                self.stats[-1].late_storages.append(res.name)
+                    self._settle(res, wait=True)
+                self._count_late(res, time.perf_counter_ns() - started)
             self.engine.before_use(res)
 
     # -- saved tensors -----------------------------------------------------
@@ -458,16 +464,47 @@ class Applier(TorchDispatchMode):
             if res.copy is not None and res.copy.direction == "out":
                 self._settle(res, wait=True)
             if not res.on_device:
+                started = time.perf_counter_ns()
                 self.engine.swap_in(res)
                 self._after_copy(res)
+                self._settle(res, wait=True)
                 if self.stats:
-                    self.stats[-1].late += 1
-                    self.stats[-1].late_storages.append(res.name)
+                    self._count_late(res, time.perf_counter_ns() - started)
                     if self.in_iter and self.checking:
                         self._retime(res.id)
             self.engine.before_use(res)
             assert res.dev is not None
             return view_of(res.dev, *h.meta)
+
+    def _count_late(self, res: Residence, waited_ns: int) -> None:
+        stats = self.stats[-1]
+        stats.late += 1
+        stats.late_storages.append(res.name)
+        stats.stall_ns += waited_ns
+        if res.id in self.s.prefetched:
+            stats.late_prefetches.append(res.id)
+        else:
+            stats.passive_swaps += 1
+
+    def measurements(self, index: int = -1) -> dict[str, Any]:
+        """One iteration's measurements in the shape of the scheduler's
+        ``ReportLatenciesRequest`` (``proto/tensile/v1/tensile.proto``):
+        ``op_latency_s`` (by op id; empty unless every op was timed, which
+        needs the CPU and a checked optimizer step), ``stall_s``,
+        ``late_prefetches`` (storage ids whose planned prefetch came late),
+        ``passive_swaps`` and ``peak_bytes`` (the resident saved bytes' peak:
+        the hook does not see the rest of the memory)."""
+        stats = self.stats[index]
+        complete = len(stats.op_ns) == self.s.n_ops
+        return {
+            "iteration": len(self.stats) + index if index < 0 else index,
+            "plan_version": self.plan.plan.get("version", 0),
+            "op_latency_s": [stats.op_ns[k] / 1e9 for k in range(self.s.n_ops)] if complete else [],
+            "stall_s": stats.stall_ns / 1e9,
+            "late_prefetches": list(stats.late_prefetches),
+            "passive_swaps": stats.passive_swaps,
+            "peak_bytes": stats.peak_saved_bytes,
+        }
 
     def _retime(self, sid: int) -> None:
         """Moves a prefetch that came too late to just before this node.

@@ -55,6 +55,9 @@ class Schedule:
             else:
                 self.before.setdefault(e["trigger_op"], []).append(ev)
         self.recomputes = [e for e in plan.events if e["kind"] == "recompute"]
+        #: Storages the plan swaps in somewhere: a late fetch of one of them
+        #: is a late prefetch, of any other a passive swap.
+        self.prefetched = {e["tensor"] for e in plan.events if e["kind"] == "swap_in"}
         self.start_on_host = plan.start_on_host
 
     def is_persistent(self, storage: int) -> bool:
