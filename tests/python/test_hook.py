@@ -367,3 +367,32 @@ def test_the_predicted_saved_curve_follows_its_definition():
     assert s.saved_storages() == {1: (0, 4), 2: (1, 3)}
     assert s.vanilla_saved_curve() == [400, 1200, 1200, 400, 0]
     assert s.predicted_saved_curve() == [400, 800, 800, 400, 0]
+
+
+class TwoInputs(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.head = nn.Linear(8, 16), nn.Linear(4, 16), nn.Linear(16, 3)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.a(x) + self.b(y)))
+
+
+def test_stateless_sgd_and_two_inputs_are_checked_from_the_first_step(tmp_path):
+    torch.manual_seed(0)
+    model = TwoInputs()
+    reference = TwoInputs()
+    reference.load_state_dict(model.state_dict())
+    batch = ((torch.randn(5, 8), torch.randn(5, 4)), torch.randint(0, 3, (5,)))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    plan = tensile.plan(model, optimizer, batch, F.cross_entropy, workdir=tmp_path)
+    for m, hook in ((reference, None), (model, plan)):
+        opt = torch.optim.SGD(m.parameters(), lr=0.1) if hook is None else optimizer
+        with tensile.apply(hook, m, opt) if hook is not None else nullcontext() as applier:
+            for _ in range(STEPS):
+                F.cross_entropy(m(*batch[0]), batch[1]).backward()
+                opt.step()
+                opt.zero_grad()
+    assert all(torch.equal(a, b) for a, b in zip(reference.parameters(), model.parameters()))
+    # Plain SGD has no state to create: every step, the first included, is checked whole.
+    assert [(s.initializing, s.ops) for s in applier.stats] == [(False, len(plan.ops))] * STEPS

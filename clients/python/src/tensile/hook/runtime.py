@@ -224,7 +224,9 @@ class Applier(TorchDispatchMode):
             self._flush()
         if self.k != self.s.optimizer_start:
             raise self._fail(self._mismatch(self.k, "optimizer.step()"))
-        fresh = any(
+        # An optimizer with state (Adam's moments, SGD's momentum) creates it
+        # in its first step; one without (plain SGD) runs the traced ops.
+        fresh = self.s.has_optimizer_state and any(
             len(self.optimizer.state.get(p, {})) == 0 for g in self.optimizer.param_groups for p in g["params"]
         )
         if fresh:

@@ -59,6 +59,7 @@ class Schedule:
         #: is a late prefetch, of any other a passive swap.
         self.prefetched = {e["tensor"] for e in plan.events if e["kind"] == "swap_in"}
         self.start_on_host = plan.start_on_host
+        self.has_optimizer_state = "optimizer_state" in self.kind
 
     def is_persistent(self, storage: int) -> bool:
         return self.kind[storage] in PERSISTENT
