@@ -294,12 +294,14 @@ def test_plan_knows_the_graph_and_the_events(tmp_path):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the CUDA copy engine is not exercised")
 def test_cuda_parity(tmp_path):
+    def per_tensor_adam(params):
+        return torch.optim.Adam(params, lr=1e-3, foreach=False)
+
     data = [(x.cuda(), y.cuda()) for x, y in image_batches(STEPS)]
-    plain = train(resnet18().cuda(), data)
+    plain = train(resnet18().cuda(), data, make_optimizer=per_tensor_adam)
     model = resnet18().cuda()
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=False)
-    plan = tensile.plan(model, optimizer, data[0], F.cross_entropy, workdir=tmp_path)
-    hooked = train(model, data, plan)
+    plan = planned(model, data[0], tmp_path, make_optimizer=per_tensor_adam)
+    hooked = train(model, data, plan, make_optimizer=per_tensor_adam)
     assert_bit_identical(plain, hooked)
 
 
@@ -396,3 +398,10 @@ def test_stateless_sgd_and_two_inputs_are_checked_from_the_first_step(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(reference.parameters(), model.parameters()))
     # Plain SGD has no state to create: every step, the first included, is checked whole.
     assert [(s.initializing, s.ops) for s in applier.stats] == [(False, len(plan.ops))] * STEPS
+
+
+def test_a_multi_tensor_optimizer_is_refused_before_training(tmp_path):
+    model = encoder()
+    plan = planned(model, token_batches(1)[0], tmp_path)
+    with pytest.raises(tensile.PlanApplyError, match="group 0 runs foreach .*foreach=False"):
+        tensile.apply(plan, model, torch.optim.Adam(model.parameters(), foreach=True)).__enter__()

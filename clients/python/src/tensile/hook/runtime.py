@@ -123,6 +123,7 @@ class Applier(TorchDispatchMode):
             )
         self.plan, self.model, self.optimizer = plan, model, optimizer
         self.device = _device_of(model)
+        _check_per_tensor(optimizer, self.device)
         self.engine = engine_for(self.device, copies_complete_after)
         self.measure = self.device.type == "cpu"
         self.lock = threading.RLock()
@@ -574,6 +575,19 @@ def _tensors(x: Any, found: list[torch.Tensor]) -> list[torch.Tensor]:
         elif isinstance(v, (list, tuple)) and v and not isinstance(v[0], (int, float, bool)):
             found.extend(w for w in v if isinstance(w, torch.Tensor))
     return found
+
+
+def _check_per_tensor(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+    """The plan's optimizer ops are per-tensor updates; PyTorch picks its
+    multi-tensor (``foreach``) kernels by default on CUDA, and ``fused`` on
+    request, which run other ops."""
+    for i, g in enumerate(optimizer.param_groups):
+        if g.get("fused") or g.get("foreach") or (g.get("foreach", False) is None and device.type == "cuda"):
+            flag = "fused" if g.get("fused") else "foreach"
+            raise PlanApplyError(
+                f"optimizer group {i} runs {flag} (multi-tensor) updates on {device.type}, the plan per-tensor "
+                f"ones: construct {type(optimizer).__name__} with foreach=False"
+            )
 
 
 def _label(key: tuple[str, str]) -> str:
