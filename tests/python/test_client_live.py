@@ -130,3 +130,41 @@ def test_no_scheduler_is_a_clear_error(tmp_path):
         with pytest.raises(tensile.SchedulerError) as e:
             client.status()
     assert e.value.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+def test_a_plan_from_the_scheduler_applies_bit_identically(server, tmp_path):
+    """`tensile.plan(..., server=...)`: the scheduler's PlanGraph plans the
+    user's model (recomputation off), and `tensile.apply` runs it: three
+    Adam steps give the same parameters as plain training."""
+    torch.set_num_threads(1)
+
+    def make():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+
+    g = torch.Generator().manual_seed(1)
+    data = [(torch.randn(32, 64, generator=g), torch.randint(0, 10, (32,), generator=g)) for _ in range(3)]
+
+    def train(model, plan=None):
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+        hook = tensile.apply(plan, model, optimizer) if plan is not None else None
+        if hook is not None:
+            hook.__enter__()
+        try:
+            for x, y in data:
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+                optimizer.step()
+                optimizer.zero_grad()
+        finally:
+            if hook is not None:
+                hook.__exit__(None, None, None)
+        return [p.detach().clone() for p in model.parameters()]
+
+    plain = train(make())
+    model = make()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    plan = tensile.plan(model, optimizer, data[0], torch.nn.functional.cross_entropy, server=server, workdir=tmp_path)
+    assert plan.events, "the scheduler's plan has no events: nothing would be tested"
+    assert not [e for e in plan.events if e["kind"] == "recompute"]
+    hooked = train(model, plan)
+    assert all(torch.equal(a, b) for a, b in zip(plain, hooked))

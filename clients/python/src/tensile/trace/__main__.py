@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     start = time.perf_counter()
     try:
-        name, factory = resolve(args.model)
+        name, factory = resolve(args.model, args.resolution)
         if args.input_shape:
             sample = tuple(int(d) for d in args.input_shape.split(","))
         else:

@@ -25,10 +25,12 @@ backward node and the module that created it) where it failed.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import inspect
-from collections.abc import Callable, Sequence
+import logging
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -123,23 +125,64 @@ def capture(
         module = model
         swap = _fake_state(fake, module)
     else:
-        # Built on the meta device (no memory, and deepcopy inside builders
-        # works there), then given fake parameters and buffers of our mode.
-        with torch.device("meta"):
-            module = model()
-        if not isinstance(module, nn.Module):
-            raise TraceError(f"the model factory returned {type(module).__name__}, not an nn.Module")
+        module = build_model(model, name)
         _materialize(fake, module, device)
         swap = {}
     was_training = module.training
     try:
-        with torch.nn.utils.stateless._reparametrize_module(module, swap, tie_weights=True):
+        with quiet_torch_logs(), torch.nn.utils.stateless._reparametrize_module(module, swap, tie_weights=True):
             dev = device if not swap else _device_of(module)
             return _capture_module(
                 fake, module, optimizer, optimizer_kwargs or {}, loss_fn, inputs, target, name, dev, init_steps
             )
     finally:
         module.train(was_training)
+
+
+@contextlib.contextmanager
+def quiet_torch_logs() -> Iterator[None]:
+    """Silences the tracebacks torch logs when a fake-tensor kernel fails
+    (``failed while attempting to run meta``): the failure is re-raised and
+    reported as one line naming the module, and the log would bury it."""
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def build_model(factory: Callable[[], nn.Module], name: str = "model") -> nn.Module:
+    """Calls a model factory where it works: on the meta device (no memory),
+    else, for builders that compute with tensor values (``.tolist()``,
+    ``.item()`` on a tensor they made, which the meta device has no data
+    for), on the CPU. Either way the parameters are replaced by fake ones
+    before tracing. A failure is one line naming the model."""
+    try:
+        with torch.device("meta"):
+            module = factory()
+    except Exception as meta_error:  # noqa: BLE001 - any builder failure: try the CPU
+        try:
+            with torch.device("cpu"):
+                module = factory()
+        except Exception as e:  # noqa: BLE001 - reported as one line naming the model
+            raise TraceError(
+                f"cannot build model {name!r} ({_qualname(factory)}): {_one_line(e)} "
+                f"(on the meta device: {_one_line(meta_error)})"
+            ) from e
+    if not isinstance(module, nn.Module):
+        raise TraceError(f"the model factory of {name!r} returned {type(module).__name__}, not an nn.Module")
+    return module
+
+
+def _qualname(factory: Callable[..., Any]) -> str:
+    return getattr(factory, "__qualname__", None) or type(factory).__name__
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
 
 
 def _device_of(module: nn.Module) -> str:
@@ -357,6 +400,8 @@ class _ModuleTracker:
                 "the model reads tensor values or branches on them (data-dependent control flow: "
                 "if/while on a tensor, .item(), .tolist(), nonzero): one iteration is not a static graph"
             )
+        elif _is_shape_error(e):
+            why = "the input's shape does not fit this module (another resolution or input shape may)"
         else:
             why = "an operation that cannot be traced under fake tensors"
         if self.grad_fn is not None:
@@ -397,6 +442,16 @@ def _autograd_function_frame(e: BaseException) -> str | None:
             found = code.co_qualname
         tb = tb.tb_next
     return found
+
+
+def _is_shape_error(e: BaseException) -> bool:
+    """A kernel's shape check failed (pooling output too small, a reshape or
+    a matmul that does not fit): the model expects another input size."""
+    text = str(e)
+    return isinstance(e, (RuntimeError, ValueError)) and any(
+        s in text for s in ("Output size is too small", "is invalid for input of size", "size mismatch",
+                            "shapes cannot be multiplied", "must match the size", "Expected size")
+    )
 
 
 def _is_data_dependent(e: BaseException) -> bool:

@@ -59,8 +59,11 @@ def classification_loss(output: Any, target: torch.Tensor) -> torch.Tensor:
     )
 
 
-def resolve(spec: str) -> tuple[str, Callable[[], nn.Module]]:
-    """``(short name, factory)`` for a model spec (see the module docs)."""
+def resolve(spec: str, resolution: int | None = None) -> tuple[str, Callable[[], nn.Module]]:
+    """``(short name, factory)`` for a model spec (see the module docs).
+
+    ``resolution`` is passed to the torchvision builders that fix their
+    input size at construction (the ViTs' ``image_size``)."""
     source, sep, attr = spec.partition(":")
     if not sep or not source or not attr:
         raise TraceError(f"model spec {spec!r} is not torchvision:NAME or module:function")
@@ -70,7 +73,13 @@ def resolve(spec: str) -> tuple[str, Callable[[], nn.Module]]:
         if attr not in torchvision.models.list_models():
             raise TraceError(f"torchvision has no model {attr!r}")
         kwargs = {"weights": None, **_TORCHVISION_KWARGS.get(attr, {})}
-        return attr, lambda: torchvision.models.get_model(attr, **kwargs)
+        if resolution is not None and attr.startswith("vit_"):
+            kwargs["image_size"] = resolution
+        def build() -> nn.Module:
+            return torchvision.models.get_model(attr, **kwargs)
+
+        build.__qualname__ = f"torchvision.models.{attr}"
+        return attr, build
     try:
         module = importlib.import_module(source)
     except ImportError as e:

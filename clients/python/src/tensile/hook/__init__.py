@@ -1,0 +1,60 @@
+"""``tensile.apply``: a plan applied to the user's own eager training loop.
+
+    plan = tensile.plan(model, optimizer, (inputs, target), loss_fn)
+    with tensile.apply(plan, model, optimizer) as hook:
+        for inputs, target in loader:
+            loss = loss_fn(model(inputs), target)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    print(hook.stats[-1])
+
+An iteration is the model's forward call (with gradients on) up to the end
+of ``optimizer.step()``; the ops between must be the ones traced, in order
+(:class:`PlanMismatchError` names the first that differs). What the hook
+does and does not handle is in ``runtime.py``'s docs and the README.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+from tensile.hook.runtime import Applier, IterationStats, PlanApplyError, PlanMismatchError
+from tensile.hook.schedule import Schedule
+from tensile.planning import Plan
+
+__all__ = ["apply", "Applier", "IterationStats", "PlanApplyError", "PlanMismatchError", "Schedule"]
+
+
+@contextlib.contextmanager
+def apply(
+    plan: Plan, model: nn.Module, optimizer: torch.optim.Optimizer, *, copies_complete_after: int = 0
+) -> Iterator[Applier]:
+    """Applies ``plan`` to every training iteration run inside the block.
+
+    Yields the :class:`Applier`, whose ``stats`` list holds one
+    :class:`IterationStats` per iteration. On leaving the block (normally or
+    on an error) every parameter, buffer and optimizer state tensor is back on
+    its device. ``copies_complete_after`` is a test option for CPU models:
+    each copy then looks in flight for that many op boundaries, as GPU
+    copies are.
+    """
+    if not isinstance(plan, Plan):
+        raise PlanApplyError(f"plan is a {type(plan).__name__}, not a tensile Plan (use tensile.plan)")
+    applier = Applier(plan, model, optimizer, copies_complete_after)
+    with contextlib.ExitStack() as stack:
+        stack.callback(applier.finish)
+        for handle in (
+            model.register_forward_pre_hook(applier.forward_pre_hook),
+            optimizer.register_step_pre_hook(applier.step_pre_hook),
+            optimizer.register_step_post_hook(applier.step_post_hook),
+        ):
+            stack.callback(handle.remove)
+        applier.start()
+        stack.enter_context(torch.autograd.graph.saved_tensors_hooks(applier.pack, applier.unpack))
+        stack.enter_context(applier)
+        yield applier

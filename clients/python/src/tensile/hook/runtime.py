@@ -1,0 +1,606 @@
+"""The hook at work: a dispatch mode, saved-tensor hooks and optimizer hooks.
+
+One training iteration runs from the model's forward call to the end of
+``optimizer.step()``. Inside it:
+
+* :class:`Applier` (a ``TorchDispatchMode``) counts the ATen ops the tracer
+  counts (every op with a tensor output or a tensor argument written in
+  place; profiler marks and ``_local_scalar_dense`` excepted), checks each
+  against the graph's op at that index (schema, overload, output shapes) and
+  stops with :class:`PlanMismatchError` at the first difference. It tags
+  each output with its graph tensor id, fires the ``after`` events of op
+  ``k`` when the next op begins (by then autograd has saved op ``k``'s
+  tensors), and fetches on demand any planned persistent tensor that an op
+  needs while it is on the host.
+* ``saved_tensors_hooks``: pack gives autograd a handle instead of the
+  tensor. Activation storages are held by a :class:`Residence` keyed by the
+  plan's storage id, which the plan's events move to the host and back;
+  unpack rebuilds the saved view over the device bytes, fetching them on
+  demand (counted as late) when the plan's prefetch has not run.
+* Parameters, buffers and optimizer state that the plan swaps (within the
+  iteration or across it, ``start_on_host``) are moved by pointing the
+  tensor object's ``.data`` at the host copy and back, so the module and the
+  optimizer keep their objects.
+
+The first ``optimizer.step()`` of a fresh optimizer creates its state, ops
+the traced (later) iteration does not have: that step's optimizer ops are
+neither checked nor planned, and the state is planned from the next
+iteration on. Ops between the end of the backward pass and
+``optimizer.step()`` (gradient clipping) are the user's, not the graph's:
+they run unplanned and are counted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+
+from tensile.hook.schedule import PERSISTENT, Event, Schedule
+from tensile.hook.store import Residence, engine_for, view_of
+from tensile.planning import Plan
+
+_UNCOUNTED = ("aten::_local_scalar_dense",)
+_DETACH = ("aten::detach", "default")
+
+
+class PlanMismatchError(RuntimeError):
+    """The training step does not run the ops the plan was made for."""
+
+
+class PlanApplyError(RuntimeError):
+    """The plan cannot be applied to this model and optimizer."""
+
+
+@dataclasses.dataclass
+class IterationStats:
+    """What the hook did in one iteration."""
+
+    ops: int = 0
+    swap_outs: int = 0
+    swap_ins: int = 0
+    #: Fetches on demand: a storage needed while the plan still had it on the host.
+    late: int = 0
+    #: The storages fetched on demand, by name, in order.
+    late_storages: list[str] = dataclasses.field(default_factory=list)
+    #: Prefetches moved earlier for the next iterations (see ``Applier._retime``).
+    retimed: int = 0
+    #: Of the late fetches: storages the plan prefetches (by id), the count
+    #: of those it has no prefetch for, and the time spent fetching.
+    late_prefetches: list[int] = dataclasses.field(default_factory=list)
+    passive_swaps: int = 0
+    stall_ns: int = 0
+    #: Events with nothing to act on (a storage autograd did not save, releases).
+    skipped: int = 0
+    #: The optimizer step was the state-creating first one (not checked).
+    initializing: bool = False
+    #: Ops run between the backward pass and ``optimizer.step()`` (gradient
+    #: clipping, scaling): not in the graph, run as they are.
+    untraced_ops: int = 0
+    #: Resident saved bytes after each op of the forward and backward passes.
+    saved_curve: list[int] = dataclasses.field(default_factory=list)
+    #: Measured latency of each graph op in ns, by op id (on the CPU, where
+    #: an op's call is its run; empty on CUDA, whose kernels run
+    #: asynchronously), for a scheduler's re-planning.
+    op_ns: dict[int, int] = dataclasses.field(default_factory=dict)
+
+    @property
+    def peak_saved_bytes(self) -> int:
+        return max(self.saved_curve, default=0)
+
+
+class _Saved:
+    """What autograd holds instead of a saved tensor."""
+
+    __slots__ = ("applier", "res", "tensor", "meta")
+
+    def __init__(self, applier: Applier, res: Residence | None, tensor: torch.Tensor | None, meta: Any) -> None:
+        self.applier, self.res, self.tensor, self.meta = applier, res, tensor, meta
+
+    def __del__(self) -> None:
+        if self.res is not None:
+            self.applier._handle_gone(self.res)
+
+
+class Applier(TorchDispatchMode):
+    """Applies one plan to the iterations run while it is active."""
+
+    def __init__(
+        self, plan: Plan, model: nn.Module, optimizer: torch.optim.Optimizer, copies_complete_after: int = 0
+    ) -> None:
+        super().__init__()
+        self.s = Schedule(plan)
+        if self.s.recomputes:
+            e = self.s.recomputes[0]
+            raise PlanApplyError(
+                f"the plan recomputes {e['tensor_name']!r} (and {len(self.s.recomputes) - 1} more): "
+                "recomputation is not applied in eager mode; plan without a budget or with recomputation off"
+            )
+        self.plan, self.model, self.optimizer = plan, model, optimizer
+        self.device = _device_of(model)
+        _check_per_tensor(optimizer, self.device)
+        self.engine = engine_for(self.device, copies_complete_after)
+        self.measure = self.device.type == "cpu"
+        self.lock = threading.RLock()
+        self.by_name = {
+            t["name"]: t["id"] for t in plan.tensors if t["kind"] in PERSISTENT and self.s.root[t["id"]] == t["id"]
+        }
+        self.persist: dict[int, Residence] = {}
+        self.acts: dict[int, Residence] = {}
+        self.resident = 0
+        self.inflight: set[Residence] = set()
+        self.k = 0
+        self.pending: int | None = None
+        self.in_iter = False
+        self.checking = False
+        self.broken: str | None = None
+        self.in_step = False  # inside optimizer.step()
+        self.stats: list[IterationStats] = []
+        #: The plan's ``after`` events, some moved earlier (see ``_retime``).
+        self.after = {k: list(evs) for k, evs in self.s.after.items()}
+        self._register_module_tensors()
+
+    # -- setup -----------------------------------------------------------
+
+    def _register_module_tensors(self) -> None:
+        graph_params = {n for n, tid in self.by_name.items() if self.s.kind[tid] == "parameter"}
+        model_params = {n for n, p in self.model.named_parameters() if p.requires_grad}
+        if graph_params != model_params:
+            extra = sorted(model_params - graph_params)
+            missing = sorted(graph_params - model_params)
+            what = f"has parameter {extra[0]!r} the plan does not" if extra else f"lacks parameter {missing[0]!r}"
+            raise PlanApplyError(f"the model {what}: it is not the model the plan was made for")
+        for n, t in [*self.model.named_parameters(), *self.model.named_buffers()]:
+            self._register(n, t)
+
+    def _register(self, name: str, t: torch.Tensor) -> None:
+        tid = self.by_name.get(name)
+        if tid is None or tid in self.persist:
+            return
+        want = self.plan.tensors[tid]
+        if t.dim() == 0:
+            return  # host scalars (Adam's step): read through .item() between ops, not worth moving
+        if list(t.shape) != want["shape"]:
+            raise PlanApplyError(f"{name!r} has shape {list(t.shape)}, the plan's has {want['shape']}")
+        storage = t.untyped_storage()
+        res = Residence(tid, name, t.device, storage.nbytes())
+        res.dev = storage
+        res.obj = t
+        res.meta = (t.dtype, t.storage_offset(), t.size(), t.stride())
+        t._tensile_res = res
+        t._tensile_tid = tid
+        self.persist[tid] = res
+
+    def register_optimizer_state(self) -> None:
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        for p, state in self.optimizer.state.items():
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor) and value.device == self.device and id(p) in names:
+                    self._register(f"{names[id(p)]}.{key}", value)
+
+    def start(self) -> None:
+        """Entering ``apply``: the plan's ``start_on_host`` storages go to the host."""
+        self.register_optimizer_state()
+        with _disable_current_modes():
+            self._park_start_on_host()
+
+    def finish(self) -> None:
+        """Leaving ``apply``: every persistent tensor back on the device."""
+        with _disable_current_modes(), self.lock:
+            for res in list(self.inflight):
+                self._settle(res, wait=True)
+            for res in self.persist.values():
+                if not res.on_device:
+                    self._persist_in(res)
+                self._settle(res, wait=True)
+                obj = res.obj
+                for attr in ("_tensile_res", "_tensile_tid"):
+                    if hasattr(obj, attr):
+                        delattr(obj, attr)
+
+    # -- iteration boundaries (module and optimizer hooks) ---------------
+
+    def forward_pre_hook(self, module: nn.Module, args: Any) -> None:
+        if self.broken is not None:
+            raise PlanApplyError(f"the plan no longer applies ({self.broken}); leave the tensile.apply block")
+        if self.in_iter or not torch.is_grad_enabled() or not module.training:
+            return  # evaluation passes are not training iterations
+        self.in_iter, self.checking, self.k, self.pending, self.in_step = True, True, 0, None, False
+        self.acts, self.resident = {}, 0
+        self.stats.append(IterationStats())
+        with _disable_current_modes():
+            for ev in self.s.at_start:
+                self._fire(ev)
+
+    def step_pre_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if not self.in_iter:
+            return
+        self.in_step = True
+        with _disable_current_modes():
+            self._flush()
+        if self.k != self.s.optimizer_start:
+            raise self._fail(self._mismatch(self.k, "optimizer.step()"))
+        # An optimizer with state (Adam's moments, SGD's momentum) creates it
+        # in its first step; one without (plain SGD) runs the traced ops.
+        fresh = self.s.has_optimizer_state and any(
+            len(self.optimizer.state.get(p, {})) == 0 for g in self.optimizer.param_groups for p in g["params"]
+        )
+        if fresh:
+            self.checking = False
+            self.stats[-1].initializing = True
+
+    def step_post_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if not self.in_iter:
+            return
+        with _disable_current_modes():
+            if self.checking:
+                self._flush()
+                if self.k != self.s.n_ops:
+                    raise self._fail(self._mismatch(self.k, "nothing more (the step ended)"))
+            self.register_optimizer_state()
+            self._park_start_on_host()
+        self.stats[-1].ops = self.k if self.checking else self.s.optimizer_start
+        self.in_iter = False
+
+    def _park_start_on_host(self) -> None:
+        for sid in self.s.start_on_host:
+            res = self.persist.get(sid)
+            if res is not None and res.on_device and res.copy is None:
+                self._persist_out(res)
+
+    # -- the dispatch mode -----------------------------------------------
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if not self.in_iter:
+            return func(*args, **kwargs)
+        flat = _tensors(kwargs, _tensors(args, [])) if kwargs else _tensors(args, [])
+        with self.lock:
+            if self.checking:
+                self._flush()
+            self._fetch_persistent(flat)
+            if self.checking and self.k == self.s.optimizer_start and not self.in_step:
+                # Between the end of the backward pass and optimizer.step():
+                # the user's own ops (gradient clipping, scaling), not traced.
+                self.stats[-1].untraced_ops += 1
+                return func(*args, **kwargs)
+            if self.checking:
+                self._skip_saved_detaches(func)
+            k = self.k
+            if self.checking and k < self.s.n_ops:
+                for ev in self.s.before.get(k, []):
+                    self._fire(ev)
+        started = time.perf_counter_ns()
+        out = func(*args, **kwargs)
+        elapsed = time.perf_counter_ns() - started
+        outs = _tensors(out, []) if isinstance(out, (torch.Tensor, list, tuple)) else []
+        if not self.checking or not _counted(func, flat, outs):
+            return out
+        if (func._schema.name, func._overloadname) == _DETACH and (k >= self.s.n_ops or self.s.op_keys[k] != _DETACH):
+            # A detach the trace does not have (autograd's, around saved
+            # tensors): a view, so it takes its input's storage and no index.
+            tid = getattr(args[0], "_tensile_tid", None)
+            if tid is not None:
+                out._tensile_tid = tid
+            return out
+        self._check(k, func, outs)
+        if self.measure:
+            self.stats[-1].op_ns[k] = elapsed
+        if k < self.s.backward_start:
+            # Only the forward's tensors are ever saved for the backward.
+            for t, tid in zip(outs, self.plan.ops[k]["outputs"]):
+                t._tensile_tid = tid
+        self.k = k + 1
+        self.pending = k
+        return out
+
+    def _skip_saved_detaches(self, func: Any) -> None:
+        """Steps over the graph's ``detach`` ops that this run does not have.
+
+        Autograd detaches an op's output when it saves it, and the tracer
+        records that ``aten::detach``; with saved-tensor hooks installed,
+        autograd hands the output to the pack hook instead and runs no
+        detach. A detach is a view (no bytes), so its events fire here."""
+        name = func._schema.name
+        if name == "aten::detach" or name.startswith("profiler::") or name in _UNCOUNTED:
+            return
+        while self.k < self.s.n_ops and self.s.op_keys[self.k] == _DETACH:
+            if self.measure:
+                self.stats[-1].op_ns[self.k] = 0  # not run at all
+            self.pending = self.k
+            self.k += 1
+            self._flush()
+
+    def _check(self, k: int, func: Any, outs: list[torch.Tensor]) -> None:
+        name = func._schema.name
+        key = (name, func._overloadname)
+        if k >= self.s.n_ops:
+            raise self._fail(
+                f"op {k}: the plan's graph has {self.s.n_ops} ops, the model ran one more, {_label(key)}"
+            )
+        if key != self.s.op_keys[k]:
+            raise self._fail(self._mismatch(k, _label(key)))
+        for t, tid in zip(outs, self.plan.ops[k]["outputs"]):
+            want = self.plan.tensors[tid]["shape"]
+            if list(t.shape) != want:
+                raise self._fail(
+                    f"op {k}: the plan expects {self.plan.op_label(k)} with an output of shape {want}, "
+                    f"the model's has shape {list(t.shape)} (shapes must not change after tracing)"
+                )
+
+    def _fail(self, message: str) -> PlanMismatchError:
+        """Stops applying the plan: later iterations in the block are refused."""
+        self.in_iter = False
+        self.broken = message
+        return PlanMismatchError(message)
+
+    def _mismatch(self, k: int, got: str) -> str:
+        want = self.plan.op_label(k) if k < self.s.n_ops else "the end of the iteration"
+        return f"op {k}: the plan expects {want}, the model ran {got}: the model is not the one the plan was made for"
+
+    def _flush(self) -> None:
+        """Fires the events of the last op, settles copies, samples memory."""
+        if self.inflight:
+            for res in list(self.inflight):
+                self._settle(res, wait=False)
+        if self.pending is None:
+            return
+        k, self.pending = self.pending, None
+        for ev in self.after.get(k, []):
+            self._fire(ev)
+        if k < self.s.optimizer_start:
+            self.stats[-1].saved_curve.append(self.resident)
+
+    # -- events ----------------------------------------------------------
+
+    def _fire(self, ev: Event) -> None:
+        stats = self.stats[-1]
+        res = self.persist.get(ev.storage)
+        if res is not None:
+            if ev.kind == "swap_out" and res.on_device and res.copy is None:
+                self._persist_out(res)
+                stats.swap_outs += 1
+            elif ev.kind == "swap_in" and not res.on_device:
+                self._persist_in(res)
+                stats.swap_ins += 1
+            else:
+                stats.skipped += 1
+            return
+        res = self.acts.get(ev.storage)
+        if res is None or res.live == 0:
+            stats.skipped += 1  # not saved by autograd (or already freed): nothing to move
+        elif ev.kind == "swap_out" and res.on_device and res.copy is None:
+            self.engine.swap_out(res)
+            self._after_copy(res)
+            stats.swap_outs += 1
+        elif ev.kind == "swap_in" and not res.on_device:
+            self._settle(res, wait=True)
+            self.engine.swap_in(res)
+            self._after_copy(res)
+            stats.swap_ins += 1
+        else:
+            stats.skipped += 1
+
+    def _after_copy(self, res: Residence) -> None:
+        if res.copy is not None:
+            self.inflight.add(res)
+        self._recount(res)
+
+    def _settle(self, res: Residence, wait: bool) -> None:
+        if self.engine.settle(res, wait):
+            self.inflight.discard(res)
+            obj = res.obj
+            if obj is not None and res.dev is None and res.host is not None:
+                obj.data = view_of(res.host.untyped_storage(), *res.meta)
+            if obj is None and res.live == 0:
+                res.dev = None
+                self.engine.drop_host(res)
+            self._recount(res)
+
+    def _persist_out(self, res: Residence) -> None:
+        self.engine.swap_out(res)
+        self._after_copy(res)
+        self._settle(res, wait=False)
+
+    def _persist_in(self, res: Residence) -> None:
+        self._settle(res, wait=True)
+        self.engine.swap_in(res)
+        assert res.dev is not None
+        res.obj.data = view_of(res.dev, *res.meta)
+        self._after_copy(res)
+
+    def _fetch_persistent(self, flat: list[Any]) -> None:
+        for a in flat:
+            res = getattr(a, "_tensile_res", None) if isinstance(a, torch.Tensor) else None
+            if res is None:
+                continue
+            if res.copy is not None and res.copy.direction == "out":
+                # The op may write it: its swap-out must not finish with stale bytes.
+                with _disable_current_modes():
+                    self._settle(res, wait=True)
+            if not res.on_device:
+                started = time.perf_counter_ns()
+                with _disable_current_modes():
+                    self._persist_in(res)
+                    self._settle(res, wait=True)
+                self._count_late(res, time.perf_counter_ns() - started)
+            self.engine.before_use(res)
+
+    # -- saved tensors -----------------------------------------------------
+
+    def pack(self, t: torch.Tensor) -> _Saved:
+        with _disable_current_modes(), self.lock:
+            held = t if t.grad_fn is None else t.detach()
+            tid = getattr(t, "_tensile_tid", None)
+            if not self.in_iter or tid is None:
+                return _Saved(self, None, held, None)
+            sid = self.s.root[tid]
+            if self.s.kind[sid] != "activation" or t.device != self.device:
+                return _Saved(self, None, held, None)
+            storage = t.untyped_storage()
+            res = self.acts.get(sid)
+            if res is None:
+                res = Residence(sid, self.s.names[sid], t.device, storage.nbytes())
+                res.dev = storage
+                self.acts[sid] = res
+            elif res.dev is None and res.copy is None:
+                res.dev = storage  # saved again after a swap-out: it is still on the device
+                self.engine.drop_host(res)
+            elif res.dev is not None and not _same_storage(res.dev, storage):
+                return _Saved(self, None, held, None)  # eager and traced storages disagree: not managed
+            res.live += 1
+            self._recount(res)
+            return _Saved(self, res, None, (t.dtype, t.storage_offset(), t.size(), t.stride()))
+
+    def unpack(self, h: _Saved) -> torch.Tensor:
+        if h.res is None:
+            return h.tensor  # type: ignore[return-value]
+        with _disable_current_modes(), self.lock:
+            res = h.res
+            if self.in_iter and self.checking:
+                self._flush()  # a boundary between ops: the last op's prefetches are due
+            if res.copy is not None and res.copy.direction == "out":
+                self._settle(res, wait=True)
+            if not res.on_device:
+                started = time.perf_counter_ns()
+                self.engine.swap_in(res)
+                self._after_copy(res)
+                self._settle(res, wait=True)
+                if self.stats:
+                    self._count_late(res, time.perf_counter_ns() - started)
+                    if self.in_iter and self.checking:
+                        self._retime(res.id)
+            self.engine.before_use(res)
+            assert res.dev is not None
+            return view_of(res.dev, *h.meta)
+
+    def _count_late(self, res: Residence, waited_ns: int) -> None:
+        stats = self.stats[-1]
+        stats.late += 1
+        stats.late_storages.append(res.name)
+        stats.stall_ns += waited_ns
+        if res.id in self.s.prefetched:
+            stats.late_prefetches.append(res.id)
+        else:
+            stats.passive_swaps += 1
+
+    def measurements(self, index: int = -1) -> dict[str, Any]:
+        """One iteration's measurements in the shape of the scheduler's
+        ``ReportLatenciesRequest`` (``proto/tensile/v1/tensile.proto``):
+        ``op_latency_s`` (by op id; empty unless every op was timed, which
+        needs the CPU and a checked optimizer step), ``stall_s``,
+        ``late_prefetches`` (storage ids whose planned prefetch came late),
+        ``passive_swaps`` and ``peak_bytes`` (the resident saved bytes' peak:
+        the hook does not see the rest of the memory)."""
+        stats = self.stats[index]
+        complete = len(stats.op_ns) == self.s.n_ops
+        return {
+            "iteration": len(self.stats) + index if index < 0 else index,
+            "plan_version": self.plan.plan.get("version", 0),
+            "op_latency_s": [stats.op_ns[k] / 1e9 for k in range(self.s.n_ops)] if complete else [],
+            "stall_s": stats.stall_ns / 1e9,
+            "late_prefetches": list(stats.late_prefetches),
+            "passive_swaps": stats.passive_swaps,
+            "peak_bytes": stats.peak_saved_bytes,
+        }
+
+    def _retime(self, sid: int) -> None:
+        """Moves a prefetch that came too late to just before this node.
+
+        Autograd unpacks all of a node's saved tensors before the node's
+        first op, while the plan places a prefetch before the first op that
+        reads the storage, which may be inside that node. The first
+        iteration that finds such a prefetch still pending here moves it to
+        the op that ended last, so later iterations issue it in time."""
+        here = self.k - 1
+        for t in sorted(k for k in self.after if k > here):
+            for ev in self.after[t]:
+                if ev.storage == sid and ev.kind == "swap_in":
+                    self.after[t].remove(ev)
+                    self.after.setdefault(here, []).append(ev)
+                    self.stats[-1].retimed += 1
+                    return
+
+    def _handle_gone(self, res: Residence) -> None:
+        with self.lock:
+            res.live -= 1
+            if res.live == 0:
+                if res.copy is None:
+                    res.dev = None
+                    self.engine.drop_host(res)
+                self._recount(res)
+
+    def _recount(self, res: Residence) -> None:
+        """Keeps ``resident``: activation storages held on the device with a live handle."""
+        if res.obj is not None:
+            return
+        should = res.dev is not None and res.live > 0
+        if should != res.counted:
+            res.counted = should
+            if self.acts.get(res.id) is res:  # a storage of an earlier iteration counts no more
+                self.resident += res.nbytes if should else -res.nbytes
+
+
+_KINDS: dict[Any, tuple[bool, bool]] = {}
+
+
+def _counted(func: Any, tensor_args: list[torch.Tensor], outs: list[torch.Tensor]) -> bool:
+    """Whether the tracer's converter made an op of this call (see convert.py):
+    one with a tensor output, or writing a tensor argument in place."""
+    kind = _KINDS.get(func)
+    if kind is None:
+        name = func._schema.name
+        skipped = name.startswith("profiler::") or name in _UNCOUNTED
+        writes = any(a.alias_info is not None and a.alias_info.is_write for a in func._schema.arguments)
+        kind = _KINDS[func] = (skipped, writes)
+    skipped, writes = kind
+    return not skipped and (bool(outs) or (writes and bool(tensor_args)))
+
+
+def _tensors(x: Any, found: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The tensors of an ATen call's arguments or results, in order: a
+    tensor, or a tuple, list or dict of tensors and of lists of tensors
+    (``Tensor[]``, ``Tensor?[]``), the only nesting ATen schemas have."""
+    if isinstance(x, torch.Tensor):
+        found.append(x)
+        return found
+    for v in x.values() if isinstance(x, dict) else x:
+        if isinstance(v, torch.Tensor):
+            found.append(v)
+        elif isinstance(v, (list, tuple)) and v and not isinstance(v[0], (int, float, bool)):
+            found.extend(w for w in v if isinstance(w, torch.Tensor))
+    return found
+
+
+def _check_per_tensor(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+    """The plan's optimizer ops are per-tensor updates; PyTorch picks its
+    multi-tensor (``foreach``) kernels by default on CUDA, and ``fused`` on
+    request, which run other ops."""
+    for i, g in enumerate(optimizer.param_groups):
+        if g.get("fused") or g.get("foreach") or (g.get("foreach", False) is None and device.type == "cuda"):
+            flag = "fused" if g.get("fused") else "foreach"
+            raise PlanApplyError(
+                f"optimizer group {i} runs {flag} (multi-tensor) updates on {device.type}, the plan per-tensor "
+                f"ones: construct {type(optimizer).__name__} with foreach=False"
+            )
+
+
+def _label(key: tuple[str, str]) -> str:
+    return key[0] if key[1] == "default" else f"{key[0]}.{key[1]}"
+
+
+def _same_storage(a: torch.UntypedStorage, b: torch.UntypedStorage) -> bool:
+    # Both storages are alive here, so equal StorageImpl addresses mean the
+    # same storage; the address is compared, never kept as a key.
+    return a._cdata == b._cdata
+
+
+def _device_of(model: nn.Module) -> torch.device:
+    for p in model.parameters():
+        return p.device
+    raise PlanApplyError(f"{type(model).__name__} has no parameters")

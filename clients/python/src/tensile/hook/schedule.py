@@ -1,0 +1,126 @@
+"""A plan as the hook reads it: per op, what to check and which events fire.
+
+Pure data over the graph and plan dicts (no torch): the storage root of
+every tensor, the ops the dispatcher must run in order, the events by
+trigger, and the plan's prediction of the *resident saved bytes* that the
+hook measures (see :meth:`Schedule.predicted_saved_curve`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from tensile.planning import Plan
+
+PERSISTENT = ("parameter", "buffer", "optimizer_state")
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    kind: str  # swap_out | swap_in | release | recompute
+    storage: int  # root tensor id
+    name: str
+
+
+class Schedule:
+    """Everything the hook looks up per op, computed once per plan."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        ops, tensors = plan.ops, plan.tensors
+        self.n_ops = len(ops)
+        #: ``(schema name, overload)`` of every op, what the dispatcher must run.
+        self.op_keys = [(op["type"], op.get("attrs", {}).get("overload", "default")) for op in ops]
+        self.root = list(range(len(tensors)))
+        for op in ops:
+            for alias in op.get("aliases", []):
+                out = op["outputs"][alias["output"]]
+                self.root[out] = self.root[op["inputs"][alias["input"]]]
+        self.kind = [t["kind"] for t in tensors]
+        self.bytes = [t["bytes"] for t in tensors]
+        self.names = [t["name"] for t in tensors]
+        phases = [op["phase"] for op in ops]
+        self.backward_start = phases.index("backward") if "backward" in phases else self.n_ops
+        self.optimizer_start = phases.index("optimizer") if "optimizer" in phases else self.n_ops
+        self.at_start: list[Event] = []
+        self.after: dict[int, list[Event]] = {}
+        self.before: dict[int, list[Event]] = {}
+        for e in plan.events:
+            ev = Event(e["kind"], e["tensor"], e["tensor_name"])
+            if e["trigger"] == "iteration_start":
+                self.at_start.append(ev)
+            elif e["trigger"] == "after":
+                self.after.setdefault(e["trigger_op"], []).append(ev)
+            else:
+                self.before.setdefault(e["trigger_op"], []).append(ev)
+        self.recomputes = [e for e in plan.events if e["kind"] == "recompute"]
+        #: Storages the plan swaps in somewhere: a late fetch of one of them
+        #: is a late prefetch, of any other a passive swap.
+        self.prefetched = {e["tensor"] for e in plan.events if e["kind"] == "swap_in"}
+        self.start_on_host = plan.start_on_host
+        self.has_optimizer_state = "optimizer_state" in self.kind
+
+    def is_persistent(self, storage: int) -> bool:
+        return self.kind[storage] in PERSISTENT
+
+    def saved_storages(self) -> dict[int, tuple[int, int]]:
+        """The activation storages autograd keeps for the backward pass:
+        ``{root: (producing op, last backward op that reads it)}`` for every
+        root of kind ``activation`` made in the forward pass (loss included)
+        and read by at least one backward op."""
+        first: dict[int, int] = {}
+        last: dict[int, int] = {}
+        for i, op in enumerate(self.plan.ops):
+            if i < self.backward_start:
+                for t in op["outputs"]:
+                    r = self.root[t]
+                    if self.kind[r] == "activation":
+                        first.setdefault(r, i)
+            elif i < self.optimizer_start:
+                for t in op["inputs"]:
+                    r = self.root[t]
+                    if r in first:
+                        last[r] = i
+        return {r: (first[r], last[r]) for r in last}
+
+    def predicted_saved_curve(self) -> list[int]:
+        """The plan's prediction of the resident saved bytes after each op of
+        the forward and backward passes (index ``k``: after op ``k`` and the
+        events it triggers).
+
+        A saved storage (:meth:`saved_storages`) counts from its producing op
+        until its last backward read, except while the plan has it on the
+        host: from the op whose ``after`` event swaps it out until the op
+        whose event swaps it back in. Event delays are not modelled: the hook
+        fires an op's events as soon as the op (and autograd's saving of its
+        tensors) is done, and copies on the CPU finish before the next op.
+        """
+        saved = self.saved_storages()
+        on_host: set[int] = set()
+        for ev in self.at_start:
+            self._apply(ev, on_host)
+        starts: dict[int, list[int]] = {}
+        for r, (p, _) in saved.items():
+            starts.setdefault(p, []).append(r)
+        live: set[int] = set()
+        curve = []
+        for k in range(self.optimizer_start):
+            live.update(starts.get(k, []))
+            for ev in self.after.get(k, []):
+                self._apply(ev, on_host)
+            live = {r for r in live if saved[r][1] > k}
+            curve.append(sum(self.bytes[r] for r in live if r not in on_host))
+        return curve
+
+    @staticmethod
+    def _apply(ev: Event, on_host: set[int]) -> None:
+        if ev.kind == "swap_out":
+            on_host.add(ev.storage)
+        elif ev.kind == "swap_in":
+            on_host.discard(ev.storage)
+
+    def vanilla_saved_curve(self) -> list[int]:
+        """The same curve with no event applied (every saved tensor resident)."""
+        saved = self.saved_storages()
+        return [sum(self.bytes[r] for r, (p, last) in saved.items() if p <= k < last) for k in range(self.optimizer_start)]

@@ -1,0 +1,297 @@
+"""``tensile.plan``: trace a user's model, optimizer and loss, then plan it.
+
+The user's own ``nn.Module`` instance and optimizer instance are traced (the
+tracer runs them on fake copies of their parameters and leaves them
+untouched), the graph is written to a file, and ``tensilectl plan`` turns it
+into a plan (``tensile-plan/v1``, ``docs/plan-format.md``). The returned
+:class:`Plan` holds both: the graph (op sequence, tensor ids, names and
+bytes) and the plan's events, which is what :func:`tensile.apply` needs.
+
+``tensilectl`` is found through the ``TENSILECTL`` environment variable,
+else ``PATH``, else the repository's ``target/{debug,release}`` next to this
+package's source tree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from tensile.trace import InputSpec, TraceError, trace_training_step
+from tensile.trace.capture import LossFn
+
+__all__ = ["Plan", "PlanError", "plan", "find_tensilectl", "load_plan"]
+
+_PLAN_FORMAT = "tensile-plan/v1"
+#: Optimizer settings that the tracer sets itself or refuses.
+_TRACER_FLAGS = ("params", "foreach", "fused", "capturable", "differentiable")
+
+
+class PlanError(RuntimeError):
+    """Planning failed; the message says what is wrong (one line)."""
+
+
+@dataclasses.dataclass
+class Plan:
+    """A traced graph and its plan, both as read from their JSON files."""
+
+    graph: dict[str, Any]
+    plan: dict[str, Any]
+    graph_path: Path | None = None
+    plan_path: Path | None = None
+
+    @property
+    def ops(self) -> list[dict[str, Any]]:
+        """The graph's ops, in the order one iteration runs them."""
+        return self.graph["ops"]
+
+    @property
+    def tensors(self) -> list[dict[str, Any]]:
+        return self.graph["tensors"]
+
+    @property
+    def events(self) -> list[dict[str, Any]]:
+        return self.plan["events"]
+
+    @property
+    def start_on_host(self) -> list[int]:
+        return [e["tensor"] for e in self.plan.get("start_on_host", [])]
+
+    @property
+    def prediction(self) -> dict[str, Any]:
+        return self.plan["prediction"]
+
+    def op_label(self, index: int) -> str:
+        """``aten::relu_ (layer1.0.relu.relu_)``: an op's type and name."""
+        op = self.ops[index]
+        overload = op.get("attrs", {}).get("overload")
+        kind = op["type"] + (f".{overload}" if overload else "")
+        return f"{kind} ({op['name']})"
+
+    def summary(self) -> str:
+        p = self.prediction
+        kinds: dict[str, int] = {}
+        for e in self.events:
+            kinds[e["kind"]] = kinds.get(e["kind"], 0) + 1
+        counts = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "no events"
+        return (
+            f"{self.graph['name']}: {len(self.ops)} ops; peak {p['vanilla_peak_bytes'] / 2**20:.1f} MiB vanilla, "
+            f"{p['planned_peak_bytes'] / 2**20:.1f} MiB planned; {counts}"
+        )
+
+
+def load_plan(graph_path: str | os.PathLike[str], plan_path: str | os.PathLike[str]) -> Plan:
+    """A plan read back from a graph file and its plan file (names checked)."""
+    graph = _read_json(Path(graph_path), "graph")
+    doc = _read_json(Path(plan_path), "plan")
+    if doc.get("format") != _PLAN_FORMAT:
+        raise PlanError(f"{plan_path}: format is {doc.get('format')!r}, not {_PLAN_FORMAT!r}")
+    if doc.get("graph") != graph.get("name"):
+        raise PlanError(f"{plan_path} is the plan of graph {doc.get('graph')!r}, not of {graph.get('name')!r}")
+    return Plan(graph, doc, Path(graph_path), Path(plan_path))
+
+
+def plan(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    example_batch: Any,
+    loss_fn: LossFn,
+    budget_mb: int | None = None,
+    server: str | None = None,
+    *,
+    device_profile: str | None = None,
+    name: str | None = None,
+    workdir: str | os.PathLike[str] | None = None,
+) -> Plan:
+    """Traces one training step of ``model`` and plans it.
+
+    ``example_batch`` is ``(inputs, target)``: ``inputs`` a tensor or a tuple
+    of tensors passed to ``model(*inputs)``, ``target`` what ``loss_fn(output,
+    target)`` takes; only their shapes and dtypes are used. ``budget_mb`` (a
+    whole number of MB, 10^6 bytes) asks the planner to fit that much; a plan
+    that then recomputes is refused here, since :func:`tensile.apply` cannot
+    recompute in eager mode (see the README).
+    ``device_profile`` is a ``tensilectl --device`` profile (default: see
+    :func:`default_profile`). Files go to ``workdir``
+    (default: a new temporary directory).
+
+    With ``server`` (a scheduler's address: ``unix:PATH``, ``HOST:PORT``, or
+    ``"default"`` for its default socket) the plan comes from the
+    scheduler's PlanGraph, which touches no registered job, with
+    recomputation turned off (``allow_recompute = false``), since
+    :func:`tensile.apply` cannot recompute; otherwise from ``tensilectl plan``.
+    """
+    if not isinstance(model, nn.Module):
+        raise PlanError(f"model is a {type(model).__name__}, not an nn.Module")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise PlanError(f"optimizer is a {type(optimizer).__name__}, not a torch.optim.Optimizer")
+    inputs, target = _split_batch(example_batch)
+    opt_kwargs = optimizer_settings(model, optimizer)
+    device = _device_of(model)
+    graph_name = name or f"{type(model).__name__.lower()}_b{inputs[0].shape[0] if inputs[0].shape else 1}"
+    try:
+        graph = trace_training_step(
+            model,
+            type(optimizer),
+            inputs,
+            target,
+            loss_fn,
+            optimizer_kwargs=opt_kwargs,
+            name=graph_name,
+            device=device,
+        )
+    except TraceError as e:
+        raise PlanError(f"cannot trace {type(model).__name__}: {e}") from e
+    folder = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="tensile-plan-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    graph_path = folder / f"{graph_name}.graph.json"
+    plan_path = folder / f"{graph_name}.plan.json"
+    graph_path.write_text(json.dumps(graph))
+    profile = device_profile or default_profile(device)
+    if budget_mb is not None and (isinstance(budget_mb, bool) or not isinstance(budget_mb, int) or budget_mb < 1):
+        raise PlanError(f"budget_mb must be a positive whole number of MB, got {budget_mb!r}")
+    if server is not None:
+        _plan_on_server(server, graph, plan_path, budget_mb, profile)
+        return load_plan(graph_path, plan_path)
+    args = [str(find_tensilectl()), "plan", str(graph_path), "--device", profile, "-o", str(plan_path)]
+    if budget_mb is not None:
+        args += ["--budget-mb", str(budget_mb)]
+    done = subprocess.run(args, capture_output=True, text=True)
+    if done.returncode != 0:
+        first = (done.stderr.strip().splitlines() or ["(no message)"])[0]
+        raise PlanError(f"tensilectl plan failed for {graph_name}: {first}")
+    planned = load_plan(graph_path, plan_path)
+    recomputes = [e for e in planned.events if e["kind"] == "recompute"]
+    if recomputes:
+        raise PlanError(
+            f"to meet budget_mb={budget_mb} the planner recomputes {len(recomputes)} tensors "
+            f"({recomputes[0]['tensor_name']!r} first), which tensile.apply cannot do in eager mode: "
+            "raise the budget or leave it out"
+        )
+    return planned
+
+
+def _plan_on_server(server: str, graph: dict[str, Any], plan_path: Path, budget_mb: int | None, profile: str) -> None:
+    """Plans ``graph`` with the scheduler's PlanGraph and writes the plan file."""
+    from tensile.client import Client, SchedulerError, plan_to_file
+
+    address = None if server == "default" else server
+    try:
+        with Client(address) as client:
+            answer = client.plan_graph(
+                graph,
+                budget_bytes=(budget_mb or 0) * 1_000_000,
+                device=profile,
+                allow_recompute=False,
+            )
+    except SchedulerError as e:
+        raise PlanError(f"the scheduler could not plan {graph['name']}: {e}") from e
+    plan_path.write_text(json.dumps(plan_to_file(answer.plan, graph, answer.diagnostics), indent=1))
+
+
+def default_profile(device: str) -> str:
+    """The ``tensilectl --device`` profile for where the model lives: ``cpu``,
+    ``h100`` on an H100, else ``a6000``."""
+    if device == "cpu":
+        return "cpu"
+    if device == "cuda" and torch.cuda.is_available() and "H100" in torch.cuda.get_device_name():
+        return "h100"
+    return "a6000"
+
+
+def find_tensilectl() -> Path:
+    """``$TENSILECTL``, else ``tensilectl`` on ``PATH``, else the repo's build."""
+    env = os.environ.get("TENSILECTL")
+    if env:
+        path = Path(env)
+        if not (path.is_file() and os.access(path, os.X_OK)):
+            raise PlanError(f"TENSILECTL={env} is not an executable file")
+        return path
+    found = shutil.which("tensilectl")
+    if found:
+        return Path(found)
+    for parent in Path(__file__).resolve().parents:
+        for profile in ("debug", "release"):
+            candidate = parent / "target" / profile / "tensilectl"
+            if candidate.is_file() and os.access(candidate, os.X_OK):
+                return candidate
+    raise PlanError(
+        "tensilectl not found: set TENSILECTL to its path, put it on PATH, or build it (cargo build -p tensilectl)"
+    )
+
+
+def optimizer_settings(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The optimizer's constructor settings, for the tracer to rebuild it.
+
+    The tracer updates the model's trainable parameters in
+    ``named_parameters()`` order with one set of settings, so the optimizer
+    must hold exactly those, in that order, in groups whose settings agree
+    (the learning rate may differ: it changes no op).
+    """
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    held = [p for g in optimizer.param_groups for p in g["params"]]
+    if len(held) != len(trainable) or any(a is not b for a, b in zip(held, trainable)):
+        names = {id(p): n for n, p in model.named_parameters()}
+        for i, (a, b) in enumerate(zip(held, trainable)):
+            if a is not b:
+                raise PlanError(
+                    f"the optimizer's parameter {i} is {names.get(id(a), 'not a parameter of the model')}, "
+                    f"the model's trainable parameter {i} is {names[id(b)]}: pass model.parameters() in order"
+                )
+        raise PlanError(
+            f"the optimizer holds {len(held)} parameters, the model has {len(trainable)} trainable ones"
+        )
+    accepted = inspect.signature(type(optimizer).__init__).parameters
+    groups = optimizer.param_groups
+    settings = [{k: v for k, v in g.items() if k in accepted and k not in _TRACER_FLAGS} for g in groups]
+    for i, s in enumerate(settings[1:], start=1):
+        differ = sorted(k for k in s if k != "lr" and s[k] != settings[0].get(k))
+        if differ:
+            raise PlanError(f"optimizer group {i} differs from group 0 in {', '.join(differ)}: not traced")
+    for flag in ("foreach", "fused"):
+        if any(g.get(flag) for g in groups):
+            raise PlanError(
+                f"{type(optimizer).__name__}({flag}=True) runs multi-tensor kernels; "
+                f"the plan needs per-tensor updates: construct it with {flag}=False"
+            )
+    return settings[0]
+
+
+def _split_batch(example_batch: Any) -> tuple[list[InputSpec], InputSpec]:
+    if not (isinstance(example_batch, (tuple, list)) and len(example_batch) == 2):
+        raise PlanError("example_batch must be (inputs, target): inputs a tensor or a tuple of tensors")
+    inputs, target = example_batch
+    seq: Sequence[Any] = (inputs,) if isinstance(inputs, torch.Tensor) else inputs
+    if not seq or not all(isinstance(t, torch.Tensor) for t in seq):
+        raise PlanError("example_batch's inputs must be a tensor or a non-empty tuple of tensors")
+    if not isinstance(target, torch.Tensor):
+        raise PlanError(f"example_batch's target is a {type(target).__name__}, not a tensor")
+    specs = [InputSpec(f"input{i}" if len(seq) > 1 else "input", tuple(t.shape), t.dtype) for i, t in enumerate(seq)]
+    return specs, InputSpec("target", tuple(target.shape), target.dtype)
+
+
+def _device_of(model: nn.Module) -> str:
+    for p in model.parameters():
+        return p.device.type
+    raise PlanError(f"{type(model).__name__} has no parameters")
+
+
+def _read_json(path: Path, what: str) -> dict[str, Any]:
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise PlanError(f"cannot read the {what} file {path}: {e}") from e
+    if not isinstance(doc, dict):
+        raise PlanError(f"the {what} file {path} is not a JSON object")
+    return doc
