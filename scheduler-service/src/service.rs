@@ -619,11 +619,14 @@ fn profile_in(d: Option<pb::DeviceProfile>, own: &DeviceProfile) -> Result<Devic
     };
     let mut p = if d.name.is_empty() || d.name == own.name {
         own.clone()
-    } else if DeviceProfile::builtin_names().contains(&d.name.as_str()) {
-        DeviceProfile::builtin(&d.name).map_err(|e| Error::InvalidArgument(e.to_string()))?
+    } else if DeviceProfile::builtin_names().contains(&d.name.as_str()) || d.name == "cpu" {
+        // By name only (never a path a client names): the built-in GPUs and
+        // `cpu`, the profile the shipped CPU latency models were measured on.
+        tensile_experiments::device_profile(&d.name)
+            .map_err(|e| Error::InvalidArgument(e.to_string()))?
     } else {
         return Err(Error::InvalidArgument(format!(
-            "device {:?} is not a built-in profile ({})",
+            "device {:?} is not a built-in profile ({}, cpu)",
             d.name,
             DeviceProfile::builtin_names().join(", ")
         )));
