@@ -1,16 +1,23 @@
 #!/usr/bin/env bash
-# The main job on built-in defaults: the planner demo. Three zoo jobs
-# (ResNet-50, VGG-16, Inception-V3 at batch 2, Adam) share one simulated
-# RTX A6000; they run under vanilla (free after last use) and under the
-# TENSILE planner, side by side, and the memory over time is drawn to
-# target/tensile-demo.svg. Extra arguments go to `tensilectl sim`.
+# The main job on built-in defaults: the real system on this machine. A
+# tensile-scheduler on a socket in a temporary folder, with a memory budget
+# that the jobs' vanilla peaks exceed together, and three tensile-workers
+# (ResNet-50 and DenseNet-121, real kernels on the CPU, real copies through
+# the host engine at a scaled link bandwidth) that register, receive plans
+# and train, with a live table; then the same jobs without plans, side by
+# side, and measured memory over time drawn to target/tensile-demo.svg.
+# Everything it starts is stopped when it ends, also on Ctrl-C. Extra
+# arguments go to `tensilectl demo` (see its --help). The simulator is one
+# command away: target/release/tensilectl sim.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # The build links libtorch and loads ONNX Runtime from .venv/, which
 # scripts/setup.sh makes (idempotent: under a second once done). Its report
 # goes to stderr so that stdout is the demo's alone.
 scripts/setup.sh >&2
-cargo build --release --locked -q -p tensilectl
-./target/release/tensilectl zoo
-echo
-./target/release/tensilectl sim --plot target/tensile-demo.svg "$@"
+echo "building tensilectl, tensile-scheduler and tensile-worker (release; the first time takes several minutes)" >&2
+cargo build --release --locked -q -p tensilectl -p tensile-scheduler -p tensile-worker
+# tensilectl demo stops its children itself (on an error and on Ctrl-C);
+# this trap is the last line of defence should tensilectl itself be killed.
+trap 'pkill -TERM -P $$ 2>/dev/null || true' EXIT
+./target/release/tensilectl demo "$@"

@@ -20,7 +20,8 @@ step "cargo test"
 cargo test --workspace --locked
 
 step "python tests"
-cargo build --locked -p tensilectl
-TENSILECTL="$PWD/target/debug/tensilectl" .venv/bin/python -m pytest -q tests/python
+cargo build --locked -p tensilectl -p tensile-scheduler
+TENSILECTL="$PWD/target/debug/tensilectl" TENSILE_SCHEDULER="$PWD/target/debug/tensile-scheduler" \
+  .venv/bin/python -m pytest -q tests/python
 
 step "all tests passed"
