@@ -25,5 +25,5 @@ mod session;
 
 pub use payload::{Flat, FlatMeta, Layout};
 pub use real::{initial_of, save_params};
-pub use session::{PushedPlan, Session, SessionConfig};
 pub use runtime::{IterationReport, Kernels, Worker, WorkerConfig, WorkerError, vanilla_plan};
+pub use session::{PushedPlan, Session, SessionConfig};

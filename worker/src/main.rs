@@ -248,7 +248,10 @@ fn main() -> Result<()> {
             let Some(pushed) = session.wait_for_plan(wait) else {
                 bail!("no plan from the scheduler within {wait:?}");
             };
-            eprintln!("scheduler: plan version {} of job {}", pushed.version, pushed.job_id);
+            eprintln!(
+                "scheduler: plan version {} of job {}",
+                pushed.version, pushed.job_id
+            );
             session.applied(&pushed);
             pushed.plan
         }

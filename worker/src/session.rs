@@ -229,7 +229,9 @@ impl Connection {
                         first
                     };
                     if first {
-                        eprintln!("scheduler: {why}; training goes on with the plan it has, reconnecting");
+                        eprintln!(
+                            "scheduler: {why}; training goes on with the plan it has, reconnecting"
+                        );
                     }
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(self.config.max_backoff);

@@ -254,7 +254,10 @@ fn demo(
     stop_scheduler(&mut procs, scheduler);
 
     // 4. Figures and the plot.
-    print!("{}", summary(jobs, budget, &planned, &vanilla, &capped, &caps));
+    print!(
+        "{}",
+        summary(jobs, budget, &planned, &vanilla, &capped, &caps)
+    );
     let chart = Chart {
         title: format!(
             "Measured device memory: {} jobs, budget {:.0} MB (solid: planned, dashed: vanilla)",
@@ -562,7 +565,10 @@ fn error_of(path: &Path) -> String {
             .lines()
             .map(str::trim)
             .filter(|l| !l.is_empty() && *l != "Caused by:")
-            .map(|l| l.trim_start_matches(|c: char| c.is_ascii_digit() || c == ':').trim())
+            .map(|l| {
+                l.trim_start_matches(|c: char| c.is_ascii_digit() || c == ':')
+                    .trim()
+            })
             .collect::<Vec<_>>()
             .join(": "),
         None => last_line(path),
@@ -626,7 +632,11 @@ fn bin_dir(a: &DemoArgs) -> Result<PathBuf> {
                 "{} not found in {} (build it: cargo build --release -p {}; or give --bin-dir)",
                 bin,
                 dir.display(),
-                if bin == "tensile-worker" { "tensile-worker" } else { "tensile-scheduler" }
+                if bin == "tensile-worker" {
+                    "tensile-worker"
+                } else {
+                    "tensile-scheduler"
+                }
             );
         }
     }
@@ -668,8 +678,7 @@ fn jobs(a: &DemoArgs) -> Result<Vec<Job>> {
 /// memory, and the workers' scaled link.
 fn device_profile(budget: u64, link_gbps: f64) -> Result<String> {
     let cpu = tensile_latency_model::manifest::shipped_cpu_models().join("roofline.json");
-    let text =
-        fs::read_to_string(&cpu).with_context(|| format!("reading {}", cpu.display()))?;
+    let text = fs::read_to_string(&cpu).with_context(|| format!("reading {}", cpu.display()))?;
     let mut v: serde_json::Value = serde_json::from_str(&text)?;
     let o = v
         .as_object_mut()
