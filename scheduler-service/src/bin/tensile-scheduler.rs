@@ -32,14 +32,19 @@ fn main() -> ExitCode {
         .build()
         .context("cannot start the async runtime")
         .and_then(|rt| {
-            rt.block_on(async {
+            let r = rt.block_on(async {
                 let mut listeners = Vec::new();
                 for a in &resolved.listen {
                     listeners.push(Listener::bind(a).await?);
                 }
                 run(listeners, resolved.config, shutdown_signal()).await?;
                 Ok(())
-            })
+            });
+            // A plan still running on a blocking thread cannot be
+            // interrupted; `run` has already given up on it at the
+            // deadline, and the process must not wait for it either.
+            rt.shutdown_timeout(std::time::Duration::from_millis(100));
+            r
         });
     match result {
         Ok(()) => ExitCode::SUCCESS,
