@@ -23,7 +23,7 @@ use std::path::PathBuf;
 use thiserror::Error;
 
 pub use program::Program;
-pub use values::{Values, initial_values, run_iteration, save_params};
+pub use values::{Values, initial_values, kind_of, run_iteration, save_params};
 
 /// Why a graph cannot run, or an op failed.
 #[derive(Debug, Error)]

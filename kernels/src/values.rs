@@ -46,7 +46,8 @@ impl Values {
     }
 }
 
-pub(crate) fn kind_of(d: DType) -> Kind {
+/// The libtorch dtype of a graph dtype.
+pub fn kind_of(d: DType) -> Kind {
     match d {
         DType::F32 => Kind::Float,
         DType::F16 => Kind::Half,

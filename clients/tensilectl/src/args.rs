@@ -61,11 +61,11 @@ pub(crate) struct DemoArgs {
     /// the sum of their vanilla peaks).
     #[arg(long)]
     pub(crate) budget_mb: Option<u64>,
-    #[arg(long, default_value_t = 0.6)]
+    #[arg(long, default_value_t = 0.8)]
     pub(crate) budget_fraction: f64,
     /// The host copy engine's bandwidth per direction, GB/s: scaled so that
     /// copy time against compute time resembles a GPU's (README).
-    #[arg(long, default_value_t = 0.25)]
+    #[arg(long, default_value_t = 1.0)]
     pub(crate) link_gbps: f64,
     /// Kernel threads per worker.
     #[arg(long, default_value_t = 1)]

@@ -18,6 +18,7 @@
 
 use tch::{Device, Kind, Tensor};
 use tensile_graph::{AttrValue, DType, Graph, Op};
+use tensile_kernels::kind_of as kind;
 
 /// One prepared kernel: `run` executes it once; `baseline`, when present,
 /// is work `run` does that the op does not (to subtract).
@@ -569,19 +570,4 @@ fn backward(y: Tensor, wrt: Vec<Tensor>) -> Option<Kernel> {
         run,
         baseline: Some(baseline),
     })
-}
-
-fn kind(d: DType) -> Kind {
-    match d {
-        DType::F32 => Kind::Float,
-        DType::F16 => Kind::Half,
-        DType::BF16 => Kind::BFloat16,
-        DType::F64 => Kind::Double,
-        DType::I64 => Kind::Int64,
-        DType::I32 => Kind::Int,
-        DType::I16 => Kind::Int16,
-        DType::I8 => Kind::Int8,
-        DType::U8 => Kind::Uint8,
-        DType::Bool => Kind::Bool,
-    }
 }

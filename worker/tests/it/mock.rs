@@ -7,22 +7,8 @@ use std::time::{Duration, Instant};
 
 use tch::{Device, Kind, Scalar, Tensor};
 use tensile_graph::{AliasKind, DType, Graph, OpId, TensorId};
+use tensile_kernels::kind_of as kind;
 use tensile_worker::Kernels;
-
-pub(crate) fn kind(d: DType) -> Kind {
-    match d {
-        DType::F32 => Kind::Float,
-        DType::F16 => Kind::Half,
-        DType::BF16 => Kind::BFloat16,
-        DType::F64 => Kind::Double,
-        DType::I64 => Kind::Int64,
-        DType::I32 => Kind::Int,
-        DType::I16 => Kind::Int16,
-        DType::I8 => Kind::Int8,
-        DType::U8 => Kind::Uint8,
-        DType::Bool => Kind::Bool,
-    }
-}
 
 fn is_float(k: Kind) -> bool {
     matches!(k, Kind::Float | Kind::Double | Kind::Half | Kind::BFloat16)
