@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use tch::{Device, Kind, Scalar, Tensor};
-use tensile_graph::{AliasKind, DType, Graph, OpId, TensorId};
+use tensile_graph::{AliasKind, Graph, OpId, TensorId};
 use tensile_kernels::kind_of as kind;
 use tensile_worker::Kernels;
 
