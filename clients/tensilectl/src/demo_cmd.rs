@@ -264,7 +264,7 @@ fn demo(
             jobs.len(),
             budget as f64 / MB
         ),
-        series: series(jobs, &planned, &vanilla),
+        series: series(jobs, budget, &planned, &vanilla),
     };
     if let Some(parent) = a.plot.parent() {
         fs::create_dir_all(parent)?;
@@ -495,8 +495,17 @@ fn summary(
     out
 }
 
-fn series(jobs: &[Job], planned: &[Run], vanilla: &[Run]) -> Vec<Series> {
-    let mut out = Vec::new();
+fn series(jobs: &[Job], budget: u64, planned: &[Run], vanilla: &[Run]) -> Vec<Series> {
+    let end = planned
+        .iter()
+        .chain(vanilla)
+        .filter_map(|r| r.memory.last().map(|p| p.0))
+        .fold(0.0, f64::max);
+    let mut out = vec![Series {
+        label: "budget".into(),
+        points: vec![(0.0, budget as f64), (end, budget as f64)],
+        dashed: true,
+    }];
     for (runs, dashed, tag) in [(planned, false, "planned"), (vanilla, true, "vanilla")] {
         for (j, r) in jobs.iter().zip(runs) {
             out.push(Series {
