@@ -32,11 +32,7 @@ fn bin(name: &str) -> PathBuf {
         path.exists(),
         "{} is not built: run `cargo build -p {}` (cargo test --workspace builds it)",
         path.display(),
-        if name == "tensile-worker" {
-            "tensile-worker"
-        } else {
-            "tensile-scheduler"
-        }
+        name
     );
     path
 }

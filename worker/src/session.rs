@@ -57,8 +57,6 @@ struct Shared {
     /// The job's state as last heard (QUEUED, PLANNING, ACTIVE), and why.
     state: i32,
     reason: String,
-    /// Registrations so far (1 after the first).
-    registrations: u64,
     /// The last connection or call error, for the log.
     last_error: Option<String>,
 }
@@ -189,12 +187,6 @@ impl Session {
             }
         }
     }
-
-    /// How many times the job was registered (more than 1 after the
-    /// scheduler restarted or dropped the job).
-    pub fn registrations(&self) -> u64 {
-        lock(&self.shared).registrations
-    }
 }
 
 /// The background task's state.
@@ -292,7 +284,6 @@ impl Connection {
             s.job_id = Some(job.job_id);
             s.state = job.state;
             s.reason = job.reason.clone();
-            s.registrations += 1;
             s.last_error = None;
         }
         eprintln!(

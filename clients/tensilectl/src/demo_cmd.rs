@@ -333,8 +333,13 @@ fn pass(
         let all_done = done.iter().all(Option::is_some);
         let every = if tty { 1 } else { 5 };
         if all_done || last_shown.elapsed() >= Duration::from_secs(every) {
+            // The table needs only the iterations; the memory traces, which
+            // grow with every allocation, are read once at the end.
             let runs: Vec<Run> = (0..jobs.len())
-                .map(|i| read_run(dir, tag, i, start_unix))
+                .map(|i| Run {
+                    iterations: read_iterations(dir, tag, i),
+                    ..Run::default()
+                })
                 .collect();
             let text = live_table(jobs, &runs, &done, started.elapsed(), status);
             if tty && shown_lines > 0 {
@@ -353,7 +358,11 @@ fn pass(
     }
     let runs = (0..jobs.len())
         .map(|i| {
-            let mut r = read_run(dir, tag, i, start_unix);
+            let mut r = Run {
+                iterations: read_iterations(dir, tag, i),
+                memory: read_memory(dir, tag, i, start_unix),
+                failed: None,
+            };
             if done[i].is_some_and(|s| !s.success()) {
                 r.failed = Some(error_of(&dir.join(format!("{tag}-{i}.log"))));
             }
@@ -540,30 +549,28 @@ fn total(runs: &[Run]) -> Vec<(f64, f64)> {
         .collect()
 }
 
-fn read_run(dir: &Path, tag: &str, i: usize, start_unix: f64) -> Run {
-    let mut run = Run::default();
-    if let Ok(text) = fs::read_to_string(dir.join(format!("{tag}-{i}.jsonl"))) {
-        for line in text.lines() {
-            let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
-                continue;
-            };
+/// A worker's per-iteration JSON lines so far: (time ns, measured peak
+/// bytes, stall ns) each.
+fn read_iterations(dir: &Path, tag: &str, i: usize) -> Vec<(u64, u64, u64)> {
+    let text = fs::read_to_string(dir.join(format!("{tag}-{i}.jsonl"))).unwrap_or_default();
+    text.lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .map(|v| {
             let get = |k: &str| v.get(k).and_then(serde_json::Value::as_u64).unwrap_or(0);
-            run.iterations
-                .push((get("time_ns"), get("measured_peak_bytes"), get("stall_ns")));
-        }
-    }
-    if let Ok(text) = fs::read_to_string(dir.join(format!("{tag}-{i}.mem"))) {
-        for line in text.lines() {
-            let mut parts = line.split(',');
-            if let (Some(Ok(t)), Some(Ok(b))) = (
-                parts.next().map(str::parse::<f64>),
-                parts.next().map(str::parse::<f64>),
-            ) {
-                run.memory.push((t - start_unix, b));
-            }
-        }
-    }
-    run
+            (get("time_ns"), get("measured_peak_bytes"), get("stall_ns"))
+        })
+        .collect()
+}
+
+/// A worker's `--memory-trace` as (seconds since the pass started, bytes).
+fn read_memory(dir: &Path, tag: &str, i: usize, start_unix: f64) -> Vec<(f64, f64)> {
+    let text = fs::read_to_string(dir.join(format!("{tag}-{i}.mem"))).unwrap_or_default();
+    text.lines()
+        .filter_map(|line| {
+            let (t, b) = line.split_once(',')?;
+            Some((t.parse::<f64>().ok()? - start_unix, b.parse::<f64>().ok()?))
+        })
+        .collect()
 }
 
 /// A failed worker's error, as one line: `Error: ...` and its causes.
@@ -641,11 +648,7 @@ fn bin_dir(a: &DemoArgs) -> Result<PathBuf> {
                 "{} not found in {} (build it: cargo build --release -p {}; or give --bin-dir)",
                 bin,
                 dir.display(),
-                if bin == "tensile-worker" {
-                    "tensile-worker"
-                } else {
-                    "tensile-scheduler"
-                }
+                bin
             );
         }
     }
