@@ -220,7 +220,7 @@ def test_scheduler_killed_mid_run_training_finishes_with_its_last_plan(scheduler
     assert all(s.plan_job == last[0] for s in hook.stats[3:]), "the plan changed after the scheduler died"
     assert max(b - a for a, b in zip(step_s[2:], step_s[3:])) < 5, "a step waited on the dead scheduler"
     lost = [r for r in caplog.records if "training goes on with the plan it has" in r.getMessage()]
-    assert lost and len({r.getMessage() for r in lost}) == len(lost), "the loss is said once per reason"
+    assert len(lost) == 1, [r.getMessage() for r in lost]  # said once, not at every retry
 
 
 def test_unreachable_scheduler_training_goes_on(plain, tmp_path, caplog):

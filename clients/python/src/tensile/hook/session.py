@@ -19,9 +19,11 @@ and takes the newest plan if one has arrived since the last boundary.
   keeps the lease alive.
 * When the scheduler is unreachable, vanishes, or no longer knows the job
   (its lease lapsed: ``NOT_FOUND``; ``PERMISSION_DENIED``), training goes
-  on with the plan it runs; one warning per distinct reason goes to the
-  ``tensile.hook`` logger, and the thread registers the job again with
-  backoff (a new job id, so plans are identified by job id and version).
+  on with the plan it runs; one warning per outage goes to the
+  ``tensile.hook`` logger (and one when it is registered again), and the
+  thread registers the job again with backoff, starting from the last
+  measured latencies (a new job id, so plans are identified by job id and
+  version; reports made while disconnected are not sent).
 * :meth:`Session.finish` (leaving ``tensile.apply``, also on an error)
   unregisters the job and stops the thread, waiting at most a few seconds.
 """
@@ -100,7 +102,7 @@ class Session:
         self._applied: tuple[int, int] | None = None
         self._job: Job | None = None
         self._state = pb.JOB_STATE_UNSPECIFIED
-        self._said: set[str] = set()
+        self._outage = False
         self._last_measured: list[float] = []
         #: Reports the scheduler accepted, and plans it pushed that were refused.
         self.reports_sent = 0
@@ -167,12 +169,16 @@ class Session:
     # -- the background thread ---------------------------------------------
 
     def _warn_once(self, why: str, then: str) -> None:
+        """One warning per outage (the first reason); the retries' reasons
+        go to the debug log."""
         with self._lock:
             self.last_error = why
-            first = why not in self._said
-            self._said.add(why)
+            first = not self._outage
+            self._outage = True
         if first:
             log.warning("tensile: scheduler %s: %s; %s", self.client.target, why, then)
+        else:
+            log.debug("tensile: scheduler %s: %s", self.client.target, why)
 
     def _run(self) -> None:
         backoff = 0.1
@@ -187,7 +193,13 @@ class Session:
             if ended is None:
                 return
             if ended.startswith("fatal: "):
-                self._warn_once(ended[len("fatal: ") :], "training goes on with the plan it has, without the scheduler")
+                why = ended[len("fatal: ") :]
+                self.last_error = why
+                log.warning(
+                    "tensile: scheduler %s: %s; training goes on with the plan it has, without the scheduler",
+                    self.client.target,
+                    why,
+                )
                 self._drain_until_done(None)
                 return
             self._warn_once(ended, "training goes on with the plan it has, reconnecting")
@@ -229,7 +241,16 @@ class Session:
         with self._lock:
             self._job, self._state = job, job.state
             self.last_error = None
-        log.info("tensile: registered with scheduler %s as job %d (%s)", self.client.target, job.id, job.state_name)
+            back = self._outage
+            self._outage = False
+        log.log(
+            logging.WARNING if back else logging.INFO,
+            "tensile: %sregistered with scheduler %s as job %d (%s)",
+            "reconnected: " if back else "",
+            self.client.target,
+            job.id,
+            job.state_name,
+        )
         stream = self.client.plan_stream(job)
         reader = threading.Thread(target=self._read, args=(job, stream), name="tensile-plan-stream", daemon=True)
         reader.start()
@@ -275,7 +296,7 @@ class Session:
                 if e.code in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.PERMISSION_DENIED):
                     return f"job {job.id} is no longer registered ({e.method}: {e.code.name}: {e.message})"
                 if e.method == "ReportLatencies" and e.code == grpc.StatusCode.INVALID_ARGUMENT:
-                    self._warn_once(f"report refused: {e.message}", "not reporting this step")
+                    log.warning("tensile: scheduler %s: report refused: %s", self.client.target, e.message)
                     continue
                 return f"{e.method}: {e.code.name}: {e.message}"
             next_beat = time.monotonic() + interval
