@@ -283,3 +283,43 @@ def test_the_job_is_unregistered_when_the_block_fails(scheduler, tmp_path):
             assert job_ids(scheduler.address) == {hook.session.job.id}
             raise RuntimeError("the user's own error")
     assert job_ids(scheduler.address) == set()
+
+
+def test_a_restarted_scheduler_gets_the_job_back(tmp_path, plain, caplog):
+    """Killed after step 1 and started again on the same socket after step
+    2: the session registers the job again (with the measured latencies)
+    and the new scheduler's plan is applied at a step boundary, although
+    the new job id and plan version may equal the old ones."""
+    model = encoder()
+    optimizer = adam(model)
+    plan = tensile.plan(model, optimizer, batches(1)[0], F.cross_entropy, workdir=tmp_path / "plan")
+    caplog.set_level(logging.INFO, logger="tensile.hook")
+    folder = tmp_path / "sched"
+    folder.mkdir()
+    servers = [Scheduler(folder)]
+    try:
+        with tensile.apply(plan, model, optimizer, server=servers[0].address) as hook:
+            session = hook.session
+
+            def between(i):
+                if i == 0:
+                    assert session.wait_for_plan(60, other_than=(0, 0)) is not None
+                if i == 1:
+                    servers[0].kill()
+                if i == 2:
+                    servers[0].stop()
+                    servers.append(Scheduler(folder))
+                    pushed = session.wait_for_plan(60)
+                    assert pushed is not None and pushed.registration == 2, (pushed, session.last_error)
+
+            hooked = train(model, optimizer, batches(), between)
+            with tensile.Client(servers[1].address) as client:
+                (again,) = client.status().jobs
+        assert again.latency_source == "measured"
+        assert hook.stats[-1].plan_job == again.job_id
+        assert_bit_identical(plain, hooked)
+        assert any("reconnected" in r.getMessage() for r in caplog.records)
+        assert job_ids(servers[1].address) == set()
+    finally:
+        for s in servers:
+            s.stop()

@@ -59,13 +59,21 @@ class PushedPlan:
     job_id: int
     version: int
     plan: Plan
+    #: Which registration of this session pushed it (1, 2, ...): a restarted
+    #: scheduler hands out job ids from 1 again, so (job id, version) alone
+    #: could name two different plans.
+    registration: int = 1
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.registration, self.version)
 
 
 @dataclasses.dataclass(frozen=True)
 class _Lost:
     """A registration's plan stream ended (the scheduler went away)."""
 
-    job_id: int
+    registration: int
     why: str
 
 
@@ -99,7 +107,8 @@ class Session:
         self._queue: queue.Queue[Any] = queue.Queue()
         self._lock = threading.Lock()
         self._newest: PushedPlan | None = None
-        self._applied: tuple[int, int] | None = None
+        self._applied: tuple[int, int] | None = None  # PushedPlan.key
+        self._registrations = 0
         self._job: Job | None = None
         self._state = pb.JOB_STATE_UNSPECIFIED
         self._outage = False
@@ -135,22 +144,22 @@ class Session:
             self._queue.put(dict(measurements))
         with self._lock:
             newest = self._newest
-            if newest is None or self._applied == (newest.job_id, newest.version):
+            if newest is None or self._applied == newest.key:
                 return None
-            self._applied = (newest.job_id, newest.version)
+            self._applied = newest.key
             return newest
 
     def wait_for_plan(self, timeout_s: float, *, other_than: tuple[int, int] | None = None) -> PushedPlan | None:
-        """Blocks until the newest plan received is not ``other_than`` (job
-        id and version; default: the plan applied last), and returns it; for
-        tools and tests that want to see a plan arrive (training never needs
-        to). ``None`` after ``timeout_s``."""
+        """Blocks until the newest plan received is not ``other_than`` (a
+        :attr:`PushedPlan.key`; default: the plan applied last; ``(0, 0)``:
+        any plan), and returns it; for tools and tests that want to see a
+        plan arrive (training never needs to). ``None`` after ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
         while True:
             with self._lock:
                 newest = self._newest
                 unwanted = self._applied if other_than is None else other_than
-                if newest is not None and (newest.job_id, newest.version) != unwanted:
+                if newest is not None and newest.key != unwanted:
                     return newest
             if time.monotonic() >= deadline:
                 return None
@@ -240,6 +249,8 @@ class Session:
             return f"{prefix}RegisterJob: {e.code.name}: {e.message}"
         with self._lock:
             self._job, self._state = job, job.state
+            self._registrations += 1
+            registration = self._registrations
             self.last_error = None
             back = self._outage
             self._outage = False
@@ -252,14 +263,16 @@ class Session:
             job.state_name,
         )
         stream = self.client.plan_stream(job)
-        reader = threading.Thread(target=self._read, args=(job, stream), name="tensile-plan-stream", daemon=True)
+        reader = threading.Thread(
+            target=self._read, args=(job, registration, stream), name="tensile-plan-stream", daemon=True
+        )
         reader.start()
         try:
-            return self._serve(job)
+            return self._serve(job, registration)
         finally:
             stream.cancel()
 
-    def _serve(self, job: Job) -> str | None:
+    def _serve(self, job: Job, registration: int) -> str | None:
         interval = (job.lease_s if job.lease_s > 0 else 10.0) / 3
         next_beat = time.monotonic() + interval
         while True:
@@ -274,13 +287,14 @@ class Session:
                     self._unregister(job)
                     return None
                 elif isinstance(item, _Lost):
-                    if item.job_id == job.id:
+                    if item.registration == registration:
                         return item.why
                     continue  # an earlier registration's stream
                 else:
                     self._last_measured = list(item["op_latency_s"])
                     with self._lock:
-                        version = self._newest.version if self._newest and self._newest.job_id == job.id else 0
+                        newest = self._newest
+                        version = newest.version if newest and newest.registration == registration else 0
                     self.client.report(
                         job,
                         iteration=int(item["iteration"]),
@@ -308,23 +322,23 @@ class Session:
         except SchedulerError as e:
             log.warning("tensile: scheduler %s: UnregisterJob %d: %s", self.client.target, job.id, e)
 
-    def _read(self, job: Job, stream: Any) -> None:
+    def _read(self, job: Job, registration: int, stream: Any) -> None:
         """The plan stream's thread: stores every plan pushed."""
         try:
             for update in stream:
-                self._take(job, update)
+                self._take(job, registration, update)
             why = "the plan stream ended"
         except grpc.RpcError as e:
             if e.code() == grpc.StatusCode.CANCELLED:
                 return  # cancelled by _registration: it knows why
             why = f"plan stream: {e.code().name}: {e.details()}"
-        self._queue.put(_Lost(job.id, why))
+        self._queue.put(_Lost(registration, why))
 
-    def _take(self, job: Job, update: pb.PlanUpdate) -> None:
+    def _take(self, job: Job, registration: int, update: pb.PlanUpdate) -> None:
         with self._lock:
             self._state = update.state
         if update.state == pb.JOB_STATE_DONE:
-            self._queue.put(_Lost(job.id, f"job {job.id} is no longer registered (the scheduler removed it)"))
+            self._queue.put(_Lost(registration, f"job {job.id} is no longer registered (the scheduler removed it)"))
             return
         if update.state != pb.JOB_STATE_ACTIVE or not update.HasField("plan"):
             return
@@ -340,7 +354,7 @@ class Session:
             return
         plan = Plan(self.graph, doc)
         with self._lock:
-            self._newest = PushedPlan(job.id, version, plan)
+            self._newest = PushedPlan(job.id, version, plan, registration)
             self.received.append((job.id, version))
         log.info("tensile: job %d: plan version %d received", job.id, version)
 
