@@ -461,3 +461,5 @@ def test_a_plan_is_switched_only_between_steps_and_only_for_the_same_graph(tmp_p
         with pytest.raises(tensile.PlanApplyError, match="recomputes"):
             applier.use_plan(recomputing)
     assert refused and applier.plan is plan
+    with pytest.raises(tensile.PlanApplyError, match="server is a bool"):
+        tensile.apply(plan, model, optimizer, server=True).__enter__()

@@ -48,7 +48,7 @@ def tensilectl_env():
 class Scheduler:
     """One `tensile-scheduler` process on a socket of its own."""
 
-    def __init__(self, folder: Path, lease_s: float = 10.0) -> None:
+    def __init__(self, folder: Path, lease_s: float = 10.0, budget_mb: int = 4096) -> None:
         self.sock = folder / "scheduler.sock"
         token = folder / "admin.token"
         token.write_text(ADMIN + "\n")
@@ -57,7 +57,7 @@ class Scheduler:
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
             [SCHEDULER, "--listen", f"unix:{self.sock}", "--state", "none", "--admin-token-file", str(token),
-             "--budget-mb", "4096", "--lease-s", str(lease_s)],
+             "--budget-mb", str(budget_mb), "--lease-s", str(lease_s)],
             stdout=self.log, stderr=subprocess.STDOUT,
         )
         deadline = time.monotonic() + 30
@@ -323,3 +323,28 @@ def test_a_restarted_scheduler_gets_the_job_back(tmp_path, plain, caplog):
     finally:
         for s in servers:
             s.stop()
+
+
+def test_a_queued_job_trains_with_the_plan_given_and_stays_one_job(tmp_path, plain, caplog):
+    """A budget no plan fits: the scheduler queues the job. Training goes
+    on with the plan given to apply (said once), no report is sent (there
+    is no plan to report on), and the queued job is neither re-registered
+    nor left behind."""
+    server = Scheduler(tmp_path, budget_mb=1)
+    try:
+        model = encoder()
+        optimizer = adam(model)
+        plan = tensile.plan(model, optimizer, batches(1)[0], F.cross_entropy, workdir=tmp_path / "plan")
+        caplog.set_level(logging.WARNING, logger="tensile.hook")
+        with tensile.apply(plan, model, optimizer, server=server.address) as hook:
+            hooked = train(model, optimizer, batches(), lambda i: time.sleep(0.2))
+            time.sleep(0.5)
+            assert hook.session.state == "JOB_STATE_QUEUED"
+            assert job_ids(server.address) == {hook.session.job.id}
+        assert_bit_identical(plain, hooked)
+        assert hook.session.reports_sent == 0 and all(s.plan_job == 0 for s in hook.stats)
+        said = [r.getMessage() for r in caplog.records]
+        assert len(said) == 1 and "is queued" in said[0] and "training goes on" in said[0], said
+        assert job_ids(server.address) == set()
+    finally:
+        server.stop()

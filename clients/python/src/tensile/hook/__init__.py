@@ -81,6 +81,11 @@ def apply(
     if not isinstance(plan, Plan):
         raise PlanApplyError(f"plan is a {type(plan).__name__}, not a tensile Plan (use tensile.plan)")
     address = plan.server if server is None else server
+    if not (address is None or address is False or isinstance(address, (str, os.PathLike))):
+        raise PlanApplyError(
+            f"server is a {type(address).__name__}: give a scheduler's address (unix:PATH, HOST:PORT, "
+            "'default'), None or False"
+        )
     applier = Applier(plan, model, optimizer, copies_complete_after)
     with contextlib.ExitStack() as stack:
         if address is not False and address is not None:

@@ -78,6 +78,8 @@ class _Lost:
 
 
 _DONE = object()
+#: How a reason for a lost registration starts when the scheduler no longer has the job.
+_GONE = "job"
 
 
 class Session:
@@ -262,15 +264,32 @@ class Session:
             job.id,
             job.state_name,
         )
+        if job.state == pb.JOB_STATE_QUEUED:
+            log.warning(
+                "tensile: scheduler %s: job %d is queued (%s); training goes on with the plan in use, "
+                "which the scheduler has not admitted",
+                self.client.target,
+                job.id,
+                job.reason or "it does not fit beside the other jobs yet",
+            )
         stream = self.client.plan_stream(job)
         reader = threading.Thread(
             target=self._read, args=(job, registration, stream), name="tensile-plan-stream", daemon=True
         )
         reader.start()
         try:
-            return self._serve(job, registration)
+            why = self._serve(job, registration)
         finally:
             stream.cancel()
+        if why is not None and not why.startswith(_GONE):
+            # Lost for another reason while the scheduler may still hold the
+            # job: leave rather than linger (or wait in its queue) until the
+            # lease lapses. Best effort: it is often unreachable.
+            try:
+                self.client.unregister(job)
+            except SchedulerError:
+                pass
+        return why
 
     def _serve(self, job: Job, registration: int) -> str | None:
         interval = (job.lease_s if job.lease_s > 0 else 10.0) / 3
@@ -293,6 +312,8 @@ class Session:
                 else:
                     self._last_measured = list(item["op_latency_s"])
                     with self._lock:
+                        if self._state == pb.JOB_STATE_QUEUED:
+                            continue  # not admitted: no plan to report on (its latencies are kept)
                         newest = self._newest
                         version = newest.version if newest and newest.registration == registration else 0
                     self.client.report(
@@ -308,7 +329,10 @@ class Session:
                     self.reports_sent += 1
             except SchedulerError as e:
                 if e.code in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.PERMISSION_DENIED):
-                    return f"job {job.id} is no longer registered ({e.method}: {e.code.name}: {e.message})"
+                    return f"{_GONE} {job.id} is no longer registered ({e.method}: {e.code.name}: {e.message})"
+                if e.method == "ReportLatencies" and e.code == grpc.StatusCode.FAILED_PRECONDITION:
+                    log.debug("tensile: scheduler %s: report not taken: %s", self.client.target, e.message)
+                    continue
                 if e.method == "ReportLatencies" and e.code == grpc.StatusCode.INVALID_ARGUMENT:
                     log.warning("tensile: scheduler %s: report refused: %s", self.client.target, e.message)
                     continue
@@ -336,9 +360,21 @@ class Session:
 
     def _take(self, job: Job, registration: int, update: pb.PlanUpdate) -> None:
         with self._lock:
-            self._state = update.state
+            was, self._state = self._state, update.state
         if update.state == pb.JOB_STATE_DONE:
-            self._queue.put(_Lost(registration, f"job {job.id} is no longer registered (the scheduler removed it)"))
+            self._queue.put(_Lost(registration, f"{_GONE} {job.id} is no longer registered (the scheduler removed it)"))
+            return
+        if update.state == pb.JOB_STATE_QUEUED:
+            if was == pb.JOB_STATE_QUEUED:
+                return
+            reason = "; ".join(d.message for d in update.diagnostics) or "it does not fit beside the other jobs yet"
+            log.warning(
+                "tensile: scheduler %s: job %d is queued (%s); training goes on with the plan in use, "
+                "which the scheduler has not admitted",
+                self.client.target,
+                job.id,
+                reason,
+            )
             return
         if update.state != pb.JOB_STATE_ACTIVE or not update.HasField("plan"):
             return
