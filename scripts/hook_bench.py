@@ -70,6 +70,8 @@ def main() -> int:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--profile", help="tensilectl device profile (default h100 on CUDA, cpu on the CPU)")
+    p.add_argument("--server", help="a running scheduler (unix:PATH, HOST:PORT): adds a `tensile+server` row, "
+                   "the hook reporting to it and following its plans")
     args = p.parse_args()
     dev = torch.device(args.device)
     torch.manual_seed(0)
@@ -81,14 +83,15 @@ def main() -> int:
     else:
         batch = (torch.randint(0, 30522, (args.batch, 128), device=dev), torch.randint(0, 2, (args.batch,), device=dev))
     rows = []
-    for mode in ("plain", "tensile", "save_on_cpu", "checkpoint"):
+    modes = ["plain", "tensile", *(["tensile+server"] if args.server else []), "save_on_cpu", "checkpoint"]
+    for mode in modes:
         model = checkpointed(base, args.model) if mode == "checkpoint" else copy.deepcopy(base)
         opt = torch.optim.Adam(model.parameters(), lr=1e-4, foreach=False)
         hook = nullcontext()
-        if mode == "tensile":
+        if mode.startswith("tensile"):
             profile = args.profile or ("h100" if dev.type == "cuda" else "cpu")
             plan = tensile.plan(model, opt, batch, F.cross_entropy, device_profile=profile)
-            hook = tensile.apply(plan, model, opt)
+            hook = tensile.apply(plan, model, opt, server=args.server if mode == "tensile+server" else None)
         elif mode == "save_on_cpu":
             hook = torch.autograd.graph.save_on_cpu(pin_memory=dev.type == "cuda")
         times = []
@@ -108,9 +111,12 @@ def main() -> int:
                     times.append(time.perf_counter() - start)
         peak = torch.cuda.max_memory_allocated() / 2**20 if dev.type == "cuda" else None
         extra = ""
-        if mode == "tensile":
+        if mode.startswith("tensile"):
             s = h.stats[-1]
             extra = f"saved peak {s.peak_saved_bytes / 2**20:.1f} MiB, late {s.late}, retimed {sum(x.retimed for x in h.stats)}"
+            if h.session is not None:
+                versions = sorted({x.plan_version for x in h.stats if x.plan_job})
+                extra += f"; {h.session.reports_sent} reports sent, scheduler plan versions run {versions}"
         rows.append((mode, statistics.median(times) * 1e3, peak, extra))
         del model, opt
     plain_t, plain_p = rows[0][1], rows[0][2]

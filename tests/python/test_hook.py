@@ -405,3 +405,61 @@ def test_a_multi_tensor_optimizer_is_refused_before_training(tmp_path):
     plan = planned(model, token_batches(1)[0], tmp_path)
     with pytest.raises(tensile.PlanApplyError, match="group 0 runs foreach .*foreach=False"):
         tensile.apply(plan, model, torch.optim.Adam(model.parameters(), foreach=True)).__enter__()
+
+
+def test_plans_switched_between_steps_apply_bit_identically(tmp_path):
+    """`hook.use_plan` (what a scheduler's new plan goes through): the
+    planned plan, then one without events, then the planned one again, each
+    from a step boundary on; persistent tensors the old plan parked across
+    iterations come back; results stay identical."""
+    data = token_batches(5)
+    plain = train(encoder(), data)[1]
+    model = encoder()
+    plan = planned(model, data[0], tmp_path)
+    bare = tensile.Plan(plan.graph, {**plan.plan, "version": 7, "events": [], "start_on_host": []})
+    optimizer = adam(model.parameters())
+    torch.manual_seed(2)
+    with tensile.apply(plan, model, optimizer) as applier:
+        for i, (inputs, target) in enumerate(data):
+            F.cross_entropy(model(inputs), target).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            if i == 1:
+                applier.use_plan(bare, job_id=3)
+                assert all(res.on_device for res in applier.persist.values())
+            if i == 2:
+                applier.use_plan(plan, job_id=3)
+    assert all(torch.equal(a, b) for a, b in zip(plain, [p.detach() for p in model.parameters()]))
+    runs = [(s.plan_job, s.plan_version, s.swap_outs > 0) for s in applier.stats]
+    v = plan.plan["version"]
+    assert runs == [(0, v, True), (0, v, True), (3, 7, False), (3, v, True), (3, v, True)], runs
+    assert applier.stats[-1].late == 0
+    assert applier.measurements(2)["plan_version"] == 7
+
+
+def test_a_plan_is_switched_only_between_steps_and_only_for_the_same_graph(tmp_path):
+    data = token_batches(1)
+    model = encoder()
+    plan = planned(model, data[0], tmp_path / "encoder")
+    other = planned(resnet18(), image_batches(1)[0], tmp_path / "resnet")
+    optimizer = adam(model.parameters())
+    with tensile.apply(plan, model, optimizer) as applier:
+        with pytest.raises(tensile.PlanMismatchError, match=r"op 0 is .* in the applied graph, .* in the new plan's"):
+            applier.use_plan(other)
+        refused = []
+
+        def mid_step(module, args, out):
+            with pytest.raises(tensile.PlanApplyError, match="between iterations, not inside one") as e:
+                applier.use_plan(plan)
+            refused.append(str(e.value))
+
+        handle = model.head.register_forward_hook(mid_step)
+        F.cross_entropy(model(data[0][0]), data[0][1]).backward()
+        handle.remove()
+        optimizer.step()
+        recomputing = tensile.Plan(plan.graph, {**plan.plan, "events": [{**plan.events[0], "kind": "recompute"}]})
+        with pytest.raises(tensile.PlanApplyError, match="recomputes"):
+            applier.use_plan(recomputing)
+    assert refused and applier.plan is plan
+    with pytest.raises(tensile.PlanApplyError, match="server is a bool"):
+        tensile.apply(plan, model, optimizer, server=True).__enter__()

@@ -368,6 +368,14 @@ class Client:
         finally:
             stream.cancel()
 
+    def plan_stream(self, job: Job, after_version: int = 0) -> Any:
+        """The job's plan stream as gRPC's call object: iterate it for
+        ``PlanUpdate`` messages (errors raise ``grpc.RpcError``) and call its
+        ``cancel()`` from any thread to end it (what a background reader
+        needs, which :meth:`plans` cannot give)."""
+        request = pb.SubscribePlansRequest(job_id=job.id, token=job.token, after_version=after_version)
+        return self._stub.SubscribePlans(request)
+
     def report(
         self,
         job: Job,

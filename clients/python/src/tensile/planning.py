@@ -50,6 +50,9 @@ class Plan:
     plan: dict[str, Any]
     graph_path: Path | None = None
     plan_path: Path | None = None
+    #: The scheduler the plan came from (``tensile.plan(..., server=...)``):
+    #: ``tensile.apply`` reports to it and follows its plans.
+    server: str | None = None
 
     @property
     def ops(self) -> list[dict[str, Any]]:
@@ -131,6 +134,8 @@ def plan(
     scheduler's PlanGraph, which touches no registered job, with
     recomputation turned off (``allow_recompute = false``), since
     :func:`tensile.apply` cannot recompute; otherwise from ``tensilectl plan``.
+    The plan remembers ``server``: :func:`tensile.apply` then registers the
+    job there, reports every step and follows the scheduler's plans.
     """
     if not isinstance(model, nn.Module):
         raise PlanError(f"model is a {type(model).__name__}, not an nn.Module")
@@ -163,7 +168,9 @@ def plan(
         raise PlanError(f"budget_mb must be a positive whole number of MB, got {budget_mb!r}")
     if server is not None:
         _plan_on_server(server, graph, plan_path, budget_mb, profile)
-        return load_plan(graph_path, plan_path)
+        from_server = load_plan(graph_path, plan_path)
+        from_server.server = server
+        return from_server
     args = [str(find_tensilectl()), "plan", str(graph_path), "--device", profile, "-o", str(plan_path)]
     if budget_mb is not None:
         args += ["--budget-mb", str(budget_mb)]

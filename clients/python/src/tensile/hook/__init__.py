@@ -13,26 +13,49 @@ An iteration is the model's forward call (with gradients on) up to the end
 of ``optimizer.step()``; the ops between must be the ones traced, in order
 (:class:`PlanMismatchError` names the first that differs). What the hook
 does and does not handle is in ``runtime.py``'s docs and the README.
+
+With a scheduler (``server=``, or a plan made by ``tensile.plan(...,
+server=...)``) the block is also a job of that scheduler: see
+:mod:`tensile.hook.session`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
+from typing import Literal
 
 import torch
 from torch import nn
 
 from tensile.hook.runtime import Applier, IterationStats, PlanApplyError, PlanMismatchError
 from tensile.hook.schedule import Schedule
+from tensile.hook.session import PushedPlan, Session
 from tensile.planning import Plan
 
-__all__ = ["apply", "Applier", "IterationStats", "PlanApplyError", "PlanMismatchError", "Schedule"]
+__all__ = [
+    "apply",
+    "Applier",
+    "IterationStats",
+    "PlanApplyError",
+    "PlanMismatchError",
+    "PushedPlan",
+    "Schedule",
+    "Session",
+]
 
 
 @contextlib.contextmanager
 def apply(
-    plan: Plan, model: nn.Module, optimizer: torch.optim.Optimizer, *, copies_complete_after: int = 0
+    plan: Plan,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    *,
+    server: str | os.PathLike[str] | Literal[False] | None = None,
+    name: str = "",
+    priority: int = 0,
+    copies_complete_after: int = 0,
 ) -> Iterator[Applier]:
     """Applies ``plan`` to every training iteration run inside the block.
 
@@ -42,11 +65,34 @@ def apply(
     its device. ``copies_complete_after`` is a test option for CPU models:
     each copy then looks in flight for that many op boundaries, as GPU
     copies are.
+
+    ``server`` (``unix:PATH``, ``HOST:PORT``, ``"default"`` for the
+    scheduler's default socket; default: the server ``plan`` came from, if
+    any; ``False``: none) makes the block a job of that scheduler, named
+    ``name`` (default: the graph's name): the graph is registered with
+    recomputation off, each step's measured op latencies and late
+    prefetches are reported, the lease is renewed, and a newer plan the
+    scheduler pushes is applied at the next step boundary. Training never
+    waits on the scheduler: when it is unreachable or goes away, training
+    goes on with the plan in use (a warning on the ``tensile.hook``
+    logger) while the session registers again. The job is unregistered on
+    leaving the block.
     """
     if not isinstance(plan, Plan):
         raise PlanApplyError(f"plan is a {type(plan).__name__}, not a tensile Plan (use tensile.plan)")
+    address = plan.server if server is None else server
+    if not (address is None or address is False or isinstance(address, (str, os.PathLike))):
+        raise PlanApplyError(
+            f"server is a {type(address).__name__}: give a scheduler's address (unix:PATH, HOST:PORT, "
+            "'default'), None or False"
+        )
     applier = Applier(plan, model, optimizer, copies_complete_after)
     with contextlib.ExitStack() as stack:
+        if address is not False and address is not None:
+            target = None if str(address) == "default" else str(address)
+            session = Session(plan.graph, target, name, priority=priority)
+            stack.callback(session.finish)
+            applier.session = session
         stack.callback(applier.finish)
         for handle in (
             model.register_forward_pre_hook(applier.forward_pre_hook),

@@ -33,9 +33,10 @@ they run unplanned and are counted.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -44,6 +45,11 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from tensile.hook.schedule import PERSISTENT, Event, Schedule
 from tensile.hook.store import Residence, engine_for, view_of
 from tensile.planning import Plan
+
+if TYPE_CHECKING:
+    from tensile.hook.session import Session
+
+log = logging.getLogger("tensile.hook")
 
 _UNCOUNTED = ("aten::_local_scalar_dense",)
 _DETACH = ("aten::detach", "default")
@@ -88,6 +94,10 @@ class IterationStats:
     #: an op's call is its run; empty on CUDA, whose kernels run
     #: asynchronously), for a scheduler's re-planning.
     op_ns: dict[int, int] = dataclasses.field(default_factory=dict)
+    #: The plan the iteration ran: its scheduler job id (0 for the plan
+    #: given to ``tensile.apply``) and version.
+    plan_job: int = 0
+    plan_version: int = 0
 
     @property
     def peak_saved_bytes(self) -> int:
@@ -143,6 +153,11 @@ class Applier(TorchDispatchMode):
         self.stats: list[IterationStats] = []
         #: The plan's ``after`` events, some moved earlier (see ``_retime``).
         self.after = {k: list(evs) for k, evs in self.s.after.items()}
+        #: (scheduler job id, version) of the plan in use; job 0: the plan
+        #: given to ``tensile.apply``.
+        self.plan_id = (0, int(plan.plan.get("version", 0)))
+        #: The scheduler session (``tensile.apply(..., server=...)``), if any.
+        self.session: Session | None = None
         self._register_module_tensors()
 
     # -- setup -----------------------------------------------------------
@@ -212,7 +227,7 @@ class Applier(TorchDispatchMode):
             return  # evaluation passes are not training iterations
         self.in_iter, self.checking, self.k, self.pending, self.in_step = True, True, 0, None, False
         self.acts, self.resident = {}, 0
-        self.stats.append(IterationStats())
+        self.stats.append(IterationStats(plan_job=self.plan_id[0], plan_version=self.plan_id[1]))
         with _disable_current_modes():
             for ev in self.s.at_start:
                 self._fire(ev)
@@ -246,6 +261,52 @@ class Applier(TorchDispatchMode):
             self._park_start_on_host()
         self.stats[-1].ops = self.k if self.checking else self.s.optimizer_start
         self.in_iter = False
+        if self.session is not None:
+            self._report_and_switch(self.session)
+
+    def _report_and_switch(self, session: Session) -> None:
+        """The step boundary with a scheduler: the step's report goes to the
+        session's queue, and a newer plan, if one arrived, is applied now."""
+        pushed = session.iteration_done(self.measurements(-1))
+        if pushed is None:
+            return
+        try:
+            self.use_plan(pushed.plan, job_id=pushed.job_id)
+        except (PlanApplyError, PlanMismatchError) as e:
+            log.warning("tensile: plan version %d of job %d refused: %s", pushed.version, pushed.job_id, e)
+
+    def use_plan(self, plan: Plan, *, job_id: int = 0) -> None:
+        """Switches to ``plan`` from the next iteration on. Only between
+        iterations (never inside one), and only a plan of the same graph: a
+        plan whose op sequence differs is refused with
+        :class:`PlanMismatchError` naming the first differing op, one that
+        recomputes with :class:`PlanApplyError`. Persistent tensors the old
+        plan kept on the host across iterations and the new one does not
+        come back to the device now; the new plan's go to the host."""
+        if not isinstance(plan, Plan):
+            raise PlanApplyError(f"plan is a {type(plan).__name__}, not a tensile Plan")
+        if self.in_iter:
+            raise PlanApplyError("a plan is switched between iterations, not inside one (after optimizer.step())")
+        diff = _graph_difference(self.plan, plan)
+        if diff is not None:
+            raise PlanMismatchError(f"the new plan is not for the graph being applied ({self.plan.graph['name']!r}): {diff}")
+        s = Schedule(plan)
+        if s.recomputes:
+            raise PlanApplyError(
+                f"the new plan recomputes {s.recomputes[0]['tensor_name']!r}: recomputation is not applied in eager mode"
+            )
+        with _disable_current_modes(), self.lock:
+            for res in list(self.inflight):
+                self._settle(res, wait=True)
+            keep = set(s.start_on_host)
+            for sid, res in self.persist.items():
+                if sid not in keep and not res.on_device:
+                    self._persist_in(res)
+                    self._settle(res, wait=True)
+            self.s, self.plan = s, plan
+            self.after = {k: list(evs) for k, evs in s.after.items()}
+            self._park_start_on_host()
+        self.plan_id = (job_id, int(plan.plan.get("version", 0)))
 
     def _park_start_on_host(self) -> None:
         for sid in self.s.start_on_host:
@@ -501,7 +562,7 @@ class Applier(TorchDispatchMode):
         complete = len(stats.op_ns) == self.s.n_ops
         return {
             "iteration": len(self.stats) + index if index < 0 else index,
-            "plan_version": self.plan.plan.get("version", 0),
+            "plan_version": stats.plan_version,
             "op_latency_s": [stats.op_ns[k] / 1e9 for k in range(self.s.n_ops)] if complete else [],
             "stall_s": stats.stall_ns / 1e9,
             "late_prefetches": list(stats.late_prefetches),
@@ -588,6 +649,24 @@ def _check_per_tensor(optimizer: torch.optim.Optimizer, device: torch.device) ->
                 f"optimizer group {i} runs {flag} (multi-tensor) updates on {device.type}, the plan per-tensor "
                 f"ones: construct {type(optimizer).__name__} with foreach=False"
             )
+
+
+def _graph_difference(a: Plan, b: Plan) -> str | None:
+    """The first difference between the graphs of two plans (op kinds and
+    output shapes, in order), or None when the same ops run."""
+    ka, kb = Schedule.op_keys_of(a), Schedule.op_keys_of(b)
+    for k, (x, y) in enumerate(zip(ka, kb)):
+        if x != y:
+            return f"op {k} is {a.op_label(k)} in the applied graph, {b.op_label(k)} in the new plan's"
+        shapes_a = [a.tensors[t]["shape"] for t in a.ops[k]["outputs"]]
+        shapes_b = [b.tensors[t]["shape"] for t in b.ops[k]["outputs"]]
+        if shapes_a != shapes_b:
+            return f"op {k} ({a.op_label(k)}) has output shapes {shapes_a} in the applied graph, {shapes_b} in the new plan's"
+    if len(ka) != len(kb):
+        return f"the applied graph has {len(ka)} ops, the new plan's {len(kb)}"
+    if len(a.tensors) != len(b.tensors):
+        return f"the applied graph has {len(a.tensors)} tensors, the new plan's {len(b.tensors)}"
+    return None
 
 
 def _label(key: tuple[str, str]) -> str:

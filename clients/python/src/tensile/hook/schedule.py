@@ -31,7 +31,7 @@ class Schedule:
         ops, tensors = plan.ops, plan.tensors
         self.n_ops = len(ops)
         #: ``(schema name, overload)`` of every op, what the dispatcher must run.
-        self.op_keys = [(op["type"], op.get("attrs", {}).get("overload", "default")) for op in ops]
+        self.op_keys = self.op_keys_of(plan)
         self.root = list(range(len(tensors)))
         for op in ops:
             for alias in op.get("aliases", []):
@@ -60,6 +60,10 @@ class Schedule:
         self.prefetched = {e["tensor"] for e in plan.events if e["kind"] == "swap_in"}
         self.start_on_host = plan.start_on_host
         self.has_optimizer_state = "optimizer_state" in self.kind
+
+    @staticmethod
+    def op_keys_of(plan: Plan) -> list[tuple[str, str]]:
+        return [(op["type"], op.get("attrs", {}).get("overload", "default")) for op in plan.ops]
 
     def is_persistent(self, storage: int) -> bool:
         return self.kind[storage] in PERSISTENT
