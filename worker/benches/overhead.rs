@@ -124,6 +124,7 @@ fn main() {
             iterations: 2,
             memory_budget_bytes: None,
             host: HostConfig::default(),
+            engine: tensile_worker::Engine::Host,
         };
         let mut w = Worker::new(&g, &live, &plan, program, initial_of(&g, &values), config)
             .expect("worker");

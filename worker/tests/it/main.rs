@@ -90,6 +90,7 @@ pub(crate) fn run(
         iterations,
         memory_budget_bytes: budget,
         host,
+        engine: tensile_worker::Engine::Host,
     };
     let mut w = Worker::new(g, &live, plan, kernels, mock::initial(g), config)?;
     let reports = w.run(|_| None)?;
