@@ -6,6 +6,7 @@
 //! budget that vanilla exceeds. Kernels: `mock` (a deterministic function
 //! of each op's inputs, any graph) until the real ones run everything.
 
+mod cuda;
 mod mock;
 mod plans;
 mod real;

@@ -17,6 +17,7 @@ use tensile_planner::{CopyModel, JobSettings, Plan};
 use tensile_swap_executor::HostConfig;
 use tensile_worker::{Engine, Worker, WorkerConfig, initial_of, vanilla_plan};
 
+use crate::cuda::gpu;
 use crate::{bytes, latencies, planned};
 
 fn resnet() -> Graph {
@@ -121,22 +122,6 @@ fn plans_with_real_kernels_lose_nothing() {
         ..HostConfig::default()
     };
     assert_same(&g, &want, &worker_run(&g, &p, 2, faults));
-}
-
-/// Whether this machine can run the CUDA engine; says why not when it
-/// cannot, so that skipped GPU tests say they skipped.
-fn gpu() -> bool {
-    match tensile_swap_executor::cuda_available(0) {
-        Err(why) => {
-            eprintln!("SKIPPED: {why}");
-            false
-        }
-        Ok(()) if !tch::Cuda::is_available() => {
-            eprintln!("SKIPPED: a CUDA driver, but libtorch sees no CUDA device");
-            false
-        }
-        Ok(()) => true,
-    }
 }
 
 #[test]
