@@ -63,6 +63,54 @@ pub(crate) fn cuda_memory(index: i32, reset: bool) -> Result<[i64; 4], String> {
     Ok(out)
 }
 
+/// Writes `src` into the memory of `dst`, a contiguous CPU tensor of
+/// exactly `src.len()` bytes, with no allocation (a copy engine refilling
+/// a buffer it reuses).
+pub(crate) fn write_bytes(dst: &Tensor, src: &[u8]) -> Result<(), String> {
+    let len = dst.numel() * dst.kind().elt_size_in_bytes();
+    if dst.device() != tch::Device::Cpu {
+        return Err(format!(
+            "writing bytes into a {:?} tensor (CPU only)",
+            dst.device()
+        ));
+    }
+    if !dst.is_contiguous() || len != src.len() {
+        return Err(format!(
+            "writing {} B into a {}tensor of {len} B",
+            src.len(),
+            if dst.is_contiguous() {
+                ""
+            } else {
+                "non-contiguous "
+            }
+        ));
+    }
+    if len == 0 {
+        return Ok(());
+    }
+    let mut bytes = dst
+        .f_view_dtype(tch::Kind::Uint8)
+        .and_then(|t| t.f_reshape([len as i64]))
+        .map_err(|e| format!("viewing a tensor as bytes: {e}"))?;
+    // SAFETY: `src` is `len` initialised bytes, borrowed for this whole
+    // function; the blob tensor only reads them in the synchronous CPU
+    // `copy_` below and is dropped before the function returns (nothing
+    // else holds it: `copy_` keeps no reference to its source).
+    let blob = unsafe {
+        Tensor::f_from_blob(
+            src.as_ptr(),
+            &[len as i64],
+            &[1],
+            tch::Kind::Uint8,
+            tch::Device::Cpu,
+        )
+    }
+    .map_err(|e| format!("wrapping {len} B: {e}"))?;
+    let copied = bytes.f_copy_(&blob).map(drop);
+    drop(blob);
+    copied.map_err(|e| format!("copying {len} B: {e}"))
+}
+
 /// One argument value, in schema order (see `tk_arg` in the shim).
 #[derive(Debug)]
 pub(crate) enum Arg<'a> {

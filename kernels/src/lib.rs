@@ -93,6 +93,14 @@ pub fn cuda_memory(index: usize, reset_peak: bool) -> Result<DeviceMemory, Kerne
     })
 }
 
+/// Writes `src` into the memory of `dst`, a contiguous CPU tensor of
+/// exactly `src.len()` bytes, without allocating: for copy engines that
+/// refill buffers they reuse (a fresh allocation of tens of MB page-faults
+/// on first touch). An error names what does not fit.
+pub fn write_bytes(dst: &tch::Tensor, src: &[u8]) -> Result<(), String> {
+    ffi::write_bytes(dst, src)
+}
+
 /// The schema `op` binds to, as PyTorch prints it, or why it cannot run.
 pub fn binding_of(op: &tensile_graph::Op) -> Result<String, String> {
     bind::bind(op, &mut bind::Cache::default()).map(|b| b.schema.text)

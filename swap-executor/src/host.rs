@@ -16,8 +16,18 @@
 //! keeps the device copy), so the pool never overcommits and nothing waits
 //! on a buffer that may never be given back. Faults can be injected: a
 //! delay on every copy and a failure of every n-th one.
+//!
+//! Device buffers that prefetches built are reused: when the executor
+//! frees one, the engine keeps it (up to [`HostConfig::reuse_cap_bytes`])
+//! and refills it for a later prefetch of the same size and kind, once the
+//! swap-outs submitted before the free (which may still read it) are done.
+//! A fresh allocation of 32 MB or more is mapped anew by the allocator and
+//! page-faults on first touch, which halves a prefetch's rate or worse.
+//! Only payloads that say they may be reused ([`Payload::reusable`]: the
+//! worker's CPU tensors) are; kept buffers are the engine's, not the
+//! device's resident bytes, as a caching allocator's free blocks are.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::thread::JoinHandle;
@@ -31,7 +41,7 @@ use crate::engine::{Copy, CopyEngine, CopyError, CopyId, CopyStatus, Dir};
 /// worker for its tensors (a shallow handle: cloning shares the memory).
 pub trait Payload: Send + 'static {
     /// What it takes to build a payload from bytes (element type, device).
-    type Meta: Clone + Send + 'static;
+    type Meta: Clone + PartialEq + Send + 'static;
     fn meta(&self) -> Self::Meta;
     /// Another handle to the same memory (kept by a copy in flight).
     fn share(&self) -> Self;
@@ -42,6 +52,16 @@ pub trait Payload: Send + 'static {
     fn write(meta: &Self::Meta, src: &[u8]) -> Result<Self, String>
     where
         Self: Sized;
+    /// Whether an engine may keep this buffer once nothing else uses it
+    /// and refill it ([`Payload::overwrite`]) for a later prefetch: for
+    /// memory that is slow to allocate afresh. No by default.
+    fn reusable(&self) -> bool {
+        false
+    }
+    /// Writes `src` (exactly `byte_len` long) into this buffer's memory.
+    fn overwrite(&mut self, _src: &[u8]) -> Result<(), String> {
+        Err("this payload cannot be refilled".to_string())
+    }
 }
 
 /// How the host engine runs.
@@ -57,6 +77,9 @@ pub struct HostConfig {
     pub fault_delay: Duration,
     /// Every n-th submitted copy fails (fault injection).
     pub fail_every: Option<u64>,
+    /// The most bytes of freed device buffers kept for reuse by later
+    /// prefetches (0: none kept; a prefetch then allocates afresh).
+    pub reuse_cap_bytes: u64,
 }
 
 impl Default for HostConfig {
@@ -67,6 +90,7 @@ impl Default for HostConfig {
             pool_cap_bytes: u64::MAX,
             fault_delay: Duration::ZERO,
             fail_every: None,
+            reuse_cap_bytes: 512 << 20,
         }
     }
 }
@@ -89,6 +113,8 @@ enum Job<P: Payload> {
         id: CopyId,
         src: Arc<Vec<u8>>,
         meta: P::Meta,
+        /// A kept device buffer to refill instead of allocating.
+        reuse: Option<P>,
         not_before: Instant,
         fail: bool,
     },
@@ -139,6 +165,15 @@ pub struct HostCopies<P: Payload> {
     /// the cap, and go first when a copy needs the room.
     spare: Vec<Vec<u8>>,
     spare_bytes: u64,
+    /// Storages whose device payload a prefetch built (the engine's own,
+    /// shared only through views of the same storage).
+    built_here: HashSet<StorageId>,
+    /// Freed device buffers kept for reuse, oldest first, each with the
+    /// number of swap-outs that must be done before it may be written.
+    reuse: VecDeque<(P, u64)>,
+    reuse_bytes: u64,
+    outs_submitted: u64,
+    outs_done: u64,
 }
 
 impl<P: Payload> std::fmt::Debug for HostCopies<P> {
@@ -208,13 +243,18 @@ fn lane<P: Payload>(
                 id,
                 src,
                 meta,
+                reuse,
                 fail,
                 ..
             } => {
                 let result = if fail {
                     Err("injected copy failure".to_string())
                 } else {
-                    P::write(&meta, &src)
+                    // A kept buffer that cannot be refilled is dropped and
+                    // a fresh one built.
+                    reuse
+                        .and_then(|mut p| p.overwrite(&src).ok().map(|()| p))
+                        .map_or_else(|| P::write(&meta, &src), Ok)
                 };
                 let end = finish(start, paced, delay);
                 Done::In { id, end, result }
@@ -270,6 +310,11 @@ impl<P: Payload> HostCopies<P> {
             in_flight: 0,
             spare: Vec::new(),
             spare_bytes: 0,
+            built_here: HashSet::new(),
+            reuse: VecDeque::new(),
+            reuse_bytes: 0,
+            outs_submitted: 0,
+            outs_done: 0,
         }
     }
 
@@ -280,6 +325,7 @@ impl<P: Payload> HostCopies<P> {
     /// The storage's device payload is `payload` (a kernel produced it).
     pub fn set_device(&mut self, s: StorageId, payload: P) {
         self.wanted_in.remove(&s);
+        self.built_here.remove(&s);
         self.device.insert(s, payload);
     }
 
@@ -291,8 +337,45 @@ impl<P: Payload> HostCopies<P> {
     /// The storage left the device: its payload goes (a copy in flight
     /// keeps its own handle), and a prefetch into it is no longer wanted.
     pub fn drop_device(&mut self, s: StorageId) {
-        self.device.remove(&s);
         self.wanted_in.remove(&s);
+        if let Some(p) = self.device.remove(&s)
+            && self.built_here.remove(&s)
+        {
+            // Swap-outs submitted so far may still read it.
+            self.keep_device(p, self.outs_submitted);
+        }
+    }
+
+    /// Keeps a device buffer nothing else uses for a later prefetch, once
+    /// `outs` swap-outs are done; the oldest go past the cap.
+    fn keep_device(&mut self, p: P, outs: u64) {
+        let len = p.byte_len() as u64;
+        if !p.reusable() || len == 0 || len > self.config.reuse_cap_bytes {
+            return;
+        }
+        self.reuse_bytes += len;
+        self.reuse.push_back((p, outs));
+        while self.reuse_bytes > self.config.reuse_cap_bytes {
+            let Some((old, _)) = self.reuse.pop_front() else {
+                break;
+            };
+            self.reuse_bytes -= old.byte_len() as u64;
+        }
+    }
+
+    /// A kept device buffer for `len` bytes of `meta` that no copy reads.
+    fn take_device(&mut self, meta: &P::Meta, len: usize) -> Option<P> {
+        let i = self.reuse.iter().position(|(p, outs)| {
+            *outs <= self.outs_done && p.byte_len() == len && p.meta() == *meta
+        })?;
+        let (p, _) = self.reuse.remove(i)?;
+        self.reuse_bytes -= len as u64;
+        Some(p)
+    }
+
+    /// Bytes of freed device buffers kept for reuse.
+    pub fn reuse_bytes(&self) -> u64 {
+        self.reuse_bytes
     }
 
     /// Puts `payload`'s bytes in the pool as the storage's host copy, now
@@ -394,6 +477,7 @@ impl<P: Payload> HostCopies<P> {
         self.in_flight -= 1;
         match done {
             Done::Out { id, end, result } => {
+                self.outs_done += 1;
                 let Some((s, meta, len)) = self.out_meta.remove(&id) else {
                     return;
                 };
@@ -427,6 +511,10 @@ impl<P: Payload> HostCopies<P> {
                         if self.wanted_in.get(&s) == Some(&id) {
                             self.wanted_in.remove(&s);
                             self.device.insert(s, p);
+                            self.built_here.insert(s);
+                        } else {
+                            // Nobody saw it: the engine's to keep.
+                            self.keep_device(p, 0);
                         }
                         State::Ended(self.ns(end))
                     }
@@ -506,12 +594,14 @@ impl<P: Payload> CopyEngine for HostCopies<P> {
                     return self.fail_now(s, format!("storage {} has no host copy", s.0));
                 };
                 let (src, meta) = (Arc::clone(&h.bytes), h.meta.clone());
+                let reuse = self.take_device(&meta, src.len());
                 let id = self.fresh_id();
                 self.wanted_in.insert(s, id);
                 Job::In {
                     id,
                     src,
                     meta,
+                    reuse,
                     not_before,
                     fail,
                 }
@@ -528,6 +618,9 @@ impl<P: Payload> CopyEngine for HostCopies<P> {
             return id;
         }
         self.in_flight += 1;
+        if copy.dir == Dir::ToHost {
+            self.outs_submitted += 1;
+        }
         self.copies.insert(
             id,
             State::Pending {

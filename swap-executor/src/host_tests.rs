@@ -30,6 +30,14 @@ impl Payload for Buf {
     fn write(_: &(), src: &[u8]) -> Result<Self, String> {
         Ok(Buf(Arc::new(src.to_vec())))
     }
+    fn reusable(&self) -> bool {
+        true
+    }
+    fn overwrite(&mut self, src: &[u8]) -> Result<(), String> {
+        let dst = Arc::get_mut(&mut self.0).ok_or("shared")?;
+        dst.copy_from_slice(src);
+        Ok(())
+    }
 }
 
 fn pattern(len: usize, seed: u8) -> Buf {
@@ -215,4 +223,50 @@ fn copies_without_data_fail_instead_of_inventing_it() {
         e.status(CopyId(77)),
         CopyStatus::Failed(CopyError::Unknown(_))
     ));
+}
+
+#[test]
+fn freed_device_buffers_are_refilled_once_no_swap_out_reads_them() {
+    let epoch = Instant::now();
+    // 1 MiB at 0.25 GB/s: a swap-out is in flight for about 4 ms.
+    let config = HostConfig {
+        bytes_per_s: Some(0.25e9),
+        ..HostConfig::default()
+    };
+    let mut e = HostCopies::<Buf>::new(config, epoch);
+    let len = 1 << 20;
+    e.put_host(StorageId(1), &pattern(len, 1)).expect("fits");
+    let id = e.submit(copy(Dir::ToDevice, 1, len as u64));
+    assert!(matches!(settle(&mut e, epoch, id), CopyStatus::Ends(_)));
+    e.forget(id);
+    let first = e.device(StorageId(1)).expect("prefetched").0.as_ptr();
+    // Swapped out again and freed while the copy reads it: a prefetch of
+    // the same size meanwhile must not take it.
+    e.discard_host(StorageId(1));
+    let out = e.submit(copy(Dir::ToHost, 1, len as u64));
+    e.drop_device(StorageId(1));
+    assert_eq!(e.reuse_bytes(), len as u64, "kept");
+    e.put_host(StorageId(2), &pattern(len, 2)).expect("fits");
+    let in2 = e.submit(copy(Dir::ToDevice, 2, len as u64));
+    assert!(matches!(settle(&mut e, epoch, in2), CopyStatus::Ends(_)));
+    assert!(matches!(settle(&mut e, epoch, out), CopyStatus::Ends(_)));
+    let two = e.device(StorageId(2)).expect("prefetched");
+    assert_ne!(two.0.as_ptr(), first, "taken while a swap-out read it");
+    assert_eq!(two.0, pattern(len, 2).0);
+    let host = e
+        .host_payload(StorageId(1))
+        .expect("host copy")
+        .expect("bytes");
+    assert_eq!(host.0, pattern(len, 1).0, "the swap-out read its own bytes");
+    // Now nothing reads it: the next prefetch of that size refills it.
+    let in1 = e.submit(copy(Dir::ToDevice, 1, len as u64));
+    assert!(matches!(settle(&mut e, epoch, in1), CopyStatus::Ends(_)));
+    let one = e.device(StorageId(1)).expect("prefetched");
+    assert_eq!(one.0.as_ptr(), first, "refilled, not allocated");
+    assert_eq!(one.0, pattern(len, 1).0);
+    assert_eq!(e.reuse_bytes(), 0);
+    // A buffer the driver set (a kernel's output) is never kept.
+    e.set_device(StorageId(3), pattern(len, 3));
+    e.drop_device(StorageId(3));
+    assert_eq!(e.reuse_bytes(), 0);
 }

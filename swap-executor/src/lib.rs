@@ -19,13 +19,20 @@
 //!   the worker implements for its tensors) and a capped pool of host
 //!   buffers, on paced copy threads, with fault injection.
 //!
-//! Planned: `cuda` (cudarc, one non-blocking stream), for the worker.
+//! - `cuda`: [`CudaCopies`], real copies between libtorch's device buffers
+//!   (a [`DevicePayload`]) and a capped pool of pinned host buffers on one
+//!   non-blocking CUDA stream (cudarc, driver loaded at run time), ordered
+//!   against the compute stream with events; fault injection as `host`.
+//!   The crate's only module with `unsafe`.
 
+#[allow(unsafe_code)]
+mod cuda;
 mod engine;
 mod host;
 mod queue;
 mod virtual_time;
 
+pub use cuda::{CudaConfig, CudaCopies, CudaUnavailable, DevicePayload, cuda_available};
 pub use engine::{Copy, CopyEngine, CopyError, CopyId, CopyStatus, Dir};
 pub use host::{HostConfig, HostCopies, Payload};
 pub use queue::ExecutionQueue;

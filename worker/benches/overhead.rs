@@ -124,6 +124,7 @@ fn main() {
             iterations: 2,
             memory_budget_bytes: None,
             host: HostConfig::default(),
+            engine: tensile_worker::Engine::Host,
         };
         let mut w = Worker::new(&g, &live, &plan, program, initial_of(&g, &values), config)
             .expect("worker");
@@ -154,7 +155,8 @@ fn main() {
     );
     println!("  worker iterations (s): {worker:.3?}");
     println!("  reference iterations (s): {reference:.3?}");
-    for (n, mib) in [(8u32, 32i64), (32, 8)] {
+    // 512 MiB each way for each size, side by side.
+    for (n, mib) in [(64u32, 8i64), (16, 32), (4, 128)] {
         let (out, back) = copy_rate(n, mib << 18);
         println!(
             "host engine over tensors, unthrottled, {n} x {mib} MiB: device->host {out:.2} GB/s, host->device {back:.2} GB/s (target >= 2 GB/s)"

@@ -8,7 +8,9 @@
 //! # Layout
 //! - `payload`: device storages as the host copy engine sees them (one flat
 //!   tensor per storage) and the layouts that re-derive views from it.
-//! - `runtime`: [`Worker`], the driver of the executor over the host copy
+//! - `copies`: the copy engine the worker picks ([`Engine`]): the host
+//!   engine, or the CUDA engine (one stream, a pinned pool) on a GPU.
+//! - `runtime`: [`Worker`], the driver of the executor over the copy
 //!   engine; the [`Kernels`] trait it runs ops through; out-of-memory under
 //!   a device budget.
 //! - `real`: the real kernels (`tensile-kernels`) as [`Kernels`], their
@@ -18,11 +20,13 @@
 //!   a new plan only at an iteration boundary.
 //! - `main.rs`: the `tensile-worker` binary.
 
+mod copies;
 mod payload;
 mod real;
 mod runtime;
 mod session;
 
+pub use copies::{Copies, Engine, cuda_ordinal};
 pub use payload::{Flat, FlatMeta, Layout};
 pub use real::{initial_of, save_params};
 pub use runtime::{IterationReport, Kernels, Worker, WorkerConfig, WorkerError, vanilla_plan};

@@ -15,7 +15,9 @@ use tch::Device;
 use tensile_graph::zoo::{self, ZooConfig};
 use tensile_graph::{Graph, Limits, Liveness, json};
 use tensile_swap_executor::HostConfig;
-use tensile_worker::{IterationReport, Session, SessionConfig, Worker, WorkerConfig, vanilla_plan};
+use tensile_worker::{
+    Engine, IterationReport, Session, SessionConfig, Worker, WorkerConfig, vanilla_plan,
+};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum CopyKind {
@@ -71,7 +73,8 @@ struct Args {
     /// cpu, cuda or cuda:N.
     #[arg(long, default_value = "cpu")]
     device: String,
-    /// The copy engine (default: by device).
+    /// The copy engine (default: by device: cuda on a CUDA device, host on
+    /// the CPU).
     #[arg(long, value_enum)]
     copy: Option<CopyKind>,
     /// Bandwidth of the host engine per direction, GB/s (unset: as fast as
@@ -124,6 +127,39 @@ fn device(s: &str) -> Result<Device> {
             _ => bail!("unknown device {s:?} (expected cpu, cuda or cuda:N)"),
         },
     }
+}
+
+/// The copy engine: `--copy`, else by device (the CUDA engine on a CUDA
+/// device, the host engine on the CPU). Clear errors for a CUDA engine
+/// without a CUDA device, a driver or a device, and for a pace on the CUDA
+/// engine.
+fn engine(args: &Args, device: Device) -> Result<Engine> {
+    let copy = args.copy.unwrap_or(match device {
+        Device::Cpu => CopyKind::Host,
+        _ => CopyKind::Cuda,
+    });
+    if copy == CopyKind::Cuda {
+        let Some(ordinal) = tensile_worker::cuda_ordinal(device) else {
+            bail!(
+                "--copy cuda needs a CUDA device (--device cuda or cuda:N), not {:?}",
+                args.device
+            );
+        };
+        if args.link_gbps.is_some() {
+            bail!(
+                "--link-gbps paces the host engine only; the CUDA engine runs at the real link's speed (drop it, or use --copy host)"
+            );
+        }
+        tensile_swap_executor::cuda_available(ordinal)
+            .with_context(|| format!("--copy cuda on --device {}", args.device))?;
+    }
+    if device != Device::Cpu && !tch::Cuda::is_available() {
+        bail!("--device {}: libtorch sees no CUDA device", args.device);
+    }
+    Ok(match (copy, tensile_worker::cuda_ordinal(device)) {
+        (CopyKind::Cuda, Some(ordinal)) => Engine::Cuda { ordinal },
+        _ => Engine::Host,
+    })
 }
 
 fn graph(args: &Args) -> Result<Graph> {
@@ -212,18 +248,7 @@ fn start_session(args: &Args, g: &Graph) -> Result<Session> {
 fn main() -> Result<()> {
     let args = Args::parse();
     let device = device(&args.device)?;
-    let copy = args.copy.unwrap_or(match device {
-        Device::Cpu => CopyKind::Host,
-        _ => CopyKind::Cuda,
-    });
-    if copy == CopyKind::Cuda {
-        bail!(
-            "--copy cuda: the CUDA copy engine is not built into this worker (and no GPU is in use); use --copy host"
-        );
-    }
-    if device != Device::Cpu && !tch::Cuda::is_available() {
-        bail!("--device {}: no CUDA device is available", args.device);
-    }
+    let engine = engine(&args, device)?;
     if let Some(n) = args.threads {
         tch::set_num_threads(n);
     }
@@ -271,6 +296,7 @@ fn main() -> Result<()> {
         iterations: args.iterations,
         memory_budget_bytes: args.memory_mb.map(|m| m << 20),
         host,
+        engine,
     };
     let mut worker = Worker::new(&g, &live, &plan, program, initial, config)?;
     let bar = ProgressBar::new(args.iterations as u64).with_style(

@@ -1,7 +1,8 @@
 //! Device storages as the host copy engine sees them: one flat, contiguous
 //! tensor over a storage's bytes (a [`Flat`]), whose bytes the engine reads
 //! out with tch's `copy_data_u8` and writes into a new tensor with
-//! `from_data_size`. Every tensor of the storage is a strided view of it
+//! `from_data_size` (or, refilling a CPU buffer the engine kept, straight
+//! into it with `tensile_kernels::write_bytes`). Every tensor of the storage is a strided view of it
 //! ([`Layout`]), re-derived after a swap-in with the same size, stride and
 //! offset.
 
@@ -55,6 +56,16 @@ impl Payload for Flat {
                 .map_err(|e| format!("moving a buffer to {:?}: {e}", meta.device))?
         };
         Ok(Flat(t))
+    }
+
+    /// CPU buffers: a fresh one of 32 MB or more page-faults on first
+    /// touch; a CUDA device's caching allocator reuses its own blocks.
+    fn reusable(&self) -> bool {
+        self.0.device() == Device::Cpu
+    }
+
+    fn overwrite(&mut self, src: &[u8]) -> Result<(), String> {
+        tensile_kernels::write_bytes(&self.0, src)
     }
 }
 
@@ -158,6 +169,24 @@ mod tests {
         assert!(again.equal(&view));
         // A distinct buffer: writing the copy leaves the original alone.
         assert_ne!(again.data_ptr(), view.data_ptr());
+    }
+
+    #[test]
+    fn a_cpu_buffer_is_refilled_in_place_and_a_misfit_is_an_error() {
+        let want = Tensor::arange(6, (Kind::Float, Device::Cpu));
+        let mut bytes = vec![0u8; 24];
+        Flat(want.shallow_clone()).read(&mut bytes).expect("read");
+        let mut flat = Flat(Tensor::zeros([6], (Kind::Float, Device::Cpu)));
+        assert!(flat.reusable());
+        let at = flat.0.data_ptr();
+        flat.overwrite(&bytes).expect("fits");
+        assert_eq!(flat.0.data_ptr(), at, "in place");
+        assert!(flat.0.equal(&want));
+        let err = flat.overwrite(&bytes[..20]).expect_err("short");
+        assert!(err.contains("writing 20 B into a tensor of 24 B"), "{err}");
+        let strided = Tensor::zeros([2, 3], (Kind::Float, Device::Cpu)).transpose(0, 1);
+        let err = tensile_kernels::write_bytes(&strided, &bytes).expect_err("strided");
+        assert!(err.contains("non-contiguous"), "{err}");
     }
 
     #[test]

@@ -1,5 +1,5 @@
-//! The worker runtime: drives the executor over the host copy engine with
-//! real tensors. The executor says which op runs next and hands out
+//! The worker runtime: drives the executor over its copy engine (host or
+//! CUDA, see `copies`) with real tensors. The executor says which op runs next and hands out
 //! allocations and frees as effects; the runtime holds the tensors of the
 //! storages on the "device", tells the engine of each storage's bytes (so a
 //! swap-out finds them), re-derives views from a storage that came back
@@ -15,7 +15,9 @@ use tch::Tensor;
 use tensile_executor::{Effect, ExecError, Executor, IterationStats, Next};
 use tensile_graph::{Graph, Liveness, OpId, StorageId, TensorId};
 use tensile_planner::{Event, Plan};
-use tensile_swap_executor::{HostConfig, HostCopies, Payload};
+use tensile_swap_executor::{CudaUnavailable, HostConfig, Payload};
+
+use crate::copies::{Copies, Engine};
 
 use crate::payload::{Flat, Layout};
 
@@ -50,6 +52,8 @@ pub enum WorkerError {
     },
     #[error(transparent)]
     Exec(#[from] ExecError),
+    #[error("the CUDA copy engine cannot run: {0}")]
+    Cuda(#[from] CudaUnavailable),
     #[error("op {op} ({name}) failed: {why}")]
     Kernel { op: u32, name: String, why: String },
     #[error("tensor {tensor} ({name}): {why}")]
@@ -66,7 +70,10 @@ pub struct WorkerConfig {
     pub iterations: usize,
     /// Device memory the job may use; `None`: no limit.
     pub memory_budget_bytes: Option<u64>,
+    /// The pace (host engine only), pool cap and faults of the copies.
     pub host: HostConfig,
+    /// Which copy engine carries out the swaps.
+    pub engine: Engine,
 }
 
 /// What one iteration measured.
@@ -134,7 +141,7 @@ impl IterationReport {
 pub struct Worker<'g, K> {
     graph: &'g Graph,
     live: &'g Liveness,
-    exec: Executor<'g, HostCopies<Flat>>,
+    exec: Executor<'g, Copies>,
     kernels: K,
     epoch: Instant,
     /// Wall-clock time of `epoch`, ns since the Unix epoch.
@@ -186,7 +193,7 @@ impl<'g, K: Kernels> Worker<'g, K> {
         config: WorkerConfig,
     ) -> Result<Worker<'g, K>, WorkerError> {
         let epoch = Instant::now();
-        let engine = HostCopies::new(config.host, epoch);
+        let engine = Copies::new(config.engine, config.host, epoch)?;
         let exec = Executor::new(graph, live, plan, engine, config.iterations);
         let n = graph.tensors().len();
         let mut tensors_of = vec![Vec::new(); live.storages.len()];

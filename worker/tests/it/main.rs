@@ -6,6 +6,7 @@
 //! budget that vanilla exceeds. Kernels: `mock` (a deterministic function
 //! of each op's inputs, any graph) until the real ones run everything.
 
+mod cuda;
 mod mock;
 mod plans;
 mod real;
@@ -90,6 +91,7 @@ pub(crate) fn run(
         iterations,
         memory_budget_bytes: budget,
         host,
+        engine: tensile_worker::Engine::Host,
     };
     let mut w = Worker::new(g, &live, plan, kernels, mock::initial(g), config)?;
     let reports = w.run(|_| None)?;

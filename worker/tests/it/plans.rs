@@ -254,6 +254,7 @@ fn plans_switched_at_iteration_boundaries_lose_nothing() {
         iterations: 5,
         memory_budget_bytes: None,
         host: HostConfig::default(),
+        engine: tensile_worker::Engine::Host,
     };
     let first = vanilla(&g);
     let mut w =

@@ -15,8 +15,9 @@ use tensile_graph::{Graph, Liveness, TensorId};
 use tensile_kernels::{Program, initial_values, run_iteration};
 use tensile_planner::{CopyModel, JobSettings, Plan};
 use tensile_swap_executor::HostConfig;
-use tensile_worker::{Worker, WorkerConfig, initial_of, vanilla_plan};
+use tensile_worker::{Engine, Worker, WorkerConfig, initial_of, vanilla_plan};
 
+use crate::cuda::gpu;
 use crate::{bytes, latencies, planned};
 
 fn resnet() -> Graph {
@@ -34,14 +35,26 @@ fn worker_run(
     iterations: usize,
     host: HostConfig,
 ) -> Vec<(TensorId, Tensor)> {
+    worker_run_on(g, plan, iterations, host, Device::Cpu, Engine::Host)
+}
+
+fn worker_run_on(
+    g: &Graph,
+    plan: &Plan,
+    iterations: usize,
+    host: HostConfig,
+    device: Device,
+    engine: Engine,
+) -> Vec<(TensorId, Tensor)> {
     tch::set_num_threads(1);
     let live = Liveness::analyze(g);
-    let program = Program::new(g, Device::Cpu).expect("every op runs");
-    let values = initial_values(g, Device::Cpu, 7, None, None).expect("values");
+    let program = Program::new(g, device).expect("every op runs");
+    let values = initial_values(g, device, 7, None, None).expect("values");
     let config = WorkerConfig {
         iterations,
         memory_budget_bytes: None,
         host,
+        engine,
     };
     let mut w =
         Worker::new(g, &live, plan, program, initial_of(g, &values), config).expect("worker");
@@ -109,6 +122,72 @@ fn plans_with_real_kernels_lose_nothing() {
         ..HostConfig::default()
     };
     assert_same(&g, &want, &worker_run(&g, &p, 2, faults));
+}
+
+#[test]
+fn on_a_gpu_the_cuda_engine_loses_nothing_even_under_faults() {
+    if !gpu() {
+        return;
+    }
+    let g = resnet();
+    let live = Liveness::analyze(&g);
+    let dev = Device::Cuda(0);
+    // cuDNN's autotuner may pick different kernels run to run.
+    tch::Cuda::cudnn_set_benchmark(false);
+    let host = HostConfig::default();
+    let want = worker_run_on(&g, &vanilla_plan(&live), 2, host, dev, Engine::Host);
+    let again = worker_run_on(&g, &vanilla_plan(&live), 2, host, dev, Engine::Host);
+    assert_same(&g, &want, &again);
+    let copy = CopyModel::duplex(12e9, 12e9, 10_000);
+    let p = planned(&g, latencies(&g), copy, JobSettings::default(), 0.5);
+    assert!(p.prediction.swap_outs > 0 && !p.start_on_host.is_empty());
+    let cuda = Engine::Cuda { ordinal: 0 };
+    assert_same(&g, &want, &worker_run_on(&g, &p, 2, host, dev, cuda));
+    let faults = HostConfig {
+        fault_delay: Duration::from_micros(300),
+        fail_every: Some(3),
+        ..host
+    };
+    assert_same(&g, &want, &worker_run_on(&g, &p, 2, faults, dev, cuda));
+}
+
+#[test]
+fn without_a_gpu_the_cuda_engine_is_a_clear_error() {
+    let g = resnet();
+    let live = Liveness::analyze(&g);
+    if tensile_swap_executor::cuda_available(0).is_ok() {
+        eprintln!("SKIPPED: this machine has a CUDA device");
+        return;
+    }
+    let config = WorkerConfig {
+        iterations: 1,
+        memory_budget_bytes: None,
+        host: HostConfig::default(),
+        engine: Engine::Cuda { ordinal: 0 },
+    };
+    let program = Program::new(&g, Device::Cpu).expect("every op runs");
+    let values = initial_values(&g, Device::Cpu, 7, None, None).expect("values");
+    let plan = vanilla_plan(&live);
+    let err = Worker::new(&g, &live, &plan, program, initial_of(&g, &values), config)
+        .expect_err("no GPU");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("CUDA copy engine cannot run")
+            && (msg.contains("no CUDA driver library") || msg.contains("does not exist")),
+        "{msg}"
+    );
+    let out = worker_bin()
+        .args(["--model", "resnet50", "--batch", "1", "--resolution", "32"])
+        .args(["--vanilla", "--device", "cuda"])
+        .output()
+        .expect("runs");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--copy cuda on --device cuda")
+            && (stderr.contains("no CUDA driver library") || stderr.contains("does not exist")),
+        "{stderr}"
+    );
 }
 
 fn worker_bin() -> Command {
@@ -201,7 +280,11 @@ fn the_binary_trains_under_vanilla_and_a_plan_file_and_runs_out_of_memory_clearl
         .output()
         .expect("runs");
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("CUDA copy engine"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--copy cuda needs a CUDA device"),
+        "{stderr}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
