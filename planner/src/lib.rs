@@ -34,13 +34,15 @@ mod replan;
 mod swap;
 
 use std::collections::{BTreeMap, HashSet};
+use std::time::Instant;
 
 use tensile_graph::{Graph, Liveness, StorageId, TensorId};
 
 pub use config::{CopyModel, JobSettings, PlannerConfig};
 pub use intervals::IntervalSet;
 pub use plan::{
-    Diagnostic, DiagnosticKind, Event, EventKind, MultiPlan, Plan, Prediction, Trigger, Wait,
+    Diagnostic, DiagnosticKind, Event, EventKind, MultiPlan, Plan, PlanProfile, Prediction,
+    Trigger, Wait,
 };
 pub use replan::{FixedPlans, JobId, Measurements, Replan, ReplanError, ReplanReason, Replanner};
 
@@ -82,8 +84,20 @@ pub enum PlanError {
     Bandwidth { h2d: f64, d2h: f64 },
 }
 
+/// The wall-clock cap of one planning call (`PlannerConfig::time_cap`).
+#[derive(Debug, Clone, Copy)]
+struct Deadline(Option<Instant>);
+
+impl Deadline {
+    fn past(self) -> bool {
+        self.0.is_some_and(|d| Instant::now() >= d)
+    }
+}
+
 /// Plans all `jobs` together for one device.
 pub fn plan(jobs: &[JobInput<'_>], config: &PlannerConfig) -> Result<MultiPlan, PlanError> {
+    let started = Instant::now();
+    let deadline = Deadline(config.time_cap.map(|c| started + c));
     let c = &config.copy;
     for bw in [c.h2d_bytes_per_s, c.d2h_bytes_per_s] {
         if !(bw.is_finite() && bw > 0.0) {
@@ -153,10 +167,25 @@ pub fn plan(jobs: &[JobInput<'_>], config: &PlannerConfig) -> Result<MultiPlan, 
         .map(|v| (v.1 as f64 * (1.0 + config.max_overhead.max(0.0))) as u64)
         .collect();
     let mut out = MultiPlan::default();
+    out.profile.setup = started.elapsed();
     let mut failed: HashSet<(usize, StorageId, usize)> = HashSet::new();
     let mut tried = Tried::default();
     let mut capped = false;
     loop {
+        if deadline.past() {
+            out.diagnostics.push(Diagnostic {
+                job: 0,
+                kind: DiagnosticKind::PlanningCapped,
+                tensor: None,
+                message: format!(
+                    "stopped at the time cap of {:.3} s after {} rounds: the plans hold every move made until then",
+                    config.time_cap.unwrap_or_default().as_secs_f64(),
+                    out.rounds
+                ),
+            });
+            out.profile.capped = true;
+            break;
+        }
         out.rounds += 1;
         if out.rounds > config.max_rounds {
             out.diagnostics.push(Diagnostic {
@@ -171,7 +200,11 @@ pub fn plan(jobs: &[JobInput<'_>], config: &PlannerConfig) -> Result<MultiPlan, 
         if fits.is_some_and(|b| sum_of_peaks(&state) <= b) {
             break;
         }
-        if swap_round(&mut state, &mut failed, fits) > 0 {
+        let t = Instant::now();
+        let placed = swap_round(&mut state, &mut failed, fits, deadline);
+        out.profile.swap_rounds += 1;
+        out.profile.swap += t.elapsed();
+        if placed > 0 {
             continue;
         }
         if state.iter().any(|j| !j.wrap_allowed) {
@@ -181,9 +214,20 @@ pub fn plan(jobs: &[JobInput<'_>], config: &PlannerConfig) -> Result<MultiPlan, 
             continue;
         }
         let total: u64 = state.iter().map(|j| j.peak().0).sum();
-        if config.budget_bytes.is_some_and(|b| total > b)
-            && budget_round(&mut state, config, &limits, &mut tried, &mut capped)
-        {
+        if config.budget_bytes.is_some_and(|b| total > b) && {
+            let t = Instant::now();
+            let moved = budget_round(
+                &mut state,
+                config,
+                &limits,
+                &mut tried,
+                &mut capped,
+                deadline,
+            );
+            out.profile.budget_rounds += 1;
+            out.profile.budget += t.elapsed();
+            moved
+        } {
             failed.clear();
             continue;
         }
@@ -209,6 +253,7 @@ pub fn plan(jobs: &[JobInput<'_>], config: &PlannerConfig) -> Result<MultiPlan, 
             ),
         });
     }
+    let t = Instant::now();
     for (j, (job, (vpeak, vtime, vline))) in state.iter().zip(vanilla).enumerate() {
         let mut p = emit(job);
         p.prediction.vanilla_peak_bytes = vpeak;
@@ -237,6 +282,8 @@ pub fn plan(jobs: &[JobInput<'_>], config: &PlannerConfig) -> Result<MultiPlan, 
         .iter()
         .map(|p| p.prediction.vanilla_peak_bytes)
         .sum();
+    out.profile.emit = t.elapsed();
+    let t = Instant::now();
     out.aligned_peak_bytes = aligned_peak(
         &out.plans
             .iter()
@@ -248,6 +295,8 @@ pub fn plan(jobs: &[JobInput<'_>], config: &PlannerConfig) -> Result<MultiPlan, 
             })
             .collect::<Vec<_>>(),
     );
+    out.profile.aligned = t.elapsed();
+    out.profile.total = started.elapsed();
     Ok(out)
 }
 
@@ -261,6 +310,7 @@ fn swap_round(
     state: &mut [Job<'_>],
     failed: &mut HashSet<(usize, StorageId, usize)>,
     fits: Option<u64>,
+    deadline: Deadline,
 ) -> usize {
     let peaks: Vec<usize> = state.iter().map(|j| j.peak().1).collect();
     let mut cands = Vec::new();
@@ -285,7 +335,7 @@ fn swap_round(
     cands.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
     let mut placed = 0;
     for (_, j, s, after) in cands {
-        if fits.is_some_and(|b| sum_of_peaks(state) <= b) {
+        if fits.is_some_and(|b| sum_of_peaks(state) <= b) || deadline.past() {
             break;
         }
         if state[j].peak().1 != peaks[j] || !rate_allows(state, j) {
@@ -339,6 +389,7 @@ fn budget_round(
     limits: &[u64],
     tried: &mut Tried,
     capped: &mut bool,
+    deadline: Deadline,
 ) -> bool {
     /// Moves tried on a copy per round once one helps, at most.
     const TRIES: usize = 4;
@@ -370,6 +421,7 @@ fn budget_round(
             .as_ref()
             .is_some_and(|b| b.0 >= *worth || tries >= TRIES)
             || tries >= MAX_TRIES
+            || deadline.past()
         {
             break;
         }
