@@ -204,7 +204,9 @@ pub fn plan(jobs: &[JobInput<'_>], config: &PlannerConfig) -> Result<MultiPlan, 
         let placed = swap_round(&mut state, &mut failed, fits, deadline);
         out.profile.swap_rounds += 1;
         out.profile.swap += t.elapsed();
-        if placed > 0 {
+        // A round cut short by the deadline placed what it could: the top
+        // of the loop stops (nothing placed then does not mean done).
+        if placed > 0 || deadline.past() {
             continue;
         }
         if state.iter().any(|j| !j.wrap_allowed) {
@@ -226,7 +228,7 @@ pub fn plan(jobs: &[JobInput<'_>], config: &PlannerConfig) -> Result<MultiPlan, 
             );
             out.profile.budget_rounds += 1;
             out.profile.budget += t.elapsed();
-            moved
+            moved || deadline.past()
         } {
             failed.clear();
             continue;

@@ -170,7 +170,10 @@ async fn a_second_job_replans_the_first_and_admission_queues_what_does_not_fit()
     .await
     .unwrap();
     let mut pc = subscribe(&mut c, &cj).await;
-    assert_eq!(next_plan(&mut pc).await.version, 1);
+    // Its fast first plan (version 1), or already the joint plan with b
+    // that supersedes it (version 2).
+    let v = next_plan(&mut pc).await.version;
+    assert!((1..=2).contains(&v), "c's plan version {v}");
     s.stop().await;
 }
 
