@@ -8,9 +8,13 @@
 //! departures and budget changes wait and are coalesced into the next
 //! joint plan, which supersedes the fast plans. Published plans never add
 //! up past the budget because of a fast plan: a fast plan is published only
-//! if it fits beside the others' published peaks, and a joint plan made
-//! without a fast-planned job is published only if it fits beside it
-//! (otherwise the next joint plan, which includes it, follows at once).
+//! if it fits beside the others' published peaks, and of a joint plan made
+//! without a fast-planned job only the plans that fit beside it go out
+//! (those that lower a job's peak first); the next joint plan, which
+//! includes every job, follows at once. (A joint plan that is over the
+//! budget by itself, with an `OverBudget` diagnostic, is published whole
+//! when no fast plan ran meanwhile: admission holds the lower bounds, not what the planner
+//! reaches within its cap.)
 //! Each job's newest plan goes out through its watch channel.
 
 use std::cmp::Reverse;
@@ -102,7 +106,7 @@ struct Flight {
 }
 
 /// How long a fast first plan may search, at most.
-const FAST_CAP: Duration = Duration::from_millis(100);
+const FAST_CAP: Duration = Duration::from_millis(25);
 
 /// The task's state.
 #[derive(Debug)]
@@ -520,15 +524,18 @@ impl Planner {
                 .map(|p| p.planned_peak_bytes)
                 .sum()
         };
-        if beside > 0 && mp.sum_of_peaks_bytes.saturating_add(beside) > self.budget {
+        let keep = if beside > 0 && mp.sum_of_peaks_bytes.saturating_add(beside) > self.budget {
             debug!(
                 jobs = f.ids.len(),
                 sum_of_peaks = mp.sum_of_peaks_bytes,
                 beside,
-                "a joint plan does not fit beside the fast plans made meanwhile; re-planning"
+                "a joint plan does not fit beside the fast plans made meanwhile; publishing what fits, re-planning"
             );
-            return true;
-        }
+            due = true;
+            self.what_fits(&f.ids, &mp)
+        } else {
+            vec![true; f.ids.len()]
+        };
         debug!(
             jobs = f.ids.len(),
             ms = elapsed.as_secs_f64() * 1e3,
@@ -547,8 +554,43 @@ impl Planner {
                 }
             }
         }
-        self.publish(&f.ids, mp);
+        self.publish(&f.ids, mp, &keep);
         due
+    }
+
+    /// Which plans of a joint plan can go out beside the plans published
+    /// meanwhile without raising the published peaks past the budget: every
+    /// plan that lowers its job's peak, then, smallest rise first, those
+    /// that still fit.
+    fn what_fits(&self, ids: &[u64], mp: &MultiPlan) -> Vec<bool> {
+        let jobs = self.shared.jobs();
+        let now = |id: &u64| {
+            jobs.get(id)
+                .and_then(Job::prediction)
+                .map_or(0, |p| p.planned_peak_bytes)
+        };
+        let mut total: u64 = self.admitted.keys().map(now).sum();
+        let mut rises: Vec<(i128, usize)> = ids
+            .iter()
+            .zip(&mp.plans)
+            .enumerate()
+            .map(|(k, (id, p))| {
+                (
+                    i128::from(p.prediction.planned_peak_bytes) - i128::from(now(id)),
+                    k,
+                )
+            })
+            .collect();
+        rises.sort();
+        let mut keep = vec![false; ids.len()];
+        for (rise, k) in rises {
+            let next = (i128::from(total) + rise).max(0) as u64;
+            if rise <= 0 || next <= self.budget {
+                keep[k] = true;
+                total = next;
+            }
+        }
+        keep
     }
 
     /// Fast first plans for the jobs admitted since the last call: each
@@ -645,7 +687,7 @@ impl Planner {
         }
     }
 
-    fn publish(&mut self, ids: &[u64], mp: MultiPlan) {
+    fn publish(&mut self, ids: &[u64], mp: MultiPlan, keep: &[bool]) {
         let global = |d: &Diagnostic| {
             matches!(
                 d.kind,
@@ -653,6 +695,9 @@ impl Planner {
             )
         };
         for (k, (&id, plan)) in ids.iter().zip(mp.plans).enumerate() {
+            if !keep[k] {
+                continue;
+            }
             let diags: Vec<Diagnostic> = mp
                 .diagnostics
                 .iter()
@@ -667,8 +712,19 @@ impl Planner {
                 a.at_plan = est.iter().map(|&x| x as f64).sum();
             }
         }
+        // Published in part: the sum of what runs now.
+        let sum_of_peaks = if keep.iter().all(|&k| k) {
+            mp.sum_of_peaks_bytes
+        } else {
+            let jobs = self.shared.jobs();
+            self.admitted
+                .keys()
+                .filter_map(|id| jobs.get(id)?.prediction())
+                .map(|p| p.planned_peak_bytes)
+                .sum()
+        };
         let mut mem = self.shared.memory();
-        mem.sum_of_peaks_bytes = mp.sum_of_peaks_bytes;
+        mem.sum_of_peaks_bytes = sum_of_peaks;
         mem.aligned_peak_bytes = mp.aligned_peak_bytes;
         mem.vanilla_sum_of_peaks_bytes = mp.vanilla_sum_of_peaks_bytes;
         mem.diagnostics = mp
@@ -679,13 +735,9 @@ impl Planner {
         drop(mem);
         self.metrics
             .sum_of_peaks_bytes
-            .set(i64::try_from(mp.sum_of_peaks_bytes).unwrap_or(i64::MAX));
+            .set(i64::try_from(sum_of_peaks).unwrap_or(i64::MAX));
         self.count_states();
-        info!(
-            jobs = ids.len(),
-            sum_of_peaks = mp.sum_of_peaks_bytes,
-            "plans published"
-        );
+        info!(jobs = ids.len(), sum_of_peaks, "plans published");
     }
 
     /// Writes the learned latencies of `ids` to the store (blocking
