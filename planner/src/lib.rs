@@ -216,7 +216,7 @@ pub fn plan(jobs: &[JobInput<'_>], config: &PlannerConfig) -> Result<MultiPlan, 
             continue;
         }
         let total: u64 = state.iter().map(|j| j.peak().0).sum();
-        if config.budget_bytes.is_some_and(|b| total > b) && {
+        if config.budget_bytes.is_some_and(|b| total > b) {
             let t = Instant::now();
             let moved = budget_round(
                 &mut state,
@@ -228,10 +228,15 @@ pub fn plan(jobs: &[JobInput<'_>], config: &PlannerConfig) -> Result<MultiPlan, 
             );
             out.profile.budget_rounds += 1;
             out.profile.budget += t.elapsed();
-            moved || deadline.past()
-        } {
-            failed.clear();
-            continue;
+            if let Some(j) = moved {
+                // Only job `j` changed: a swap that failed on another job
+                // (placing one reads that job alone) would fail again.
+                failed.retain(|&(k, _, _)| k != j);
+                continue;
+            }
+            if deadline.past() {
+                continue;
+            }
         }
         break;
     }
@@ -371,7 +376,7 @@ fn rate_allows(state: &[Job<'_>], j: usize) -> bool {
 /// Over budget: applies the move with the most bytes saved at a job's peak
 /// per second added (recomputations, swaps with a late prefetch, waits for
 /// swap-outs) that lowers that job's peak, or flattens it (fewer steps at
-/// the peak), and keeps its iteration within `limits`; true when one was
+/// the peak), and keeps its iteration within `limits`; the job it moved, if
 /// applied. Moves are ranked by an estimate (the bytes they take off the
 /// peak step, an upper bound of the time they add); the best ones are tried
 /// on a copy of the job and measured, and one is taken as soon as what it
@@ -392,7 +397,7 @@ fn budget_round(
     tried: &mut Tried,
     capped: &mut bool,
     deadline: Deadline,
-) -> bool {
+) -> Option<usize> {
     /// Moves tried on a copy per round once one helps, at most.
     const TRIES: usize = 4;
     /// Moves tried per round, at most, when none helps: every try rebuilds
@@ -457,9 +462,9 @@ fn budget_round(
         Some((_, j, next)) => {
             state[j] = next;
             tried.failed.clear();
-            true
+            Some(j)
         }
-        None => false,
+        None => None,
     }
 }
 
