@@ -671,6 +671,12 @@ impl Planner {
             });
             self.publish_one(job.id, mp.plans.remove(0), mp.diagnostics);
             self.count_states();
+            // Status shows what runs: the others' plans and this one.
+            let sum = held.saturating_add(mp.sum_of_peaks_bytes);
+            self.shared.memory().sum_of_peaks_bytes = sum;
+            self.metrics
+                .sum_of_peaks_bytes
+                .set(i64::try_from(sum).unwrap_or(i64::MAX));
         }
     }
 
@@ -712,10 +718,8 @@ impl Planner {
                 a.at_plan = est.iter().map(|&x| x as f64).sum();
             }
         }
-        // Published in part: the sum of what runs now.
-        let sum_of_peaks = if keep.iter().all(|&k| k) {
-            mp.sum_of_peaks_bytes
-        } else {
+        // What runs now: this plan's jobs and any fast plans beside them.
+        let sum_of_peaks: u64 = {
             let jobs = self.shared.jobs();
             self.admitted
                 .keys()

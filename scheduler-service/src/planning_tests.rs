@@ -9,11 +9,11 @@ use std::time::{Duration, Instant};
 
 use tensile_graph::builder::{Builder, Optimizer};
 use tensile_graph::{DType, Graph, Liveness};
-use tensile_planner::{CopyModel, JobSettings, PlannerConfig};
+use tensile_planner::{CopyModel, JobSettings, MultiPlan, Plan, PlannerConfig, Prediction};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use super::{Command, NewJob, Planner};
+use super::{Admitted, Command, NewJob, Planner};
 use crate::metrics::Metrics;
 use crate::state::{Job, JobState, Shared, Update};
 use crate::token::TokenHash;
@@ -164,4 +164,71 @@ async fn a_job_registered_during_a_slow_joint_plan_gets_a_fast_first_plan() {
     assert_eq!(shared.jobs()[&2].state(), JobState::Active);
     cancel.cancel();
     task.await.unwrap();
+}
+
+fn with_peak(version: u64, peak: u64) -> Plan {
+    Plan {
+        version,
+        prediction: Prediction {
+            planned_peak_bytes: peak,
+            ..Prediction::default()
+        },
+        ..Plan::default()
+    }
+}
+
+#[tokio::test]
+async fn a_joint_plan_that_does_not_fit_beside_a_fast_plan_goes_out_in_part() {
+    let g = mlp();
+    let budget = 100;
+    let shared = Arc::new(Shared::new(budget));
+    let mut config = PlannerConfig::new(CopyModel::duplex(1e10, 1e10, 1_000));
+    config.budget_bytes = Some(budget);
+    let mut planner = Planner::new(
+        shared.clone(),
+        config,
+        0.3,
+        0.9,
+        Duration::from_secs(2),
+        None,
+        "test".into(),
+        Arc::new(Metrics::new()),
+    );
+    let (tx, _rx) = mpsc::channel(8);
+    for id in 1..=3 {
+        register(&shared, &tx, id, &g).await;
+        planner.admitted.insert(
+            id,
+            Admitted {
+                lower_bound: 10,
+                fingerprint: String::new(),
+                at_plan: 0.0,
+                unsaved: false,
+            },
+        );
+    }
+    // Job 1 runs a joint plan at 40, job 2 a fast plan at 30; job 3 has
+    // none. A joint plan made without job 2 lowers job 1 to 35 and gives
+    // job 3 40: 35 + 30 + 40 is past the budget, so only job 1's goes out.
+    planner.publish_one(1, with_peak(0, 40), Vec::new());
+    planner.publish_one(2, with_peak(0, 30), Vec::new());
+    let mp = MultiPlan {
+        plans: vec![with_peak(0, 35), with_peak(0, 40)],
+        sum_of_peaks_bytes: 75,
+        ..MultiPlan::default()
+    };
+    assert_eq!(planner.what_fits(&[1, 3], &mp), vec![true, false]);
+    // With job 3 at 30 both fit (35 + 30 + 30 = 95).
+    let mp = MultiPlan {
+        plans: vec![with_peak(0, 35), with_peak(0, 30)],
+        sum_of_peaks_bytes: 65,
+        ..MultiPlan::default()
+    };
+    let keep = planner.what_fits(&[1, 3], &mp);
+    assert_eq!(keep, vec![true, true]);
+    planner.publish(&[1, 3], mp, &keep);
+    let peaks = plans(&shared, &[1, 2, 3]);
+    assert_eq!(peaks, vec![(2, 35), (1, 30), (1, 30)]);
+    // Status counts what runs: job 2's fast plan too.
+    assert_eq!(shared.memory().sum_of_peaks_bytes, 95);
 }
