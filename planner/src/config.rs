@@ -85,6 +85,15 @@ pub struct PlannerConfig {
     /// The default, 3.0, is about what PyTorch's synchronous offloading
     /// (`save_on_cpu`) costs on the zoo's CNNs.
     pub max_overhead: f64,
+    /// Wall-clock cap on one call of [`crate::plan`]: the search checks it
+    /// between moves (every swap placed, every budget move tried) and, once
+    /// past it, stops and returns what it has: every move made so far, each
+    /// of which left every job's plan valid (a plan is built only from
+    /// placed swaps and applied moves, never from a half-made one). So a
+    /// capped plan is valid and executable; it may save less memory than an
+    /// uncapped one (and may then be over the budget, with an `OverBudget`
+    /// diagnostic); it carries a `PlanningCapped` diagnostic. `None`: no cap.
+    pub time_cap: Option<std::time::Duration>,
 }
 
 impl PlannerConfig {
@@ -96,6 +105,7 @@ impl PlannerConfig {
             max_rounds: 1_000_000,
             max_recompute_depth: 3,
             max_overhead: 3.0,
+            time_cap: None,
         }
     }
 }

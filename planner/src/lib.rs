@@ -34,13 +34,15 @@ mod replan;
 mod swap;
 
 use std::collections::{BTreeMap, HashSet};
+use std::time::Instant;
 
 use tensile_graph::{Graph, Liveness, StorageId, TensorId};
 
 pub use config::{CopyModel, JobSettings, PlannerConfig};
 pub use intervals::IntervalSet;
 pub use plan::{
-    Diagnostic, DiagnosticKind, Event, EventKind, MultiPlan, Plan, Prediction, Trigger, Wait,
+    Diagnostic, DiagnosticKind, Event, EventKind, MultiPlan, Plan, PlanProfile, Prediction,
+    Trigger, Wait,
 };
 pub use replan::{FixedPlans, JobId, Measurements, Replan, ReplanError, ReplanReason, Replanner};
 
@@ -82,8 +84,20 @@ pub enum PlanError {
     Bandwidth { h2d: f64, d2h: f64 },
 }
 
+/// The wall-clock cap of one planning call (`PlannerConfig::time_cap`).
+#[derive(Debug, Clone, Copy)]
+struct Deadline(Option<Instant>);
+
+impl Deadline {
+    fn past(self) -> bool {
+        self.0.is_some_and(|d| Instant::now() >= d)
+    }
+}
+
 /// Plans all `jobs` together for one device.
 pub fn plan(jobs: &[JobInput<'_>], config: &PlannerConfig) -> Result<MultiPlan, PlanError> {
+    let started = Instant::now();
+    let deadline = Deadline(config.time_cap.map(|c| started + c));
     let c = &config.copy;
     for bw in [c.h2d_bytes_per_s, c.d2h_bytes_per_s] {
         if !(bw.is_finite() && bw > 0.0) {
@@ -153,10 +167,25 @@ pub fn plan(jobs: &[JobInput<'_>], config: &PlannerConfig) -> Result<MultiPlan, 
         .map(|v| (v.1 as f64 * (1.0 + config.max_overhead.max(0.0))) as u64)
         .collect();
     let mut out = MultiPlan::default();
+    out.profile.setup = started.elapsed();
     let mut failed: HashSet<(usize, StorageId, usize)> = HashSet::new();
     let mut tried = Tried::default();
     let mut capped = false;
     loop {
+        if deadline.past() {
+            out.diagnostics.push(Diagnostic {
+                job: 0,
+                kind: DiagnosticKind::PlanningCapped,
+                tensor: None,
+                message: format!(
+                    "stopped at the time cap of {:.3} s after {} rounds: the plans hold every move made until then",
+                    config.time_cap.unwrap_or_default().as_secs_f64(),
+                    out.rounds
+                ),
+            });
+            out.profile.capped = true;
+            break;
+        }
         out.rounds += 1;
         if out.rounds > config.max_rounds {
             out.diagnostics.push(Diagnostic {
@@ -171,7 +200,13 @@ pub fn plan(jobs: &[JobInput<'_>], config: &PlannerConfig) -> Result<MultiPlan, 
         if fits.is_some_and(|b| sum_of_peaks(&state) <= b) {
             break;
         }
-        if swap_round(&mut state, &mut failed, fits) > 0 {
+        let t = Instant::now();
+        let placed = swap_round(&mut state, &mut failed, fits, deadline);
+        out.profile.swap_rounds += 1;
+        out.profile.swap += t.elapsed();
+        // A round cut short by the deadline placed what it could: the top
+        // of the loop stops (nothing placed then does not mean done).
+        if placed > 0 || deadline.past() {
             continue;
         }
         if state.iter().any(|j| !j.wrap_allowed) {
@@ -181,11 +216,27 @@ pub fn plan(jobs: &[JobInput<'_>], config: &PlannerConfig) -> Result<MultiPlan, 
             continue;
         }
         let total: u64 = state.iter().map(|j| j.peak().0).sum();
-        if config.budget_bytes.is_some_and(|b| total > b)
-            && budget_round(&mut state, config, &limits, &mut tried, &mut capped)
-        {
-            failed.clear();
-            continue;
+        if config.budget_bytes.is_some_and(|b| total > b) {
+            let t = Instant::now();
+            let moved = budget_round(
+                &mut state,
+                config,
+                &limits,
+                &mut tried,
+                &mut capped,
+                deadline,
+            );
+            out.profile.budget_rounds += 1;
+            out.profile.budget += t.elapsed();
+            if let Some(j) = moved {
+                // Only job `j` changed: a swap that failed on another job
+                // (placing one reads that job alone) would fail again.
+                failed.retain(|&(k, _, _)| k != j);
+                continue;
+            }
+            if deadline.past() {
+                continue;
+            }
         }
         break;
     }
@@ -209,6 +260,7 @@ pub fn plan(jobs: &[JobInput<'_>], config: &PlannerConfig) -> Result<MultiPlan, 
             ),
         });
     }
+    let t = Instant::now();
     for (j, (job, (vpeak, vtime, vline))) in state.iter().zip(vanilla).enumerate() {
         let mut p = emit(job);
         p.prediction.vanilla_peak_bytes = vpeak;
@@ -237,6 +289,8 @@ pub fn plan(jobs: &[JobInput<'_>], config: &PlannerConfig) -> Result<MultiPlan, 
         .iter()
         .map(|p| p.prediction.vanilla_peak_bytes)
         .sum();
+    out.profile.emit = t.elapsed();
+    let t = Instant::now();
     out.aligned_peak_bytes = aligned_peak(
         &out.plans
             .iter()
@@ -248,6 +302,8 @@ pub fn plan(jobs: &[JobInput<'_>], config: &PlannerConfig) -> Result<MultiPlan, 
             })
             .collect::<Vec<_>>(),
     );
+    out.profile.aligned = t.elapsed();
+    out.profile.total = started.elapsed();
     Ok(out)
 }
 
@@ -261,6 +317,7 @@ fn swap_round(
     state: &mut [Job<'_>],
     failed: &mut HashSet<(usize, StorageId, usize)>,
     fits: Option<u64>,
+    deadline: Deadline,
 ) -> usize {
     let peaks: Vec<usize> = state.iter().map(|j| j.peak().1).collect();
     let mut cands = Vec::new();
@@ -285,7 +342,7 @@ fn swap_round(
     cands.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
     let mut placed = 0;
     for (_, j, s, after) in cands {
-        if fits.is_some_and(|b| sum_of_peaks(state) <= b) {
+        if fits.is_some_and(|b| sum_of_peaks(state) <= b) || deadline.past() {
             break;
         }
         if state[j].peak().1 != peaks[j] || !rate_allows(state, j) {
@@ -319,7 +376,7 @@ fn rate_allows(state: &[Job<'_>], j: usize) -> bool {
 /// Over budget: applies the move with the most bytes saved at a job's peak
 /// per second added (recomputations, swaps with a late prefetch, waits for
 /// swap-outs) that lowers that job's peak, or flattens it (fewer steps at
-/// the peak), and keeps its iteration within `limits`; true when one was
+/// the peak), and keeps its iteration within `limits`; the job it moved, if
 /// applied. Moves are ranked by an estimate (the bytes they take off the
 /// peak step, an upper bound of the time they add); the best ones are tried
 /// on a copy of the job and measured, and one is taken as soon as what it
@@ -339,7 +396,8 @@ fn budget_round(
     limits: &[u64],
     tried: &mut Tried,
     capped: &mut bool,
-) -> bool {
+    deadline: Deadline,
+) -> Option<usize> {
     /// Moves tried on a copy per round once one helps, at most.
     const TRIES: usize = 4;
     /// Moves tried per round, at most, when none helps: every try rebuilds
@@ -370,6 +428,7 @@ fn budget_round(
             .as_ref()
             .is_some_and(|b| b.0 >= *worth || tries >= TRIES)
             || tries >= MAX_TRIES
+            || deadline.past()
         {
             break;
         }
@@ -403,9 +462,9 @@ fn budget_round(
         Some((_, j, next)) => {
             state[j] = next;
             tried.failed.clear();
-            true
+            Some(j)
         }
-        None => false,
+        None => None,
     }
 }
 

@@ -140,7 +140,7 @@ pub enum DiagnosticKind {
     NotRecomputable,
     /// The budget still does not hold after swapping and recomputing.
     OverBudget,
-    /// Planning stopped at a cap (its round limit): the plan is valid, but
+    /// Planning stopped at a cap (its round limit or its time cap): the plan is valid, but
     /// may save less than it could.
     PlanningCapped,
 }
@@ -204,6 +204,28 @@ pub struct MultiPlan {
     pub vanilla_sum_of_peaks_bytes: u64,
     pub rounds: usize,
     pub diagnostics: Vec<Diagnostic>,
+    /// Where the planning time went.
+    pub profile: PlanProfile,
+}
+
+/// Where one planning call's wall-clock time went, for logs and benches.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PlanProfile {
+    /// Liveness analysis and the jobs' vanilla time lines.
+    pub setup: std::time::Duration,
+    /// Greedy swap rounds (placing swaps that add no time).
+    pub swap: std::time::Duration,
+    pub swap_rounds: usize,
+    /// Budget rounds (recomputations and waited-for swaps, tried on copies).
+    pub budget: std::time::Duration,
+    pub budget_rounds: usize,
+    /// Building the plans from the planned jobs.
+    pub emit: std::time::Duration,
+    /// The phase-aligned peak of all jobs' curves.
+    pub aligned: std::time::Duration,
+    pub total: std::time::Duration,
+    /// Whether the search stopped at `PlannerConfig::time_cap`.
+    pub capped: bool,
 }
 
 #[cfg(test)]

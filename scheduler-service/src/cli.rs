@@ -59,8 +59,8 @@ pub struct Args {
     /// Cold-start latency models: auto, roofline, or a model directory.
     #[arg(long, env = "TENSILE_LATENCY_MODELS")]
     pub latency_models: Option<String>,
-    /// Time cap of one re-plan, seconds, after which waiting jobs get a
-    /// plan without moves. Default 2.
+    /// Time cap of one joint plan, seconds: the planner stops its search
+    /// there and returns the moves made so far (a valid plan). Default 2.
     #[arg(long, env = "TENSILE_PLAN_CAP_S")]
     pub plan_cap_s: Option<f64>,
     /// How long shutdown waits for connections to close, seconds. Default 5.

@@ -70,9 +70,9 @@ pub struct Config {
     pub state_dir: Option<PathBuf>,
     /// Cold-start latency models.
     pub models: ModelsSpec,
-    /// A plan that takes longer than this is reported (log, metric,
-    /// a PLANNING_CAPPED diagnostic); jobs waiting for their first plan
-    /// get a plan without moves meanwhile.
+    /// The planner's deadline for one joint plan: its search stops there
+    /// and returns the moves made so far (a valid plan; log, metric and a
+    /// PLANNING_CAPPED diagnostic say so).
     pub plan_cap: Duration,
     /// Re-plan when a job's total latency moves more than this fraction.
     pub replan_threshold: f64,

@@ -80,7 +80,7 @@ impl Metrics {
         );
         registry.register(
             "planning_capped",
-            "Re-plans that ran past the time cap",
+            "Joint plans whose search stopped at the time cap",
             m.planning_capped.clone(),
         );
         registry.register("reports", "Latency reports received", m.reports.clone());

@@ -1,9 +1,21 @@
 //! The planning task: the one owner of the re-planner and of admission
-//! (TGI's block-allocator pattern). Handlers send it [`Command`]s; what
-//! arrives while it plans is applied afterwards and coalesced into one
-//! re-plan; planning runs on a blocking thread, with a time cap after
-//! which jobs still waiting for their first plan get one without moves;
-//! each job's newest plan goes out through its watch channel.
+//! (TGI's block-allocator pattern). Handlers send it [`Command`]s. A joint
+//! plan of all admitted jobs runs on a blocking thread, capped by the
+//! planner's own deadline (`plan_cap`); while it runs the task keeps
+//! taking commands: registrations are admitted at once and a newly
+//! admitted job gets a fast first plan (planned alone, against the memory
+//! the others' published plans leave), published at once; reports,
+//! departures and budget changes wait and are coalesced into the next
+//! joint plan, which supersedes the fast plans. Published plans never add
+//! up past the budget because of a fast plan: a fast plan is published only
+//! if it fits beside the others' published peaks, and of a joint plan made
+//! without a fast-planned job only the plans that fit beside it go out
+//! (those that lower a job's peak first); the next joint plan, which
+//! includes every job, follows at once. (A joint plan that is over the
+//! budget by itself, with an `OverBudget` diagnostic, is published whole
+//! when no fast plan ran meanwhile: admission holds the lower bounds, not what the planner
+//! reaches within its cap.)
+//! Each job's newest plan goes out through its watch channel.
 
 use std::cmp::Reverse;
 use std::collections::BTreeMap;
@@ -16,12 +28,13 @@ use tensile_planner::{
     PlannerConfig, ReplanError, ReplanReason, Replanner,
 };
 use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use crate::error::Error;
 use crate::metrics::Metrics;
-use crate::state::{JobState, Shared, Update};
+use crate::state::{Job, JobState, Shared, Update};
 use crate::store::Store;
 
 /// What handlers ask of the planning task.
@@ -72,6 +85,29 @@ struct Admitted {
     unsaved: bool,
 }
 
+/// A newly admitted job, for its fast first plan.
+#[derive(Debug)]
+struct Fresh {
+    id: u64,
+    graph: Arc<Graph>,
+    latencies: Vec<u64>,
+    settings: JobSettings,
+    lower_bound: u64,
+}
+
+type Planned = (Replanner, Result<MultiPlan, ReplanError>);
+
+/// The joint plan running on a blocking thread.
+#[derive(Debug)]
+struct Flight {
+    handle: JoinHandle<Planned>,
+    ids: Vec<u64>,
+    started: Instant,
+}
+
+/// How long a fast first plan may search, at most.
+const FAST_CAP: Duration = Duration::from_millis(25);
+
 /// The task's state.
 #[derive(Debug)]
 pub struct Planner {
@@ -85,6 +121,15 @@ pub struct Planner {
     device: String,
     metrics: Arc<Metrics>,
     seq: u64,
+    /// A joint plan is running on a clone of the re-planner: admitted jobs
+    /// join the re-planner when it is back.
+    in_flight: bool,
+    /// Admitted while a joint plan ran; not in the re-planner yet.
+    late: Vec<NewJob>,
+    /// Admitted since the last fast planning: each gets a fast first plan.
+    fresh: Vec<Fresh>,
+    /// Test hook: every joint plan first sleeps this long.
+    pub(crate) slow_joint_plans: Option<Duration>,
 }
 
 impl Planner {
@@ -99,6 +144,8 @@ impl Planner {
         device: String,
         metrics: Arc<Metrics>,
     ) -> Planner {
+        let mut config = config;
+        config.time_cap = Some(cap);
         let mut replanner = Replanner::new(config);
         replanner.threshold = threshold;
         replanner.weight = weight;
@@ -117,26 +164,67 @@ impl Planner {
             device,
             metrics,
             seq: 0,
+            in_flight: false,
+            late: Vec::new(),
+            fresh: Vec::new(),
+            slow_joint_plans: None,
         }
     }
 
     /// Runs until `cancel` or until every sender is gone; then saves what
     /// was learned.
     pub async fn run(mut self, mut rx: mpsc::Receiver<Command>, cancel: CancellationToken) {
+        let mut flight: Option<Flight> = None;
+        // Commands that wait for the joint plan in flight.
+        let mut deferred: Vec<Command> = Vec::new();
+        let mut dirty = false;
         loop {
-            let cmd = tokio::select! {
-                c = rx.recv() => c,
-                () = cancel.cancelled() => None,
-            };
-            let Some(cmd) = cmd else { break };
-            let mut dirty = self.apply(cmd);
+            tokio::select! {
+                c = rx.recv() => {
+                    let Some(cmd) = c else { break };
+                    if flight.is_some() {
+                        match cmd {
+                            Command::Add(job) => dirty |= self.apply(Command::Add(job)),
+                            other => deferred.push(other),
+                        }
+                    } else {
+                        dirty |= self.apply(cmd);
+                    }
+                }
+                joined = async {
+                    match flight.as_mut() {
+                        Some(f) => (&mut f.handle).await,
+                        None => std::future::pending().await,
+                    }
+                } => {
+                    if let Some(f) = flight.take() {
+                        dirty |= self.land(f, joined);
+                    }
+                    for cmd in deferred.drain(..) {
+                        dirty |= self.apply(cmd);
+                    }
+                }
+                () = cancel.cancelled() => break,
+            }
             // Coalesce: everything that arrived meanwhile makes one plan.
             while let Ok(cmd) = rx.try_recv() {
-                dirty |= self.apply(cmd);
+                if flight.is_some() && !matches!(cmd, Command::Add(_)) {
+                    deferred.push(cmd);
+                } else {
+                    dirty |= self.apply(cmd);
+                }
             }
-            if dirty {
-                self.plan().await;
+            self.fast_plans().await;
+            if dirty && flight.is_none() {
+                dirty = false;
+                flight = self.launch().await;
             }
+        }
+        if let Some(f) = flight.take()
+            && let Ok(planned) = f.handle.await
+        {
+            self.replanner = planned.0;
+            self.in_flight = false;
         }
         let ids: Vec<u64> = self.admitted.keys().copied().collect();
         self.save(&ids).await;
@@ -242,21 +330,31 @@ impl Planner {
             }
             let (_, job) = self.queue.remove(0);
             let id = job.id;
-            match self
-                .replanner
-                .add_job(JobId(id), job.graph.clone(), &job.latencies, job.settings)
-            {
+            let fresh = Fresh {
+                id,
+                graph: job.graph.clone(),
+                latencies: job.latencies.clone(),
+                settings: job.settings,
+                lower_bound: job.lower_bound,
+            };
+            let admitted = Admitted {
+                lower_bound: job.lower_bound,
+                fingerprint: job.fingerprint.clone(),
+                at_plan: job.latencies.iter().map(|&x| x as f64).sum(),
+                unsaved: false,
+            };
+            let joined = if self.in_flight {
+                self.late.push(job);
+                Ok(())
+            } else {
+                self.replanner
+                    .add_job(JobId(id), job.graph, &job.latencies, job.settings)
+            };
+            match joined {
                 Ok(()) => {
-                    held += job.lower_bound;
-                    self.admitted.insert(
-                        id,
-                        Admitted {
-                            lower_bound: job.lower_bound,
-                            fingerprint: job.fingerprint,
-                            at_plan: job.latencies.iter().map(|&x| x as f64).sum(),
-                            unsaved: false,
-                        },
-                    );
+                    held += fresh.lower_bound;
+                    self.admitted.insert(id, admitted);
+                    self.fresh.push(fresh);
                     if self.set_state(id, JobState::Planning) {
                         changed.push(id);
                     }
@@ -333,8 +431,8 @@ impl Planner {
         self.metrics.queue_length.set(self.queue.len() as i64);
     }
 
-    /// Plans every admitted job and publishes the plans.
-    async fn plan(&mut self) {
+    /// Starts a joint plan of every admitted job on a blocking thread.
+    async fn launch(&mut self) -> Option<Flight> {
         let ids: Vec<u64> = self.admitted.keys().copied().collect();
         if ids.is_empty() {
             let mut mem = self.shared.memory();
@@ -342,7 +440,7 @@ impl Planner {
             mem.aligned_peak_bytes = 0;
             mem.vanilla_sum_of_peaks_bytes = 0;
             mem.diagnostics.clear();
-            return;
+            return None;
         }
         let unsaved: Vec<u64> = self
             .admitted
@@ -353,101 +451,232 @@ impl Planner {
         self.save(&unsaved).await;
         // A clone: if the planner panics, the task keeps its state.
         let mut r = self.replanner.clone();
-        let started = Instant::now();
-        let mut handle = tokio::task::spawn_blocking(move || {
+        let slow = self.slow_joint_plans;
+        let handle = tokio::task::spawn_blocking(move || {
+            if let Some(d) = slow {
+                std::thread::sleep(d);
+            }
             let out = r.plan_all();
             (r, out)
         });
-        let mut capped = false;
-        let joined = match tokio::time::timeout(self.cap, &mut handle).await {
-            Ok(j) => j,
-            Err(_) => {
-                capped = true;
-                self.metrics.planning_capped.inc();
-                warn!(
-                    jobs = ids.len(),
-                    cap_s = self.cap.as_secs_f64(),
-                    "planning is past its time cap; jobs without a plan get one without moves"
-                );
-                self.fallback_plans().await;
-                handle.await
-            }
-        };
-        let elapsed = started.elapsed();
-        self.metrics.planning_seconds.observe(elapsed.as_secs_f64());
-        match joined {
-            Ok((r, Ok(mut mp))) => {
-                self.replanner = r;
-                if capped {
-                    mp.diagnostics.push(Diagnostic {
-                        job: 0,
-                        kind: DiagnosticKind::PlanningCapped,
-                        tensor: None,
-                        message: format!(
-                            "planning took {:.2} s, past the cap of {:.2} s; plans without moves were sent meanwhile",
-                            elapsed.as_secs_f64(),
-                            self.cap.as_secs_f64()
-                        ),
-                    });
-                }
-                debug!(
-                    jobs = ids.len(),
-                    ms = elapsed.as_secs_f64() * 1e3,
-                    "planned"
-                );
-                self.publish(&ids, mp);
-            }
-            Ok((_, Err(e))) => error!("planning failed: {e}"),
-            Err(e) => error!("the planner panicked; the previous plans stay: {e}"),
-        }
+        self.in_flight = true;
+        Some(Flight {
+            handle,
+            ids,
+            started: Instant::now(),
+        })
     }
 
-    /// Plans without moves (releases after last use only) for the jobs
-    /// still waiting for their first plan: valid, and fast.
-    async fn fallback_plans(&mut self) {
-        let waiting: Vec<(u64, Arc<Graph>, Vec<u64>)> = {
+    /// Takes a joint plan back: the re-planner it ran on, then the jobs
+    /// admitted meanwhile; publishes the plans if they fit beside the fast
+    /// plans published meanwhile. True when another joint plan is due.
+    fn land(&mut self, f: Flight, joined: Result<Planned, tokio::task::JoinError>) -> bool {
+        let elapsed = f.started.elapsed();
+        self.metrics.planning_seconds.observe(elapsed.as_secs_f64());
+        self.in_flight = false;
+        let mut due = false;
+        let mp = match joined {
+            Ok((r, Ok(mp))) => {
+                self.replanner = r;
+                Some(mp)
+            }
+            Ok((_, Err(e))) => {
+                error!("planning failed: {e}");
+                None
+            }
+            Err(e) => {
+                error!("the planner panicked; the previous plans stay: {e}");
+                None
+            }
+        };
+        for job in std::mem::take(&mut self.late) {
+            let id = job.id;
+            if !self.admitted.contains_key(&id) {
+                continue;
+            }
+            due = true;
+            if let Err(e) =
+                self.replanner
+                    .add_job(JobId(id), job.graph, &job.latencies, job.settings)
+            {
+                warn!(job = id, "cannot plan: {e}");
+                self.admitted.remove(&id);
+                self.shared.remove(id, &format!("cannot plan: {e}"));
+            }
+        }
+        let Some(mut mp) = mp else { return due };
+        if mp.profile.capped {
+            self.metrics.planning_capped.inc();
+            warn!(
+                jobs = f.ids.len(),
+                cap_s = self.cap.as_secs_f64(),
+                "planning stopped at its time cap; the plans hold the moves made until then"
+            );
+        }
+        // The peaks of the jobs this plan does not cover but that run a
+        // (fast) plan: this plan goes out only if it fits beside them.
+        let beside: u64 = {
             let jobs = self.shared.jobs();
             self.admitted
                 .keys()
-                .filter_map(|&id| {
-                    let j = jobs.get(&id)?;
-                    (j.state() == JobState::Planning).then(|| {
-                        let est = self.replanner.estimates(JobId(id)).unwrap_or_default();
-                        (id, j.graph.clone(), est)
-                    })
-                })
-                .collect()
+                .filter(|id| !f.ids.contains(id))
+                .filter_map(|id| jobs.get(id)?.prediction())
+                .map(|p| p.planned_peak_bytes)
+                .sum()
         };
-        if waiting.is_empty() {
+        let keep = if beside > 0 && mp.sum_of_peaks_bytes.saturating_add(beside) > self.budget {
+            debug!(
+                jobs = f.ids.len(),
+                sum_of_peaks = mp.sum_of_peaks_bytes,
+                beside,
+                "a joint plan does not fit beside the fast plans made meanwhile; publishing what fits, re-planning"
+            );
+            due = true;
+            self.what_fits(&f.ids, &mp)
+        } else {
+            vec![true; f.ids.len()]
+        };
+        debug!(
+            jobs = f.ids.len(),
+            ms = elapsed.as_secs_f64() * 1e3,
+            rounds = mp.rounds,
+            profile = ?mp.profile,
+            "planned"
+        );
+        if mp.profile.capped {
+            for d in &mut mp.diagnostics {
+                if d.kind == DiagnosticKind::PlanningCapped {
+                    d.message = format!(
+                        "planning stopped at its time cap of {:.2} s: {}",
+                        self.cap.as_secs_f64(),
+                        d.message
+                    );
+                }
+            }
+        }
+        self.publish(&f.ids, mp, &keep);
+        due
+    }
+
+    /// Which plans of a joint plan can go out beside the plans published
+    /// meanwhile without raising the published peaks past the budget: every
+    /// plan that lowers its job's peak, then, smallest rise first, those
+    /// that still fit.
+    fn what_fits(&self, ids: &[u64], mp: &MultiPlan) -> Vec<bool> {
+        let jobs = self.shared.jobs();
+        let now = |id: &u64| {
+            jobs.get(id)
+                .and_then(Job::prediction)
+                .map_or(0, |p| p.planned_peak_bytes)
+        };
+        let mut total: u64 = self.admitted.keys().map(now).sum();
+        let mut rises: Vec<(i128, usize)> = ids
+            .iter()
+            .zip(&mp.plans)
+            .enumerate()
+            .map(|(k, (id, p))| {
+                (
+                    i128::from(p.prediction.planned_peak_bytes) - i128::from(now(id)),
+                    k,
+                )
+            })
+            .collect();
+        rises.sort();
+        let mut keep = vec![false; ids.len()];
+        for (rise, k) in rises {
+            let next = (i128::from(total) + rise).max(0) as u64;
+            if rise <= 0 || next <= self.budget {
+                keep[k] = true;
+                total = next;
+            }
+        }
+        keep
+    }
+
+    /// Fast first plans for the jobs admitted since the last call: each
+    /// planned alone (its share of the link as in a joint plan, a short
+    /// time cap) against the budget less what the other admitted jobs
+    /// hold (their published plans' peaks, or their lower bounds while
+    /// they have none), and published at once if it fits. A job that is
+    /// alone, or whose plan does not fit, waits for the joint plan.
+    async fn fast_plans(&mut self) {
+        let fresh = std::mem::take(&mut self.fresh);
+        if fresh.is_empty() || (self.admitted.len() <= 1 && !self.in_flight) {
             return;
         }
-        let config = *self.replanner.config();
-        let done = tokio::task::spawn_blocking(move || {
-            waiting
-                .into_iter()
-                .filter_map(|(id, g, est)| {
-                    let settings = JobSettings {
-                        swap: false,
-                        recompute: false,
-                        across_iteration: false,
-                        ..JobSettings::default()
-                    };
-                    let mut c = config;
-                    c.budget_bytes = None;
-                    let mp = tensile_planner::plan(&[JobInput::new(&g, est, settings)], &c).ok()?;
-                    Some((id, mp))
-                })
-                .collect::<Vec<_>>()
-        })
-        .await;
-        for (id, mut mp) in done.unwrap_or_default() {
+        for job in fresh {
+            if !self.admitted.contains_key(&job.id) {
+                continue;
+            }
+            let held: u64 = {
+                let jobs = self.shared.jobs();
+                self.admitted
+                    .iter()
+                    .filter(|(id, _)| **id != job.id)
+                    .map(|(id, a)| {
+                        jobs.get(id)
+                            .and_then(Job::prediction)
+                            .map_or(a.lower_bound, |p| p.planned_peak_bytes)
+                    })
+                    .sum()
+            };
+            let room = self.budget.saturating_sub(held);
+            if room < job.lower_bound {
+                continue;
+            }
+            let mut config = *self.replanner.config();
+            config.budget_bytes = Some(room);
+            config.time_cap = Some(self.cap.min(FAST_CAP));
+            if config.copy.shared_by_jobs {
+                let n = self.admitted.len() as f64;
+                config.copy.h2d_bytes_per_s /= n;
+                config.copy.d2h_bytes_per_s /= n;
+            }
+            let started = Instant::now();
+            let planned = tokio::task::spawn_blocking(move || {
+                let input = JobInput::new(&job.graph, job.latencies.clone(), job.settings);
+                tensile_planner::plan(&[input], &config)
+            })
+            .await;
+            let mut mp = match planned {
+                Ok(Ok(mp)) => mp,
+                Ok(Err(e)) => {
+                    warn!(job = job.id, "fast plan failed: {e}");
+                    continue;
+                }
+                Err(e) => {
+                    error!(job = job.id, "fast plan panicked: {e}");
+                    continue;
+                }
+            };
+            if mp.sum_of_peaks_bytes > room || mp.plans.is_empty() {
+                debug!(
+                    job = job.id,
+                    peak = mp.sum_of_peaks_bytes,
+                    room,
+                    "the fast plan does not fit; the job waits for the joint plan"
+                );
+                continue;
+            }
+            debug!(
+                job = job.id,
+                ms = started.elapsed().as_secs_f64() * 1e3,
+                "fast first plan"
+            );
             mp.diagnostics.push(Diagnostic {
                 job: 0,
                 kind: DiagnosticKind::PlanningCapped,
                 tensor: None,
-                message: "planning all jobs is past its time cap: this plan makes no moves; the full plan follows".into(),
+                message: "a fast first plan, made for this job alone in the memory the others leave; the joint plan follows".into(),
             });
-            self.publish_one(id, mp.plans.remove(0), mp.diagnostics);
+            self.publish_one(job.id, mp.plans.remove(0), mp.diagnostics);
+            self.count_states();
+            // Status shows what runs: the others' plans and this one.
+            let sum = held.saturating_add(mp.sum_of_peaks_bytes);
+            self.shared.memory().sum_of_peaks_bytes = sum;
+            self.metrics
+                .sum_of_peaks_bytes
+                .set(i64::try_from(sum).unwrap_or(i64::MAX));
         }
     }
 
@@ -464,7 +693,7 @@ impl Planner {
         }
     }
 
-    fn publish(&mut self, ids: &[u64], mp: MultiPlan) {
+    fn publish(&mut self, ids: &[u64], mp: MultiPlan, keep: &[bool]) {
         let global = |d: &Diagnostic| {
             matches!(
                 d.kind,
@@ -472,6 +701,9 @@ impl Planner {
             )
         };
         for (k, (&id, plan)) in ids.iter().zip(mp.plans).enumerate() {
+            if !keep[k] {
+                continue;
+            }
             let diags: Vec<Diagnostic> = mp
                 .diagnostics
                 .iter()
@@ -486,8 +718,17 @@ impl Planner {
                 a.at_plan = est.iter().map(|&x| x as f64).sum();
             }
         }
+        // What runs now: this plan's jobs and any fast plans beside them.
+        let sum_of_peaks: u64 = {
+            let jobs = self.shared.jobs();
+            self.admitted
+                .keys()
+                .filter_map(|id| jobs.get(id)?.prediction())
+                .map(|p| p.planned_peak_bytes)
+                .sum()
+        };
         let mut mem = self.shared.memory();
-        mem.sum_of_peaks_bytes = mp.sum_of_peaks_bytes;
+        mem.sum_of_peaks_bytes = sum_of_peaks;
         mem.aligned_peak_bytes = mp.aligned_peak_bytes;
         mem.vanilla_sum_of_peaks_bytes = mp.vanilla_sum_of_peaks_bytes;
         mem.diagnostics = mp
@@ -498,13 +739,9 @@ impl Planner {
         drop(mem);
         self.metrics
             .sum_of_peaks_bytes
-            .set(i64::try_from(mp.sum_of_peaks_bytes).unwrap_or(i64::MAX));
+            .set(i64::try_from(sum_of_peaks).unwrap_or(i64::MAX));
         self.count_states();
-        info!(
-            jobs = ids.len(),
-            sum_of_peaks = mp.sum_of_peaks_bytes,
-            "plans published"
-        );
+        info!(jobs = ids.len(), sum_of_peaks, "plans published");
     }
 
     /// Writes the learned latencies of `ids` to the store (blocking
@@ -555,3 +792,7 @@ impl Planner {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "planning_tests.rs"]
+mod tests;

@@ -377,8 +377,10 @@ impl pb::memory_scheduler_server::MemoryScheduler for Service {
     ) -> Result<Response<PlanStream>, Status> {
         let req = request.into_inner();
         let shared = &self.inner.shared;
+        let lease_until = self.lease_until();
         let rx = shared.with_job(req.job_id, &req.token, |job| {
             job.subscribers += 1;
+            job.lease_until = lease_until;
             Ok(job.updates.subscribe())
         })?;
         Ok(Response::new(PlanStream {

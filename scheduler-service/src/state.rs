@@ -48,7 +48,8 @@ pub struct Job {
     pub lower_bound: u64,
     pub latency_source: &'static str,
     pub lease_until: Instant,
-    /// Open plan streams; while one is open the lease does not lapse.
+    /// Open plan streams (for status and logs: an open stream does not
+    /// hold the lease; reports, heartbeats and subscribing renew it).
     pub subscribers: usize,
     pub updates: watch::Sender<Update>,
     pub iterations: u64,

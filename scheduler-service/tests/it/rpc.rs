@@ -159,7 +159,9 @@ async fn a_second_job_replans_the_first_and_admission_queues_what_does_not_fit()
         .into_inner();
     let changed: Vec<u64> = grown.changed.iter().map(|j| j.job_id).collect();
     assert_eq!(changed, vec![b.job_id]);
-    assert_eq!(next_plan(&mut pb_).await.version, 1);
+    // Its fast first plan, or already the joint plan with a.
+    let v = next_plan(&mut pb_).await.version;
+    assert!((1..=2).contains(&v), "b's plan version {v}");
     // a is re-planned beside b.
     assert_eq!(next_plan(&mut pa).await.version, 2);
     // a leaves: c is admitted.
@@ -170,7 +172,10 @@ async fn a_second_job_replans_the_first_and_admission_queues_what_does_not_fit()
     .await
     .unwrap();
     let mut pc = subscribe(&mut c, &cj).await;
-    assert_eq!(next_plan(&mut pc).await.version, 1);
+    // Its fast first plan (version 1), or already the joint plan with b
+    // that supersedes it (version 2).
+    let v = next_plan(&mut pc).await.version;
+    assert!((1..=2).contains(&v), "c's plan version {v}");
     s.stop().await;
 }
 

@@ -1,0 +1,234 @@
+//! The planning task with a hook that makes every joint plan slow: a job
+//! registered while one runs gets a fast first plan at once; the published
+//! plans never add up past the budget; every job's versions increase.
+
+#![allow(clippy::unwrap_used)]
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tensile_graph::builder::{Builder, Optimizer};
+use tensile_graph::{DType, Graph, Liveness};
+use tensile_planner::{CopyModel, JobSettings, MultiPlan, Plan, PlannerConfig, Prediction};
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+use super::{Admitted, Command, NewJob, Planner};
+use crate::metrics::Metrics;
+use crate::state::{Job, JobState, Shared, Update};
+use crate::token::TokenHash;
+
+fn mlp() -> Arc<Graph> {
+    let mut b = Builder::new("mlp");
+    let x = b.input("x", vec![512, 1024], DType::F32);
+    let y = b.input("y", vec![512], DType::I64);
+    let mut h = b.linear("fc1", x, 1024, false);
+    for k in 0..4 {
+        h = b.relu(&format!("act{k}"), h);
+        h = b.linear(&format!("fc{}", k + 2), h, 1024, false);
+    }
+    let logits = b.linear("head", h, 10, false);
+    let loss = b.cross_entropy("loss", logits, y);
+    Arc::new(b.finish(loss, Optimizer::adam()).unwrap())
+}
+
+/// Puts job `id` in the table (as RegisterJob does) and hands it to the
+/// planning task.
+async fn register(shared: &Shared, tx: &mpsc::Sender<Command>, id: u64, g: &Arc<Graph>) -> u64 {
+    let lower_bound = Liveness::analyze(g).largest_working_set(g);
+    let (updates, _) = watch::channel(Update {
+        state: JobState::Queued("waiting for admission".into()),
+        plan: None,
+        diagnostics: Arc::default(),
+    });
+    shared.jobs().insert(
+        id,
+        Job {
+            name: format!("job{id}"),
+            graph: g.clone(),
+            fingerprint: format!("f{id}"),
+            token: TokenHash::of("t"),
+            priority: 0,
+            lower_bound,
+            latency_source: "test",
+            lease_until: tokio::time::Instant::now() + Duration::from_secs(60),
+            subscribers: 0,
+            updates,
+            iterations: 0,
+            reported_peak: 0,
+            span: tracing::Span::none(),
+        },
+    );
+    tx.send(Command::Add(NewJob {
+        id,
+        graph: g.clone(),
+        latencies: vec![5_000_000; g.ops().len()],
+        settings: JobSettings::default(),
+        priority: 0,
+        lower_bound,
+        fingerprint: format!("f{id}"),
+    }))
+    .await
+    .unwrap();
+    lower_bound
+}
+
+/// (version, predicted peak) of each job's newest plan.
+fn plans(shared: &Shared, ids: &[u64]) -> Vec<(u64, u64)> {
+    let jobs = shared.jobs();
+    ids.iter()
+        .map(|id| {
+            let j = &jobs[id];
+            (
+                j.version(),
+                j.prediction().map_or(0, |p| p.planned_peak_bytes),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_registered_during_a_slow_joint_plan_gets_a_fast_first_plan() {
+    let g = mlp();
+    let vanilla = {
+        let c = PlannerConfig::new(CopyModel::duplex(1e10, 1e10, 1_000));
+        let s = JobSettings {
+            swap: false,
+            recompute: false,
+            across_iteration: false,
+            ..JobSettings::default()
+        };
+        let input = tensile_planner::JobInput::new(&g, vec![5_000_000; g.ops().len()], s);
+        tensile_planner::plan(&[input], &c)
+            .unwrap()
+            .sum_of_peaks_bytes
+    };
+    let lb = Liveness::analyze(&g).largest_working_set(&g);
+    // Room for one job as it is and one squeezed: the plans must share it.
+    let budget = vanilla + lb + lb / 2;
+    let shared = Arc::new(Shared::new(budget));
+    let mut config = PlannerConfig::new(CopyModel::duplex(1e10, 1e10, 1_000));
+    config.budget_bytes = Some(budget);
+    let slow = Duration::from_millis(1500);
+    let mut planner = Planner::new(
+        shared.clone(),
+        config,
+        0.3,
+        0.9,
+        Duration::from_secs(30),
+        None,
+        "test".into(),
+        Arc::new(Metrics::new()),
+    );
+    planner.slow_joint_plans = Some(slow);
+    let (tx, rx) = mpsc::channel(64);
+    let cancel = CancellationToken::new();
+    let task = tokio::spawn(planner.run(rx, cancel.clone()));
+
+    register(&shared, &tx, 1, &g).await;
+    // Job 1's joint plan is now sleeping; job 2 arrives.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(plans(&shared, &[1])[0].0, 0, "the joint plan was not slow");
+    let t = Instant::now();
+    register(&shared, &tx, 2, &g).await;
+    let ids = [1, 2];
+    let mut seen = vec![(0, 0); 2];
+    let mut first_plan_of_2 = None;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    // Until job 2 runs a plan made with job 1 (a joint one).
+    while seen[1].0 < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "no joint plan for job 2: {seen:?}"
+        );
+        let now = plans(&shared, &ids);
+        let sum: u64 = now.iter().map(|p| p.1).sum();
+        assert!(
+            sum <= budget,
+            "published peaks {now:?} add up past the budget of {budget}"
+        );
+        for (k, (old, new)) in seen.iter().zip(&now).enumerate() {
+            assert!(new.0 >= old.0, "job {}: version went back", ids[k]);
+        }
+        if now[1].0 >= 1 && first_plan_of_2.is_none() {
+            first_plan_of_2 = Some(t.elapsed());
+        }
+        seen = now;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let first = first_plan_of_2.unwrap();
+    assert!(
+        first < slow / 2,
+        "job 2's first plan took {first:?}, behind a joint plan of {slow:?}"
+    );
+    assert_eq!(shared.jobs()[&2].state(), JobState::Active);
+    cancel.cancel();
+    task.await.unwrap();
+}
+
+fn with_peak(version: u64, peak: u64) -> Plan {
+    Plan {
+        version,
+        prediction: Prediction {
+            planned_peak_bytes: peak,
+            ..Prediction::default()
+        },
+        ..Plan::default()
+    }
+}
+
+#[tokio::test]
+async fn a_joint_plan_that_does_not_fit_beside_a_fast_plan_goes_out_in_part() {
+    let g = mlp();
+    let budget = 100;
+    let shared = Arc::new(Shared::new(budget));
+    let mut config = PlannerConfig::new(CopyModel::duplex(1e10, 1e10, 1_000));
+    config.budget_bytes = Some(budget);
+    let mut planner = Planner::new(
+        shared.clone(),
+        config,
+        0.3,
+        0.9,
+        Duration::from_secs(2),
+        None,
+        "test".into(),
+        Arc::new(Metrics::new()),
+    );
+    let (tx, _rx) = mpsc::channel(8);
+    for id in 1..=3 {
+        register(&shared, &tx, id, &g).await;
+        planner.admitted.insert(
+            id,
+            Admitted {
+                lower_bound: 10,
+                fingerprint: String::new(),
+                at_plan: 0.0,
+                unsaved: false,
+            },
+        );
+    }
+    // Job 1 runs a joint plan at 40, job 2 a fast plan at 30; job 3 has
+    // none. A joint plan made without job 2 lowers job 1 to 35 and gives
+    // job 3 40: 35 + 30 + 40 is past the budget, so only job 1's goes out.
+    planner.publish_one(1, with_peak(0, 40), Vec::new());
+    planner.publish_one(2, with_peak(0, 30), Vec::new());
+    let mp = MultiPlan {
+        plans: vec![with_peak(0, 35), with_peak(0, 40)],
+        sum_of_peaks_bytes: 75,
+        ..MultiPlan::default()
+    };
+    assert_eq!(planner.what_fits(&[1, 3], &mp), vec![true, false]);
+    // With job 3 at 30 both fit (35 + 30 + 30 = 95).
+    let mp = MultiPlan {
+        plans: vec![with_peak(0, 35), with_peak(0, 30)],
+        sum_of_peaks_bytes: 65,
+        ..MultiPlan::default()
+    };
+    let keep = planner.what_fits(&[1, 3], &mp);
+    assert_eq!(keep, vec![true, true]);
+    planner.publish(&[1, 3], mp, &keep);
+    let peaks = plans(&shared, &[1, 2, 3]);
+    assert_eq!(peaks, vec![(2, 35), (1, 30), (1, 30)]);
+    // Status counts what runs: job 2's fast plan too.
+    assert_eq!(shared.memory().sum_of_peaks_bytes, 95);
+}
