@@ -430,6 +430,7 @@ impl pb::memory_scheduler_server::MemoryScheduler for Service {
             job.lease_until = lease_until;
             job.iterations += 1;
             job.reported_peak = req.peak_bytes;
+            job.latency_source = SOURCE_MEASURED;
             Ok(Measurements {
                 op_ns,
                 late_prefetches,

@@ -177,8 +177,7 @@ def test_reports_each_step_and_applies_pushed_plans_at_step_boundaries(scheduler
     reported = sum(1 for s in hook.stats if len(s.op_ns) == len(plan.ops))
     assert reported == STEPS - 1  # every step but Adam's state-creating first
     assert status.iterations_reported == reported == session.reports_sent
-    # (JobStatus.latency_source stays the cold start's after reports: the
-    # scheduler sets it at registration only.)
+    assert status.latency_source == "measured"  # the reports replaced the cold start's latencies
     assert status.reported_peak_bytes == hook.stats[-1].peak_saved_bytes > 0
     assert not session.refused
 

@@ -74,7 +74,8 @@ async fn register_plan_report_unregister(address: &str) {
         (r.job_id, 3, 3)
     );
     assert_eq!(j.reported_peak_bytes, 1234);
-    assert_eq!(j.latency_source, "roofline");
+    // Reported latencies replace the cold start's.
+    assert_eq!(j.latency_source, "measured");
     let mem = st.memory.unwrap();
     assert!(mem.sum_of_peaks_bytes > 0 && mem.sum_of_peaks_bytes <= mem.vanilla_sum_of_peaks_bytes);
 

@@ -763,8 +763,8 @@ class RegisterJobResponse(_message.Message):
     reason: _builtins.str
     """Why the job is queued, when it is."""
     lease_s: _builtins.float
-    """The lease: renew it within this many seconds (an open plan stream,
-    a report or a heartbeat), or the job is removed.
+    """The lease: renew it within this many seconds (a report or a
+    heartbeat; an open plan stream alone does not), or the job is removed.
     """
     def __init__(
         self,

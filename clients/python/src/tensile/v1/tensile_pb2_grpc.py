@@ -111,7 +111,8 @@ class MemorySchedulerServicer(object):
     def Heartbeat(self, request, context):
         """Renews the job's lease without a report (a worker between iterations, or
         one whose iterations are longer than the lease). A lease also renews
-        while the job's plan stream is open and with every report; a job whose
+        with every report and when a plan stream is opened; an open stream alone
+        does not hold it (a hung worker's connection can stay open). A job whose
         lease lapses is removed and the others are re-planned.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

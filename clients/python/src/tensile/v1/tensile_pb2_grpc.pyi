@@ -62,7 +62,8 @@ class MemorySchedulerStub:
     Heartbeat: _grpc.UnaryUnaryMultiCallable[_tensile_pb2.HeartbeatRequest, _tensile_pb2.HeartbeatResponse]
     """Renews the job's lease without a report (a worker between iterations, or
     one whose iterations are longer than the lease). A lease also renews
-    while the job's plan stream is open and with every report; a job whose
+    with every report and when a plan stream is opened; an open stream alone
+    does not hold it (a hung worker's connection can stay open). A job whose
     lease lapses is removed and the others are re-planned.
     """
     UnregisterJob: _grpc.UnaryUnaryMultiCallable[_tensile_pb2.UnregisterJobRequest, _tensile_pb2.UnregisterJobResponse]
@@ -99,7 +100,8 @@ class MemorySchedulerAsyncStub(MemorySchedulerStub):
     Heartbeat: _aio.UnaryUnaryMultiCallable[_tensile_pb2.HeartbeatRequest, _tensile_pb2.HeartbeatResponse]  # type: ignore[assignment]
     """Renews the job's lease without a report (a worker between iterations, or
     one whose iterations are longer than the lease). A lease also renews
-    while the job's plan stream is open and with every report; a job whose
+    with every report and when a plan stream is opened; an open stream alone
+    does not hold it (a hung worker's connection can stay open). A job whose
     lease lapses is removed and the others are re-planned.
     """
     UnregisterJob: _aio.UnaryUnaryMultiCallable[_tensile_pb2.UnregisterJobRequest, _tensile_pb2.UnregisterJobResponse]  # type: ignore[assignment]
@@ -157,7 +159,8 @@ class MemorySchedulerServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_tensile_pb2.HeartbeatResponse, _abc.Awaitable[_tensile_pb2.HeartbeatResponse]]:
         """Renews the job's lease without a report (a worker between iterations, or
         one whose iterations are longer than the lease). A lease also renews
-        while the job's plan stream is open and with every report; a job whose
+        with every report and when a plan stream is opened; an open stream alone
+        does not hold it (a hung worker's connection can stay open). A job whose
         lease lapses is removed and the others are re-planned.
         """
 
