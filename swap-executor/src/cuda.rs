@@ -44,7 +44,7 @@ use cudarc::driver::sys::CUdeviceptr;
 use cudarc::driver::{CudaContext, CudaEvent, CudaStream, PinnedHostSlice, result};
 use tensile_graph::StorageId;
 
-use crate::engine::{Copy, CopyEngine, CopyError, CopyId, CopyStatus, Dir};
+use crate::engine::{Copy, CopyEngine, CopyId, CopyState, CopyStatus, CopyTable, Dir};
 use crate::host::Payload;
 
 /// A device buffer the CUDA engine can copy to and from by address:
@@ -170,12 +170,6 @@ struct InFlight<P: Payload> {
     failed: Option<String>,
 }
 
-enum State {
-    Pending,
-    Ended(u64),
-    Failed(String, StorageId),
-}
-
 /// The CUDA copy engine over payloads `P`. Times are ns since `epoch`.
 pub struct CudaCopies<P: DevicePayload> {
     config: CudaConfig,
@@ -187,7 +181,7 @@ pub struct CudaCopies<P: DevicePayload> {
     compute: Arc<CudaStream>,
     /// Copies in flight, in submission (= stream) order.
     flight: VecDeque<InFlight<P>>,
-    copies: HashMap<CopyId, State>,
+    copies: CopyTable,
     device: HashMap<StorageId, P>,
     host: HashMap<StorageId, HostBuf<P::Meta>>,
     /// The prefetch whose buffer becomes the storage's device payload.
@@ -197,7 +191,6 @@ pub struct CudaCopies<P: DevicePayload> {
     spare: Vec<Pinned>,
     spare_bytes: u64,
     next_id: u64,
-    polled: u64,
     /// When the last copy reports at the earliest (faults delay in order).
     last_report: Instant,
 }
@@ -234,7 +227,7 @@ impl<P: DevicePayload> CudaCopies<P> {
             stream,
             compute,
             flight: VecDeque::new(),
-            copies: HashMap::new(),
+            copies: CopyTable::default(),
             device: HashMap::new(),
             host: HashMap::new(),
             wanted_in: HashMap::new(),
@@ -243,7 +236,6 @@ impl<P: DevicePayload> CudaCopies<P> {
             spare: Vec::new(),
             spare_bytes: 0,
             next_id: 0,
-            polled: 0,
             last_report: epoch,
         })
     }
@@ -366,7 +358,7 @@ impl<P: DevicePayload> CudaCopies<P> {
 
     fn fail_now(&mut self, s: StorageId, why: String) -> CopyId {
         let id = self.fresh_id();
-        self.copies.insert(id, State::Failed(why, s));
+        self.copies.set(id, CopyState::Failed(why, s));
         id
     }
 
@@ -485,13 +477,13 @@ impl<P: DevicePayload> CudaCopies<P> {
                         meta,
                     },
                 );
-                State::Ended(now)
+                CopyState::Ended(now)
             }
             (Held::Out { src, buf, .. }, Some(why)) => {
                 drop(src);
                 self.pool_used -= buf.len as u64;
                 self.keep_spare(buf);
-                State::Failed(why, s)
+                CopyState::Failed(why, s)
             }
             (Held::In { dst, src }, failed) => {
                 if let Ok(buf) = Arc::try_unwrap(src) {
@@ -519,13 +511,13 @@ impl<P: DevicePayload> CudaCopies<P> {
                         if wanted {
                             self.device.insert(s, dst);
                         }
-                        State::Ended(now)
+                        CopyState::Ended(now)
                     }
-                    Err(why) => State::Failed(why, s),
+                    Err(why) => CopyState::Failed(why, s),
                 }
             }
         };
-        self.copies.insert(f.id, state);
+        self.copies.set(f.id, state);
     }
 
     /// Waits up to `timeout` for a copy to complete; says whether one did.
@@ -644,7 +636,13 @@ impl<P: DevicePayload> CopyEngine for CudaCopies<P> {
         match flight {
             Ok(f) => {
                 let id = f.id;
-                self.copies.insert(id, State::Pending);
+                self.copies.set(
+                    id,
+                    CopyState::Pending {
+                        dir: copy.dir,
+                        storage: s,
+                    },
+                );
                 self.flight.push_back(f);
                 id
             }
@@ -653,29 +651,16 @@ impl<P: DevicePayload> CopyEngine for CudaCopies<P> {
     }
 
     fn poll(&mut self, now: u64) {
-        self.polled = self.polled.max(now);
+        self.copies.polled(now);
         self.collect();
     }
 
     fn status(&self, id: CopyId) -> CopyStatus {
-        match self.copies.get(&id) {
-            Some(State::Ended(t)) => CopyStatus::Ends((*t).min(self.polled)),
-            Some(State::Pending) => CopyStatus::Pending,
-            Some(State::Failed(why, s)) => CopyStatus::Failed(CopyError::Failed {
-                id,
-                storage: s.0,
-                why: why.clone(),
-            }),
-            None => CopyStatus::Failed(CopyError::Unknown(id)),
-        }
+        self.copies.status(id)
     }
 
     fn forget(&mut self, id: CopyId) {
-        if let Some(State::Pending) = self.copies.get(&id) {
-            debug_assert!(false, "copy {id:?} forgotten in flight");
-            return;
-        }
-        self.copies.remove(&id);
+        self.copies.forget(id);
     }
 
     fn discard_host(&mut self, s: StorageId) {

@@ -2,6 +2,8 @@
 //! differ in what moves (nothing, in virtual time; real bytes, on a copy
 //! thread or a CUDA stream), never in what the executor may assume.
 
+use std::collections::HashMap;
+
 use tensile_graph::StorageId;
 
 /// Which way a copy goes.
@@ -76,4 +78,73 @@ pub trait CopyEngine {
     /// handle), and a prefetch into it, if one is still running, is no
     /// longer wanted. Called in order with [`CopyEngine::submit`].
     fn device_freed(&mut self, _storage: StorageId) {}
+}
+
+/// Where a real engine's copy stands.
+#[derive(Debug)]
+pub(crate) enum CopyState {
+    Pending {
+        dir: Dir,
+        storage: StorageId,
+    },
+    /// Ended at this time (ns on the engine's clock).
+    Ended(u64),
+    Failed(String, StorageId),
+}
+
+/// A real engine's record of its copies and what the executor is told of
+/// them: one for the host and CUDA engines alike.
+#[derive(Debug, Default)]
+pub(crate) struct CopyTable {
+    copies: HashMap<CopyId, CopyState>,
+    /// The latest `now` given to [`CopyEngine::poll`].
+    polled: u64,
+}
+
+impl CopyTable {
+    pub(crate) fn set(&mut self, id: CopyId, state: CopyState) {
+        self.copies.insert(id, state);
+    }
+
+    pub(crate) fn get(&self, id: CopyId) -> Option<&CopyState> {
+        self.copies.get(&id)
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.copies.len()
+    }
+
+    /// Takes note of a poll at `now`.
+    pub(crate) fn polled(&mut self, now: u64) {
+        self.polled = self.polled.max(now);
+    }
+
+    /// [`CopyEngine::status`].
+    pub(crate) fn status(&self, id: CopyId) -> CopyStatus {
+        match self.copies.get(&id) {
+            // Observed at a poll: it ended by then, whatever the engine's
+            // clock read a moment later.
+            Some(CopyState::Ended(t)) => CopyStatus::Ends((*t).min(self.polled)),
+            Some(CopyState::Pending { .. }) => CopyStatus::Pending,
+            Some(CopyState::Failed(why, s)) => CopyStatus::Failed(CopyError::Failed {
+                id,
+                storage: s.0,
+                why: why.clone(),
+            }),
+            None => CopyStatus::Failed(CopyError::Unknown(id)),
+        }
+    }
+
+    /// [`CopyEngine::forget`]: only ended copies may be forgotten; one in
+    /// flight is kept so that its end is still applied.
+    pub(crate) fn forget(&mut self, id: CopyId) {
+        if let Some(CopyState::Pending { dir, storage }) = self.copies.get(&id) {
+            debug_assert!(
+                false,
+                "copy {id:?} ({dir:?}, {storage:?}) forgotten in flight"
+            );
+            return;
+        }
+        self.copies.remove(&id);
+    }
 }

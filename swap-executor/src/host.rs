@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 
 use tensile_graph::StorageId;
 
-use crate::engine::{Copy, CopyEngine, CopyError, CopyId, CopyStatus, Dir};
+use crate::engine::{Copy, CopyEngine, CopyId, CopyState, CopyStatus, CopyTable, Dir};
 
 /// A device buffer whose bytes the engine can move: implemented by the
 /// worker for its tensors (a shallow handle: cloning shares the memory).
@@ -134,12 +134,6 @@ enum Done<P: Payload> {
 }
 
 /// What the engine knows of one copy.
-enum State {
-    Pending { dir: Dir, storage: StorageId },
-    Ended(u64),
-    Failed(String, StorageId),
-}
-
 /// The host copy engine over payloads `P`. Times are ns since `epoch`, the
 /// driver's clock.
 pub struct HostCopies<P: Payload> {
@@ -147,7 +141,7 @@ pub struct HostCopies<P: Payload> {
     epoch: Instant,
     lanes: Vec<(Sender<Job<P>>, JoinHandle<()>)>,
     done_rx: Receiver<Done<P>>,
-    copies: HashMap<CopyId, State>,
+    copies: CopyTable,
     device: HashMap<StorageId, P>,
     host: HashMap<StorageId, HostBuf<P::Meta>>,
     /// The metadata of swap-outs in flight, by copy.
@@ -158,7 +152,6 @@ pub struct HostCopies<P: Payload> {
     pool_used: u64,
     pool_peak: u64,
     next_id: u64,
-    polled: u64,
     in_flight: usize,
     /// Buffers given back, reused by later swap-outs of the same size
     /// (storages are swapped again every iteration): they count against
@@ -298,7 +291,7 @@ impl<P: Payload> HostCopies<P> {
             epoch,
             lanes,
             done_rx,
-            copies: HashMap::new(),
+            copies: CopyTable::default(),
             device: HashMap::new(),
             host: HashMap::new(),
             out_meta: HashMap::new(),
@@ -306,7 +299,6 @@ impl<P: Payload> HostCopies<P> {
             pool_used: 0,
             pool_peak: 0,
             next_id: 0,
-            polled: 0,
             in_flight: 0,
             spare: Vec::new(),
             spare_bytes: 0,
@@ -456,7 +448,7 @@ impl<P: Payload> HostCopies<P> {
 
     fn fail_now(&mut self, s: StorageId, why: String) -> CopyId {
         let id = self.fresh_id();
-        self.copies.insert(id, State::Failed(why, s));
+        self.copies.set(id, CopyState::Failed(why, s));
         id
     }
 
@@ -492,17 +484,17 @@ impl<P: Payload> HostCopies<P> {
                                 meta,
                             },
                         );
-                        State::Ended(self.ns(end))
+                        CopyState::Ended(self.ns(end))
                     }
                     Err(why) => {
                         self.pool_used -= len;
-                        State::Failed(why, s)
+                        CopyState::Failed(why, s)
                     }
                 };
-                self.copies.insert(id, state);
+                self.copies.set(id, state);
             }
             Done::In { id, end, result } => {
-                let Some(State::Pending { storage: s, .. }) = self.copies.get(&id) else {
+                let Some(CopyState::Pending { storage: s, .. }) = self.copies.get(id) else {
                     return;
                 };
                 let s = *s;
@@ -516,16 +508,16 @@ impl<P: Payload> HostCopies<P> {
                             // Nobody saw it: the engine's to keep.
                             self.keep_device(p, 0);
                         }
-                        State::Ended(self.ns(end))
+                        CopyState::Ended(self.ns(end))
                     }
                     Err(why) => {
                         if self.wanted_in.get(&s) == Some(&id) {
                             self.wanted_in.remove(&s);
                         }
-                        State::Failed(why, s)
+                        CopyState::Failed(why, s)
                     }
                 };
-                self.copies.insert(id, state);
+                self.copies.set(id, state);
             }
         }
     }
@@ -614,16 +606,16 @@ impl<P: Payload> CopyEngine for HostCopies<P> {
         if self.lanes[lane].0.send(job).is_err() {
             self.out_meta.remove(&id);
             self.copies
-                .insert(id, State::Failed("the copy thread is gone".into(), s));
+                .set(id, CopyState::Failed("the copy thread is gone".into(), s));
             return id;
         }
         self.in_flight += 1;
         if copy.dir == Dir::ToHost {
             self.outs_submitted += 1;
         }
-        self.copies.insert(
+        self.copies.set(
             id,
-            State::Pending {
+            CopyState::Pending {
                 dir: copy.dir,
                 storage: s,
             },
@@ -632,38 +624,18 @@ impl<P: Payload> CopyEngine for HostCopies<P> {
     }
 
     fn poll(&mut self, now: u64) {
-        self.polled = self.polled.max(now);
+        self.copies.polled(now);
         while let Ok(d) = self.done_rx.try_recv() {
             self.apply(d);
         }
     }
 
     fn status(&self, id: CopyId) -> CopyStatus {
-        match self.copies.get(&id) {
-            // Observed at a poll: it ended by then, whatever the thread's
-            // clock read a moment later.
-            Some(State::Ended(t)) => CopyStatus::Ends((*t).min(self.polled)),
-            Some(State::Pending { .. }) => CopyStatus::Pending,
-            Some(State::Failed(why, s)) => CopyStatus::Failed(CopyError::Failed {
-                id,
-                storage: s.0,
-                why: why.clone(),
-            }),
-            None => CopyStatus::Failed(CopyError::Unknown(id)),
-        }
+        self.copies.status(id)
     }
 
     fn forget(&mut self, id: CopyId) {
-        if let Some(State::Pending { dir, storage }) = self.copies.get(&id) {
-            // Only ended copies may be forgotten; keep it so its end is
-            // still applied.
-            debug_assert!(
-                false,
-                "copy {id:?} ({dir:?}, {storage:?}) forgotten in flight"
-            );
-            return;
-        }
-        self.copies.remove(&id);
+        self.copies.forget(id);
     }
 
     fn discard_host(&mut self, s: StorageId) {
