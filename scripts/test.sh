@@ -19,6 +19,9 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 step "cargo test"
 cargo test --workspace --locked
 
+step "GPU tests, output shown (without a GPU they pass and print SKIPPED)"
+cargo test --locked -p tensile-worker --test it on_a_gpu -- --nocapture 2>&1 | grep -E "SKIPPED|^test |test result"
+
 step "python tests"
 cargo build --locked -p tensilectl -p tensile-scheduler
 TENSILECTL="$PWD/target/debug/tensilectl" TENSILE_SCHEDULER="$PWD/target/debug/tensile-scheduler" \
