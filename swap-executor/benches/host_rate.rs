@@ -11,9 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tensile_graph::StorageId;
-use tensile_swap_executor::{
-    Copy, CopyEngine, CopyId, CopyStatus, Dir, HostConfig, HostCopies, Payload,
-};
+use tensile_swap_executor::{Dir, HostConfig, HostCopies, Payload};
 
 /// A "device" buffer of plain bytes.
 struct Buf(Arc<Vec<u8>>);
@@ -47,29 +45,6 @@ impl Payload for Buf {
 /// Bytes moved per direction per round.
 const TOTAL: usize = 512 << 20;
 
-fn run(e: &mut HostCopies<Buf>, epoch: Instant, dir: Dir, n: u32, len: usize) -> f64 {
-    let t0 = Instant::now();
-    let ids: Vec<CopyId> = (0..n)
-        .map(|s| {
-            e.submit(Copy {
-                dir,
-                storage: StorageId(s),
-                bytes: len as u64,
-                not_before: 0,
-            })
-        })
-        .collect();
-    e.drain();
-    e.poll(epoch.elapsed().as_nanos() as u64);
-    let secs = t0.elapsed().as_secs_f64();
-    for id in ids {
-        let st = e.status(id);
-        assert!(matches!(st, CopyStatus::Ends(_)), "{st:?}");
-        e.forget(id);
-    }
-    (len as f64 * f64::from(n)) / secs / 1e9
-}
-
 /// Best (device->host, host->device) GB/s for buffers of `len` bytes.
 fn rates(len: usize, reuse: bool) -> (f64, f64) {
     let n = (TOTAL / len) as u32;
@@ -84,11 +59,11 @@ fn rates(len: usize, reuse: bool) -> (f64, f64) {
     }
     let mut best = (0.0f64, 0.0f64);
     for round in 0..4 {
-        let out = run(&mut e, epoch, Dir::ToHost, n, len);
+        let out = e.timed_batch(Dir::ToHost, n, len as u64) / 1e9;
         for s in 0..n {
             e.drop_device(StorageId(s));
         }
-        let back = run(&mut e, epoch, Dir::ToDevice, n, len);
+        let back = e.timed_batch(Dir::ToDevice, n, len as u64) / 1e9;
         for s in 0..n {
             let b = e.device(StorageId(s)).expect("prefetched");
             assert!(b.0.iter().step_by(4096).all(|&x| x == s as u8), "bytes");

@@ -548,6 +548,35 @@ impl<P: Payload> HostCopies<P> {
         }
     }
 
+    /// Copies storages `0..n`, `bytes` each, in direction `dir` as fast as
+    /// the engine goes, waits for all and forgets them; the bytes per
+    /// second of wall time they took (for the copy-rate benchmarks).
+    ///
+    /// # Panics
+    /// When a copy fails (a benchmark's setup is wrong).
+    pub fn timed_batch(&mut self, dir: Dir, n: u32, bytes: u64) -> f64 {
+        let t0 = Instant::now();
+        let ids: Vec<CopyId> = (0..n)
+            .map(|s| {
+                self.submit(Copy {
+                    dir,
+                    storage: StorageId(s),
+                    bytes,
+                    not_before: 0,
+                })
+            })
+            .collect();
+        self.drain();
+        self.poll(self.ns(Instant::now()));
+        let secs = t0.elapsed().as_secs_f64();
+        for id in ids {
+            let st = self.status(id);
+            assert!(matches!(st, CopyStatus::Ends(_)), "{st:?}");
+            self.forget(id);
+        }
+        bytes as f64 * f64::from(n) / secs
+    }
+
     /// Copies in flight.
     pub fn in_flight(&self) -> usize {
         self.in_flight

@@ -14,7 +14,7 @@ use tch::{Device, Kind, Tensor};
 use tensile_graph::zoo::{self, ZooConfig};
 use tensile_graph::{Liveness, StorageId};
 use tensile_kernels::{Program, initial_values, run_iteration};
-use tensile_swap_executor::{Copy, CopyEngine, CopyStatus, Dir, HostConfig, HostCopies};
+use tensile_swap_executor::{CopyEngine, Dir, HostConfig, HostCopies};
 use tensile_worker::{Flat, Worker, WorkerConfig, initial_of, vanilla_plan};
 
 fn env(name: &str, default: u64) -> u64 {
@@ -53,25 +53,7 @@ fn copy_rate(n: u32, len: i64) -> (f64, f64) {
                     e.drop_device(StorageId(s));
                 }
             }
-            let t0 = Instant::now();
-            let ids: Vec<_> = (0..n)
-                .map(|s| {
-                    e.submit(Copy {
-                        dir,
-                        storage: StorageId(s),
-                        bytes: len as u64 * 4,
-                        not_before: 0,
-                    })
-                })
-                .collect();
-            e.drain();
-            e.poll(epoch.elapsed().as_nanos() as u64);
-            let secs = t0.elapsed().as_secs_f64();
-            for id in ids {
-                assert!(matches!(e.status(id), CopyStatus::Ends(_)));
-                e.forget(id);
-            }
-            rates[k] = f64::from(n) * len as f64 * 4.0 / secs / 1e9;
+            rates[k] = e.timed_batch(dir, n, len as u64 * 4) / 1e9;
         }
         for s in 0..n {
             e.discard_host(StorageId(s));
