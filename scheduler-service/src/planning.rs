@@ -672,12 +672,17 @@ impl Planner {
             self.publish_one(job.id, mp.plans.remove(0), mp.diagnostics);
             self.count_states();
             // Status shows what runs: the others' plans and this one.
-            let sum = held.saturating_add(mp.sum_of_peaks_bytes);
-            self.shared.memory().sum_of_peaks_bytes = sum;
-            self.metrics
-                .sum_of_peaks_bytes
-                .set(i64::try_from(sum).unwrap_or(i64::MAX));
+            self.show_sum_of_peaks(held.saturating_add(mp.sum_of_peaks_bytes));
         }
+    }
+
+    /// The sum of the planned peaks of what runs now, for status and the
+    /// metrics.
+    fn show_sum_of_peaks(&self, sum: u64) {
+        self.shared.memory().sum_of_peaks_bytes = sum;
+        self.metrics
+            .sum_of_peaks_bytes
+            .set(i64::try_from(sum).unwrap_or(i64::MAX));
     }
 
     fn publish_one(&self, id: u64, mut plan: Plan, diagnostics: Vec<Diagnostic>) {
@@ -728,7 +733,6 @@ impl Planner {
                 .sum()
         };
         let mut mem = self.shared.memory();
-        mem.sum_of_peaks_bytes = sum_of_peaks;
         mem.aligned_peak_bytes = mp.aligned_peak_bytes;
         mem.vanilla_sum_of_peaks_bytes = mp.vanilla_sum_of_peaks_bytes;
         mem.diagnostics = mp
@@ -737,9 +741,7 @@ impl Planner {
             .map(|d| (ids.get(d.job).copied().unwrap_or(0), d.clone()))
             .collect();
         drop(mem);
-        self.metrics
-            .sum_of_peaks_bytes
-            .set(i64::try_from(sum_of_peaks).unwrap_or(i64::MAX));
+        self.show_sum_of_peaks(sum_of_peaks);
         self.count_states();
         info!(jobs = ids.len(), sum_of_peaks, "plans published");
     }
