@@ -94,6 +94,16 @@ pub struct PlannerConfig {
     /// uncapped one (and may then be over the budget, with an `OverBudget`
     /// diagnostic); it carries a `PlanningCapped` diagnostic. `None`: no cap.
     pub time_cap: Option<std::time::Duration>,
+    /// Coordinate the jobs (two or more): gate every job's iterations to a
+    /// common period with its own phase so that their memory curves
+    /// interleave, plan their copies on one common time line over the
+    /// whole link, and bound the aligned sum's peak by `budget_bytes`
+    /// instead of the sum of the jobs' peaks.
+    pub coordinate: bool,
+    /// The gates' period is the longest planned iteration times `1 +
+    /// gate_slack`, so that gates keep the phases when iterations run a
+    /// little longer than predicted (a job that runs late does not wait).
+    pub gate_slack: f64,
 }
 
 impl PlannerConfig {
@@ -106,6 +116,8 @@ impl PlannerConfig {
             max_recompute_depth: 3,
             max_overhead: 3.0,
             time_cap: None,
+            coordinate: false,
+            gate_slack: 0.02,
         }
     }
 }

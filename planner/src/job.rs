@@ -165,6 +165,14 @@ pub(crate) struct Job<'g> {
     /// and placed first they would take the channel time that the tightly
     /// bounded swaps of activations need.
     pub(crate) wrap_allowed: bool,
+    /// The period of the job's gate when it is coordinated with others (0:
+    /// it runs free): its periodic time line repeats every
+    /// [`Job::period`], the iteration plus the wait at the gate.
+    pub(crate) cycle: u64,
+    /// Per channel, the time other coordinated jobs' copies take on the
+    /// shared link, on this job's periodic time line: its own copies must
+    /// not overlap them.
+    pub(crate) foreign: Vec<IntervalSet>,
 }
 
 pub(crate) const OUT: usize = 0;
@@ -235,6 +243,8 @@ impl<'g> Job<'g> {
             swap_outs: 0,
             clash: false,
             wrap_allowed: false,
+            cycle: 0,
+            foreign: vec![IntervalSet::new(); chans],
         };
         job.rebuild();
         job
@@ -242,6 +252,22 @@ impl<'g> Job<'g> {
 
     pub(crate) fn n(&self) -> usize {
         self.steps.len()
+    }
+
+    /// The length of the job's periodic time line: its iteration, and the
+    /// wait at its gate when it has one.
+    pub(crate) fn period(&self) -> u64 {
+        self.cycle.max(self.iteration_ns())
+    }
+
+    /// Channel `ch` as a new copy must find it: the job's own copies and,
+    /// when it is coordinated, the other jobs'.
+    pub(crate) fn chan(&self, ch: usize) -> std::borrow::Cow<'_, IntervalSet> {
+        if self.foreign[ch].busy().is_empty() {
+            return std::borrow::Cow::Borrowed(&self.chans[ch]);
+        }
+        let all = self.chans[ch].busy().iter().chain(self.foreign[ch].busy());
+        std::borrow::Cow::Owned(IntervalSet::from_intervals(all.copied().collect()).0)
     }
 
     pub(crate) fn in_chan(&self) -> usize {
@@ -283,8 +309,8 @@ impl<'g> Job<'g> {
             let end = out.end(&self.times);
             let from = if gap.head_out() {
                 self.boundary_at_or_after(end)
-            } else if end > self.iteration_ns() {
-                self.boundary_at_or_after(end - self.iteration_ns())
+            } else if end > self.period() {
+                self.boundary_at_or_after(end - self.period())
             } else {
                 let from = self.boundary_at_or_after(end).max(gap.after + 1);
                 return [(from.min(n), n), (0, to)];
@@ -306,7 +332,7 @@ impl<'g> Job<'g> {
     /// running past the iteration's end wraps to its start.
     pub(crate) fn spans(&self, c: &Copy) -> [(u64, u64); 2] {
         let (a, b) = (c.start(&self.times), c.end(&self.times));
-        let period = self.iteration_ns();
+        let period = self.period();
         if b > period && a < period {
             [(a, period), (0, b - period)]
         } else {
@@ -513,7 +539,7 @@ impl<'g> Job<'g> {
                 {
                     let mut free_at = out.end(&self.times);
                     if g.wrap && !g.head_out() {
-                        free_at = free_at.saturating_sub(t);
+                        free_at = free_at.saturating_sub(t.max(self.cycle));
                     }
                     if free_at > it.trigger.map_or(0, |tr| self.times[tr + 1]) {
                         self.clash = true;
@@ -563,8 +589,11 @@ impl<'g> Job<'g> {
         for (ch, v) in spans.into_iter().enumerate() {
             // The queue keeps copies on one channel apart; the part of a
             // copy that runs on into the next iteration may still meet one
-            // at the head.
-            let (set, overlap) = IntervalSet::from_intervals(v);
+            // at the head, and other coordinated jobs' copies may meet any.
+            let foreign = self.foreign[ch].busy();
+            let (_, overlap) =
+                IntervalSet::from_intervals(v.iter().chain(foreign).copied().collect());
+            let (set, _) = IntervalSet::from_intervals(v);
             self.chans[ch] = set;
             self.clash |= overlap;
         }

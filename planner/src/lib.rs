@@ -15,6 +15,12 @@
 //!
 //! - `overhead`: what meets a budget at a time cost: recomputations and
 //!   swaps whose prefetch the job waits for, by a unified MSPS.
+//! - `gate`: iteration gates (a period and a phase per coordinated job) and
+//!   the drivers' clock of slots.
+//! - `align`: memory curves on one periodic time line, the peak of their
+//!   aligned sum, the phases that make it lowest.
+//! - `coord`: coordinated jobs planned on one common time line (one cycle,
+//!   the link's channels shared by all jobs' copies).
 //!
 //! The loop (SPEC §4.5): swap at every job's peak while anything fits; when
 //! nothing does and the sum of the jobs' peaks is over the budget, take the
@@ -22,8 +28,19 @@
 //! recomputation, or a swap that makes the job wait for its prefetch) and go
 //! back to swapping on the new time line. Without a budget, or under it, no
 //! time is ever added.
+//!
+//! Coordinated (`PlannerConfig::coordinate`, two jobs or more): every job
+//! gets a gate, one common period and its own phase, chosen so that the
+//! aligned sum of the jobs' curves (each planned alone on the whole link
+//! first) peaks lowest; then the loop above runs on the aligned sum's peak
+//! instead of each job's, and every job's copies are placed on the whole
+//! link around the other jobs' copies (one common time line over both
+//! directions, rather than each job on its share of the bandwidth).
 
+mod align;
 mod config;
+mod coord;
+mod gate;
 mod intervals;
 mod job;
 mod memtree;
@@ -38,7 +55,9 @@ use std::time::Instant;
 
 use tensile_graph::{Graph, Liveness, StorageId, TensorId};
 
+pub use align::{Curve, aligned_sum_peak, choose_phases};
 pub use config::{CopyModel, JobSettings, PlannerConfig};
+pub use gate::{Gate, GateClock};
 pub use intervals::IntervalSet;
 pub use plan::{
     Diagnostic, DiagnosticKind, Event, EventKind, MultiPlan, Plan, PlanProfile, Prediction,
@@ -46,6 +65,7 @@ pub use plan::{
 };
 pub use replan::{FixedPlans, JobId, Measurements, Replan, ReplanError, ReplanReason, Replanner};
 
+use coord::Coord;
 use job::Job;
 
 /// One job to plan.
@@ -59,6 +79,9 @@ pub struct JobInput<'g> {
     /// must end this long before the access that needs it (Capuchin's
     /// feedback for prefetches that arrived late).
     pub prefetch_lead_ns: BTreeMap<TensorId, u64>,
+    /// The gate the job runs with now, if any: coordinated planning keeps
+    /// the jobs' phases unless new ones are clearly better.
+    pub gate: Option<Gate>,
 }
 
 impl<'g> JobInput<'g> {
@@ -68,6 +91,7 @@ impl<'g> JobInput<'g> {
             latency_ns,
             settings,
             prefetch_lead_ns: BTreeMap::new(),
+            gate: None,
         }
     }
 }
@@ -132,10 +156,13 @@ pub fn plan(jobs: &[JobInput<'_>], config: &PlannerConfig) -> Result<MultiPlan, 
         }
     }
     let lives: Vec<Liveness> = jobs.iter().map(|j| Liveness::analyze(j.graph)).collect();
-    let share = if c.shared_by_jobs {
-        1.0 / jobs.len().max(1) as f64
-    } else {
+    let coordinate = config.coordinate && jobs.len() >= 2;
+    // Coordinated jobs share the whole link on one time line; free-running
+    // ones each plan on their share of it.
+    let share = if coordinate || !c.shared_by_jobs {
         1.0
+    } else {
+        1.0 / jobs.len().max(1) as f64
     };
     let mut state: Vec<Job<'_>> = jobs
         .iter()
@@ -167,7 +194,113 @@ pub fn plan(jobs: &[JobInput<'_>], config: &PlannerConfig) -> Result<MultiPlan, 
         .map(|v| (v.1 as f64 * (1.0 + config.max_overhead.max(0.0))) as u64)
         .collect();
     let mut out = MultiPlan::default();
+    let coord = if coordinate {
+        let coord = choose_gates(&state, jobs, config, &limits, deadline);
+        coord.install(&mut state);
+        Some(coord)
+    } else {
+        None
+    };
     out.profile.setup = started.elapsed();
+    let capped = search(
+        &mut state,
+        config,
+        coord.as_ref(),
+        &limits,
+        deadline,
+        &mut out,
+    );
+    let total = global_peak(&state, coord.as_ref());
+    if let Some(b) = config.budget_bytes.filter(|&b| total > b) {
+        let floor: u64 = state.iter().map(Job::lower_bound).sum();
+        let why = if capped {
+            format!(
+                "going lower would make a job more than {:.0}% slower than vanilla (max_overhead)",
+                config.max_overhead * 100.0
+            )
+        } else {
+            "nothing more could be swapped or recomputed".to_string()
+        };
+        let what = if coord.is_some() {
+            "the aligned sum of the gated jobs' planned memory peaks at"
+        } else {
+            "the planned peaks add up to"
+        };
+        out.diagnostics.push(Diagnostic {
+            job: 0,
+            kind: DiagnosticKind::OverBudget,
+            tensor: None,
+            message: format!(
+                "{what} {total} bytes, over the budget of {b} bytes: {why} (no plan goes under {floor} bytes, the largest working set of one op plus the base, per job)"
+            ),
+        });
+    }
+    let t = Instant::now();
+    for (j, (job, (vpeak, vtime, vline))) in state.iter().zip(vanilla).enumerate() {
+        let mut p = emit(job);
+        p.prediction.vanilla_peak_bytes = vpeak;
+        p.prediction.vanilla_time_ns = vtime;
+        p.prediction.vanilla_timeline = vline;
+        p.version = 1;
+        p.gate = coord.as_ref().map(|c| Gate {
+            period_ns: c.cycle,
+            phase_ns: c.phases[j],
+            epoch_ns: 0,
+        });
+        if job.swap_outs == 0 && job.settings.swap && job.n() > 0 {
+            out.diagnostics.push(Diagnostic {
+                job: j,
+                kind: DiagnosticKind::NoSwapWindow,
+                tensor: None,
+                message:
+                    "no swap could be placed: no idle tensor at the peak fits the copy channels"
+                        .into(),
+            });
+        }
+        out.plans.push(p);
+    }
+    out.sum_of_peaks_bytes = out
+        .plans
+        .iter()
+        .map(|p| p.prediction.planned_peak_bytes)
+        .sum();
+    out.vanilla_sum_of_peaks_bytes = out
+        .plans
+        .iter()
+        .map(|p| p.prediction.vanilla_peak_bytes)
+        .sum();
+    out.profile.emit = t.elapsed();
+    let t = Instant::now();
+    out.cycle_ns = coord.as_ref().map_or(0, |c| c.cycle);
+    out.aligned_peak_bytes = match &coord {
+        Some(c) => c.peak(&state).bytes,
+        None => aligned_peak(
+            &out.plans
+                .iter()
+                .map(|p| {
+                    (
+                        p.prediction.planned_time_ns,
+                        p.prediction.timeline.as_slice(),
+                    )
+                })
+                .collect::<Vec<_>>(),
+        ),
+    };
+    out.profile.aligned = t.elapsed();
+    out.profile.total = started.elapsed();
+    Ok(out)
+}
+
+/// The loop (see the crate's doc) on `state`, coordinated on `coord` when
+/// given; returns whether a move was refused for `max_overhead`.
+fn search(
+    state: &mut [Job<'_>],
+    config: &PlannerConfig,
+    coord: Option<&Coord>,
+    limits: &[u64],
+    deadline: Deadline,
+    out: &mut MultiPlan,
+) -> bool {
     let mut failed: HashSet<(usize, StorageId, usize)> = HashSet::new();
     let mut tried = Tried::default();
     let mut capped = false;
@@ -197,11 +330,11 @@ pub fn plan(jobs: &[JobInput<'_>], config: &PlannerConfig) -> Result<MultiPlan, 
             break;
         }
         let fits = config.budget_bytes.filter(|_| config.stop_at_budget);
-        if fits.is_some_and(|b| sum_of_peaks(&state) <= b) {
+        if fits.is_some_and(|b| global_peak(state, coord) <= b) {
             break;
         }
         let t = Instant::now();
-        let placed = swap_round(&mut state, &mut failed, fits, deadline);
+        let placed = swap_round(state, &mut failed, fits, deadline, coord);
         out.profile.swap_rounds += 1;
         out.profile.swap += t.elapsed();
         // A round cut short by the deadline placed what it could: the top
@@ -210,28 +343,38 @@ pub fn plan(jobs: &[JobInput<'_>], config: &PlannerConfig) -> Result<MultiPlan, 
             continue;
         }
         if state.iter().any(|j| !j.wrap_allowed) {
-            for j in &mut state {
+            for j in state.iter_mut() {
                 j.wrap_allowed = true;
             }
             continue;
         }
-        let total: u64 = state.iter().map(|j| j.peak().0).sum();
-        if config.budget_bytes.is_some_and(|b| total > b) {
+        if config
+            .budget_bytes
+            .is_some_and(|b| global_peak(state, coord) > b)
+        {
             let t = Instant::now();
             let moved = budget_round(
-                &mut state,
+                state,
                 config,
-                &limits,
+                limits,
                 &mut tried,
                 &mut capped,
                 deadline,
+                coord,
             );
             out.profile.budget_rounds += 1;
             out.profile.budget += t.elapsed();
             if let Some(j) = moved {
                 // Only job `j` changed: a swap that failed on another job
-                // (placing one reads that job alone) would fail again.
-                failed.retain(|&(k, _, _)| k != j);
+                // (placing one reads that job alone) would fail again,
+                // unless its channels changed with `j`'s copies.
+                match coord {
+                    Some(c) => {
+                        c.refresh_foreign(state);
+                        failed.clear();
+                    }
+                    None => failed.retain(|&(k, _, _)| k != j),
+                }
                 continue;
             }
             if deadline.past() {
@@ -240,86 +383,83 @@ pub fn plan(jobs: &[JobInput<'_>], config: &PlannerConfig) -> Result<MultiPlan, 
         }
         break;
     }
-    let total: u64 = state.iter().map(|j| j.peak().0).sum();
-    if let Some(b) = config.budget_bytes.filter(|&b| total > b) {
-        let floor: u64 = state.iter().map(Job::lower_bound).sum();
-        let why = if capped {
-            format!(
-                "going lower would make a job more than {:.0}% slower than vanilla (max_overhead)",
-                config.max_overhead * 100.0
-            )
-        } else {
-            "nothing more could be swapped or recomputed".to_string()
-        };
-        out.diagnostics.push(Diagnostic {
-            job: 0,
-            kind: DiagnosticKind::OverBudget,
-            tensor: None,
-            message: format!(
-                "the planned peaks add up to {total} bytes, over the budget of {b} bytes: {why} (no plan goes under {floor} bytes, the largest working set of one op plus the base, per job)"
-            ),
-        });
-    }
-    let t = Instant::now();
-    for (j, (job, (vpeak, vtime, vline))) in state.iter().zip(vanilla).enumerate() {
-        let mut p = emit(job);
-        p.prediction.vanilla_peak_bytes = vpeak;
-        p.prediction.vanilla_time_ns = vtime;
-        p.prediction.vanilla_timeline = vline;
-        p.version = 1;
-        if job.swap_outs == 0 && job.settings.swap && job.n() > 0 {
-            out.diagnostics.push(Diagnostic {
-                job: j,
-                kind: DiagnosticKind::NoSwapWindow,
-                tensor: None,
-                message:
-                    "no swap could be placed: no idle tensor at the peak fits the copy channels"
-                        .into(),
-            });
-        }
-        out.plans.push(p);
-    }
-    out.sum_of_peaks_bytes = out
-        .plans
-        .iter()
-        .map(|p| p.prediction.planned_peak_bytes)
-        .sum();
-    out.vanilla_sum_of_peaks_bytes = out
-        .plans
-        .iter()
-        .map(|p| p.prediction.vanilla_peak_bytes)
-        .sum();
-    out.profile.emit = t.elapsed();
-    let t = Instant::now();
-    out.aligned_peak_bytes = aligned_peak(
-        &out.plans
-            .iter()
-            .map(|p| {
-                (
-                    p.prediction.planned_time_ns,
-                    p.prediction.timeline.as_slice(),
-                )
-            })
-            .collect::<Vec<_>>(),
-    );
-    out.profile.aligned = t.elapsed();
-    out.profile.total = started.elapsed();
-    Ok(out)
+    capped
 }
 
-fn sum_of_peaks(state: &[Job<'_>]) -> u64 {
-    state.iter().map(|j| j.peak().0).sum()
+/// What the budget bounds: the aligned sum's peak for coordinated jobs,
+/// else the sum of the jobs' peaks.
+fn global_peak(state: &[Job<'_>], coord: Option<&Coord>) -> u64 {
+    match coord {
+        Some(c) => c.peak(state).bytes,
+        None => state.iter().map(|j| j.peak().0).sum(),
+    }
 }
 
-/// One greedy round over all jobs' peaks; returns how many swaps it placed.
-/// With `fits`, it stops as soon as the peaks add up to no more than that.
+/// The cycle and phases of coordinated jobs: each job is planned alone on
+/// the whole link (swaps that add no time), the cycle is the longest of
+/// those iterations plus `gate_slack`, and the phases are those that make
+/// the aligned sum of the curves lowest (kept from the jobs' current gates
+/// when those are as good).
+fn choose_gates(
+    state: &[Job<'_>],
+    jobs: &[JobInput<'_>],
+    config: &PlannerConfig,
+    limits: &[u64],
+    deadline: Deadline,
+) -> Coord {
+    let alone = PlannerConfig {
+        budget_bytes: None,
+        stop_at_budget: false,
+        ..*config
+    };
+    let mut scratch = MultiPlan::default();
+    let curves: Vec<align::Curve> = state
+        .iter()
+        .enumerate()
+        .map(|(j, job)| {
+            let mut one = vec![job.clone()];
+            search(
+                &mut one,
+                &alone,
+                None,
+                &limits[j..=j],
+                deadline,
+                &mut scratch,
+            );
+            coord::curve(&one[0])
+        })
+        .collect();
+    let longest = curves.iter().map(|c| c.end).max().unwrap_or(0);
+    let cycle = ((longest as f64) * (1.0 + config.gate_slack.max(0.0))).ceil() as u64;
+    let cycle = cycle.max(longest).max(1);
+    // Keep the phases in use when every job has a gate of about this cycle.
+    let hint: Option<Vec<u64>> = jobs
+        .iter()
+        .map(|j| j.gate.filter(|g| g.period_ns.abs_diff(cycle) * 20 <= cycle))
+        .map(|g| g.map(|g| g.phase_ns))
+        .collect();
+    let phases = choose_phases(&curves, cycle, hint.as_deref());
+    Coord { cycle, phases }
+}
+
+/// One greedy round at the peak (each job's, or the aligned sum's for
+/// coordinated jobs); returns how many swaps it placed. With `fits`, it
+/// stops as soon as the peak is no more than that.
 fn swap_round(
     state: &mut [Job<'_>],
     failed: &mut HashSet<(usize, StorageId, usize)>,
     fits: Option<u64>,
     deadline: Deadline,
+    coord: Option<&Coord>,
 ) -> usize {
-    let peaks: Vec<usize> = state.iter().map(|j| j.peak().1).collect();
+    let (peaks, mut at): (Vec<usize>, Option<u64>) = match coord {
+        None => (state.iter().map(|j| j.peak().1).collect(), None),
+        Some(c) => {
+            let g = c.peak(state);
+            // A job waiting at its gate holds its first step's memory.
+            (g.steps.iter().map(|s| s.unwrap_or(0)).collect(), Some(g.at))
+        }
+    };
     let mut cands = Vec::new();
     for (j, job) in state.iter().enumerate() {
         if !job.settings.swap || job.n() == 0 {
@@ -342,10 +482,16 @@ fn swap_round(
     cands.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
     let mut placed = 0;
     for (_, j, s, after) in cands {
-        if fits.is_some_and(|b| sum_of_peaks(state) <= b) || deadline.past() {
+        if fits.is_some_and(|b| global_peak(state, coord) <= b) || deadline.past() {
             break;
         }
-        if state[j].peak().1 != peaks[j] || !rate_allows(state, j) {
+        let stale = match coord {
+            None => state[j].peak().1 != peaks[j],
+            // The aligned sum peaks elsewhere now: the candidates are
+            // another instant's; the next round gathers that one's.
+            Some(_) => false,
+        };
+        if stale || !rate_allows(state, j) {
             continue;
         }
         match swap::place(&state[j], s, peaks[j]) {
@@ -357,6 +503,13 @@ fn swap_round(
                     swap::reuse_host_copy(&mut state[j], s, before);
                 }
                 placed += 1;
+                if let Some(c) = coord {
+                    c.refresh_foreign(state);
+                    let now = c.peak(state).at;
+                    if at.replace(now) != Some(now) {
+                        break;
+                    }
+                }
             }
             None => {
                 failed.insert((j, s, after));
@@ -397,6 +550,7 @@ fn budget_round(
     tried: &mut Tried,
     capped: &mut bool,
     deadline: Deadline,
+    coord: Option<&Coord>,
 ) -> Option<usize> {
     /// Moves tried on a copy per round once one helps, at most.
     const TRIES: usize = 4;
@@ -405,14 +559,13 @@ fn budget_round(
     /// moves made one plan take minutes.
     const MAX_TRIES: usize = 48;
     let mut moves = Vec::new();
+    let at_peak: Vec<Option<usize>> = match coord {
+        None => state.iter().map(|j| Some(j.peak().1)).collect(),
+        Some(c) => c.peak(state).steps,
+    };
     for (j, job) in state.iter().enumerate() {
-        if job.n() > 0 {
-            moves.extend(overhead::moves(
-                job,
-                j,
-                job.peak().1,
-                config.max_recompute_depth,
-            ));
+        if let (true, Some(p)) = (job.n() > 0, at_peak[j]) {
+            moves.extend(overhead::moves(job, j, p, config.max_recompute_depth));
         }
     }
     let mut moves: Vec<(f64, overhead::Move)> = moves.into_iter().map(|m| (m.msps(), m)).collect();
@@ -434,14 +587,16 @@ fn budget_round(
         }
         tries += 1;
         let j = m.job;
-        let was = potential(&state[j]);
+        let was = potential(state, j, &state[j], coord);
         let mut next = state[j].clone();
         let applied = overhead::apply(&mut next, m);
-        let now = potential(&next);
-        if !applied || next.clash || now >= was {
+        // A coordinated job's iteration must still fit its gate's cycle.
+        let outgrows = coord.is_some_and(|c| next.iteration_ns() > c.cycle);
+        if !applied || next.clash || outgrows || potential(state, j, &next, coord) >= was {
             failed.insert(m.key());
             continue;
         }
+        let now = potential(state, j, &next, coord);
         if next.iteration_ns() > limits[j] {
             *capped = true;
             failed.insert(m.key());
@@ -468,10 +623,16 @@ fn budget_round(
     }
 }
 
-/// What a budget move must lower: the peak, then how many steps reach it.
-fn potential(job: &Job<'_>) -> (u64, usize) {
+/// What a budget move on job `j` (`job`, its state after the move) must
+/// lower: the peak, then how many steps reach it; for coordinated jobs the
+/// aligned sum's peak, then the job's steps at its own peak.
+fn potential(state: &[Job<'_>], j: usize, job: &Job<'_>, coord: Option<&Coord>) -> (u64, usize) {
     let (peak, _) = job.peak();
-    (peak, job.tree.count_of(peak as i64))
+    let count = job.tree.count_of(peak as i64);
+    match coord {
+        None => (peak, count),
+        Some(c) => (c.peak_with(state, j, job), count),
+    }
 }
 
 /// Position of a step's events: recomputes before it, the rest after it.
@@ -599,6 +760,7 @@ fn emit(job: &Job<'_>) -> Plan {
             timeline: job.timeline(),
             ..Prediction::default()
         },
+        gate: None,
     }
 }
 

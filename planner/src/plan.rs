@@ -119,6 +119,9 @@ pub struct Plan {
     /// they begin every iteration on the host.
     pub start_on_host: Vec<TensorId>,
     pub prediction: Prediction,
+    /// When the job may start its iterations, for a job coordinated with
+    /// others (`PlannerConfig::coordinate`); `None`: it runs free.
+    pub gate: Option<crate::Gate>,
 }
 
 impl Plan {
@@ -201,6 +204,9 @@ pub struct MultiPlan {
     /// job's first iteration (what phase-aligned jobs would reach; free-running
     /// jobs drift and may reach up to the sum of peaks).
     pub aligned_peak_bytes: u64,
+    /// The gates' common period for coordinated jobs (0: none); their
+    /// aligned peak (`aligned_peak_bytes`) is then at their gates' phases.
+    pub cycle_ns: u64,
     pub vanilla_sum_of_peaks_bytes: u64,
     pub rounds: usize,
     pub diagnostics: Vec<Diagnostic>,

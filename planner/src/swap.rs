@@ -54,7 +54,7 @@ fn place_in(job: &Job<'_>, s: StorageId, lo: u64, by: u64, min_alloc: usize) -> 
     let st = &job.st[s.index()];
     let by = by.checked_sub(st.lead)?;
     let dur = job.in_dur(st.bytes);
-    let start = job.chans[job.in_chan()].latest_fit(lo, by, dur)?;
+    let start = job.chan(job.in_chan()).latest_fit(lo, by, dur)?;
     let mut k = job.boundary_at_or_before(start);
     while k > 0 && !job.steps[k - 1].is_real() {
         k -= 1;
@@ -74,7 +74,7 @@ fn place_in(job: &Job<'_>, s: StorageId, lo: u64, by: u64, min_alloc: usize) -> 
 /// ends by its start (never before `after`).
 pub(crate) fn place_out(job: &Job<'_>, bytes: u64, lo: u64, hi: u64, after: usize) -> Option<Copy> {
     let dur = job.out_dur(bytes);
-    let start = job.chans[OUT].earliest_fit(lo, hi, dur)?;
+    let start = job.chan(OUT).earliest_fit(lo, hi, dur)?;
     anchor_out(job, start, dur, after)
 }
 
@@ -82,8 +82,8 @@ pub(crate) fn place_out(job: &Job<'_>, bytes: u64, lo: u64, hi: u64, after: usiz
 /// into the next iteration (wrapping on the channel's periodic time line).
 fn place_out_wrapping(job: &Job<'_>, bytes: u64, lo: u64, after: usize) -> Option<Copy> {
     let dur = job.out_dur(bytes);
-    let period = job.iteration_ns();
-    let chan = &job.chans[OUT];
+    let period = job.period();
+    let chan = job.chan(OUT);
     if dur >= period {
         return None;
     }
@@ -104,7 +104,7 @@ fn place_out_wrapping(job: &Job<'_>, bytes: u64, lo: u64, after: usize) -> Optio
 /// iteration, ending by `hi`, anchored before the storage's first access.
 fn place_out_head(job: &Job<'_>, bytes: u64, hi: u64, first: usize) -> Option<Copy> {
     let dur = job.out_dur(bytes);
-    let start = job.chans[OUT].earliest_fit(0, hi, dur)?;
+    let start = job.chan(OUT).earliest_fit(0, hi, dur)?;
     let mut k = job.boundary_at_or_before(start);
     while k > 0 && !job.steps[k - 1].is_real() {
         k -= 1;

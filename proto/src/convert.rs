@@ -468,6 +468,7 @@ pub fn plan_from_proto(plan: &pb::Plan, graph: &Graph) -> Result<Plan, PlanFromP
         version: plan.version,
         events,
         start_on_host,
+        gate: None,
         prediction: Prediction {
             vanilla_peak_bytes: p.vanilla_peak_bytes,
             planned_peak_bytes: p.planned_peak_bytes,

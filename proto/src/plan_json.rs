@@ -320,6 +320,7 @@ pub fn read_plan_file(bytes: impl AsRef<[u8]>, graph: &Graph) -> Result<PlanFile
             events,
             start_on_host,
             prediction,
+            gate: None,
         },
         diagnostics,
     })

@@ -169,7 +169,7 @@ pub(super) fn in_lo(job: &Job<'_>, g: &Gap) -> u64 {
         Some(out) => {
             let end = out.end(&job.times);
             if g.wrap && !g.head_out() {
-                end.saturating_sub(job.iteration_ns())
+                end.saturating_sub(job.period())
             } else {
                 end
             }

@@ -1,0 +1,169 @@
+//! Iteration gates (phase coordination, Zico's TimeShift for k jobs): the
+//! planner gives each coordinated job a period and a phase so that one
+//! job's rising forward pass meets another's falling backward pass; the
+//! driver (the simulator in virtual time, the worker and the hook on the
+//! host's monotonic clock, which every process on one host shares) holds
+//! each iteration until its slot. A late job does not wait: it starts at
+//! once and catches up on later slots.
+//!
+//! The planner is pure and owns no clock: it fills in `period_ns` and
+//! `phase_ns`; whoever publishes the plans sets `epoch_ns`, the same for
+//! every job of one joint plan, on the clock the drivers share.
+
+/// When a coordinated job may start its iterations: the slots
+/// `epoch + phase + n * period` for every integer `n`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Gate {
+    pub period_ns: u64,
+    /// Offset of this job's slots within the period, `< period_ns`.
+    pub phase_ns: u64,
+    /// A time on the drivers' shared clock at which the cycle begins.
+    pub epoch_ns: u64,
+}
+
+impl Gate {
+    /// The epoch to give the gates of a joint plan published at `now`: the
+    /// start of the cycle of the gates in use (`previous`, any job's: they
+    /// share epoch and period) nearest to `now`, so that a job whose phase
+    /// did not change finds its slots about where they were; `now` when no
+    /// job had a gate.
+    pub fn epoch_at(previous: Option<Gate>, now: u64) -> u64 {
+        match previous {
+            Some(g) => Gate { phase_ns: 0, ..g }.nearest_slot(now),
+            None => now,
+        }
+    }
+
+    /// The slot nearest to `now` (ties go to the earlier one).
+    pub fn nearest_slot(&self, now: u64) -> u64 {
+        let period = self.period_ns.max(1);
+        let origin = self.epoch_ns.wrapping_add(self.phase_ns % period);
+        // Slots are origin + n * period for any integer n, also before the
+        // origin: work on the offset of `now` from the slot grid.
+        let offset = if now >= origin {
+            (now - origin) % period
+        } else {
+            (period - (origin - now) % period) % period
+        };
+        let before = now - offset;
+        if offset <= period / 2 {
+            before
+        } else {
+            before + period
+        }
+    }
+}
+
+/// A driver's position on its job's slots: where the next iteration may
+/// start. One per job; the simulator, the worker and the hook all keep
+/// their gates through this.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GateClock {
+    gate: Gate,
+    /// The slot of the iteration about to start (`None`: not placed yet).
+    next: Option<u64>,
+}
+
+impl GateClock {
+    pub fn new(gate: Gate) -> GateClock {
+        GateClock { gate, next: None }
+    }
+
+    pub fn gate(&self) -> Gate {
+        self.gate
+    }
+
+    /// Takes a new gate (a new plan). The slots are placed afresh at the
+    /// next start, on the slot nearest to that moment: a grid that did not
+    /// move costs no wait, and a moved one at most half a period.
+    pub fn set_gate(&mut self, gate: Gate) {
+        if gate != self.gate {
+            self.gate = gate;
+            self.next = None;
+        }
+    }
+
+    /// When the iteration that is ready to start at `now` may start (`now`
+    /// itself when its slot has passed). Call once per iteration.
+    pub fn start_at(&mut self, now: u64) -> u64 {
+        let period = self.gate.period_ns.max(1);
+        let slot = match self.next {
+            None => self.gate.nearest_slot(now),
+            // More than a period behind: skip the slots missed rather than
+            // run iterations back to back to make them up.
+            Some(s) if now > s.saturating_add(period) => {
+                let n = self.gate.nearest_slot(now);
+                if n > now { n - period } else { n }
+            }
+            Some(s) => s,
+        };
+        self.next = Some(slot.saturating_add(period));
+        slot.max(now)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gate(period: u64, phase: u64, epoch: u64) -> Gate {
+        Gate {
+            period_ns: period,
+            phase_ns: phase,
+            epoch_ns: epoch,
+        }
+    }
+
+    #[test]
+    fn the_nearest_slot_is_on_the_grid_on_both_sides_of_the_epoch() {
+        let g = gate(100, 30, 1_000);
+        assert_eq!(g.nearest_slot(1_030), 1_030);
+        assert_eq!(g.nearest_slot(1_070), 1_030);
+        assert_eq!(g.nearest_slot(1_081), 1_130);
+        assert_eq!(g.nearest_slot(990), 1_030);
+        assert_eq!(g.nearest_slot(960), 930);
+        assert_eq!(g.nearest_slot(0), 30);
+    }
+
+    #[test]
+    fn a_new_epoch_keeps_the_cycle_of_the_gates_in_use() {
+        assert_eq!(Gate::epoch_at(None, 1_234), 1_234);
+        let old = gate(100, 30, 1_000);
+        assert_eq!(Gate::epoch_at(Some(old), 1_520), 1_500);
+        assert_eq!(Gate::epoch_at(Some(old), 1_570), 1_600);
+    }
+
+    #[test]
+    fn an_early_job_waits_for_its_slot_and_a_late_one_does_not() {
+        let mut c = GateClock::new(gate(100, 40, 0));
+        // First start: the nearest slot, here ahead of now.
+        assert_eq!(c.start_at(10), 40);
+        // Early for the next slot: waits.
+        assert_eq!(c.start_at(120), 140);
+        // Late by 15: starts at once, the slot after stays on the grid.
+        assert_eq!(c.start_at(255), 255);
+        assert_eq!(c.start_at(300), 340);
+    }
+
+    #[test]
+    fn a_job_more_than_a_period_behind_skips_the_missed_slots() {
+        let mut c = GateClock::new(gate(100, 0, 0));
+        assert_eq!(c.start_at(0), 0);
+        // Next slot 100; the job comes at 450: slots 100..400 are gone.
+        assert_eq!(c.start_at(450), 450);
+        // It is back on the grid: the next slot is 500.
+        assert_eq!(c.start_at(480), 500);
+    }
+
+    #[test]
+    fn a_new_gate_replaces_the_slots_and_the_same_gate_keeps_them() {
+        let mut c = GateClock::new(gate(100, 0, 0));
+        assert_eq!(c.start_at(0), 0);
+        c.set_gate(gate(100, 0, 0));
+        assert_eq!(c.start_at(90), 100);
+        c.set_gate(gate(100, 50, 0));
+        // The nearest slot of the new grid to 180 is 150: late, no wait.
+        assert_eq!(c.start_at(180), 180);
+        assert_eq!(c.start_at(200), 250);
+    }
+}
