@@ -9,7 +9,9 @@ use tensile_graph::{
     Tensor, TensorId, TensorKind,
 };
 
-use tensile_planner::{Diagnostic, DiagnosticKind, Event, EventKind, Plan, Prediction, Trigger};
+use tensile_planner::{
+    Diagnostic, DiagnosticKind, Event, EventKind, Gate, Plan, Prediction, Trigger,
+};
 
 use crate::pb;
 
@@ -352,11 +354,37 @@ pub fn plan_to_proto(plan: &Plan, job_id: u64) -> pb::Plan {
         job_id,
         version: plan.version,
         events,
-        iteration_gate_s: 0.0,
         host_bytes: 0,
         prediction: Some(prediction_to_proto(&plan.prediction)),
         start_on_host: plan.start_on_host.iter().map(|t| t.0).collect(),
+        gate: plan.gate.map(|g| pb::IterationGate {
+            period_ns: g.period_ns,
+            phase_ns: g.phase_ns,
+            epoch_ns: g.epoch_ns,
+        }),
     }
+}
+
+/// The longest gate period a plan may carry: an hour (a longer one would
+/// hold a job for hours between iterations).
+pub const MAX_GATE_PERIOD_NS: u64 = 3_600_000_000_000;
+
+/// Checks a gate's numbers: a period of 1 ns to [`MAX_GATE_PERIOD_NS`], a
+/// phase within it.
+pub fn check_gate(g: Gate) -> Result<Gate, String> {
+    if g.period_ns == 0 || g.period_ns > MAX_GATE_PERIOD_NS {
+        return Err(format!(
+            "gate period {} ns is not in 1 ns to 1 hour",
+            g.period_ns
+        ));
+    }
+    if g.phase_ns >= g.period_ns {
+        return Err(format!(
+            "gate phase {} ns is not less than its period {} ns",
+            g.phase_ns, g.period_ns
+        ));
+    }
+    Ok(g)
 }
 
 /// Domain -> wire: what a plan predicts.
@@ -388,6 +416,8 @@ pub enum PlanFromProtoError {
     Delay { index: usize, delay_s: f64 },
     #[error("start_on_host: tensor {tensor} is not in the graph ({tensors} tensors)")]
     StartOnHost { tensor: u32, tensors: usize },
+    #[error("gate: {0}")]
+    Gate(String),
 }
 
 /// Wire -> domain, checked against `graph`: every tensor and op exists,
@@ -463,12 +493,23 @@ pub fn plan_from_proto(plan: &pb::Plan, graph: &Graph) -> Result<Plan, PlanFromP
             }
         })
         .collect::<Result<_, _>>()?;
+    let gate = plan
+        .gate
+        .map(|g| {
+            check_gate(Gate {
+                period_ns: g.period_ns,
+                phase_ns: g.phase_ns,
+                epoch_ns: g.epoch_ns,
+            })
+        })
+        .transpose()
+        .map_err(PlanFromProtoError::Gate)?;
     let p = plan.prediction.unwrap_or_default();
     Ok(Plan {
         version: plan.version,
         events,
         start_on_host,
-        gate: None,
+        gate,
         prediction: Prediction {
             vanilla_peak_bytes: p.vanilla_peak_bytes,
             planned_peak_bytes: p.planned_peak_bytes,

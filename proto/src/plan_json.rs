@@ -26,7 +26,7 @@
 use serde::{Deserialize, Serialize};
 use tensile_graph::{Graph, OpId, TensorId};
 use tensile_planner::{
-    Diagnostic, DiagnosticKind, Event, EventKind, Plan, Prediction, Trigger, Wait,
+    Diagnostic, DiagnosticKind, Event, EventKind, Gate, Plan, Prediction, Trigger, Wait,
 };
 
 /// The value of the `format` key this version reads and writes.
@@ -46,6 +46,17 @@ struct PlanFileJson {
     prediction: PredictionJson,
     #[serde(default)]
     diagnostics: Vec<DiagnosticJson>,
+    /// Absent for a job that runs free.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    gate: Option<GateJson>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GateJson {
+    period_ns: u64,
+    phase_ns: u64,
+    epoch_ns: u64,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -121,6 +132,7 @@ pub enum Item {
     Event(usize),
     StartOnHost(usize),
     Prediction,
+    Gate,
     Wait(usize),
     Diagnostic(usize),
 }
@@ -131,6 +143,7 @@ impl std::fmt::Display for Item {
             Item::Event(i) => write!(f, "event {i}"),
             Item::StartOnHost(i) => write!(f, "start_on_host {i}"),
             Item::Prediction => f.write_str("prediction"),
+            Item::Gate => f.write_str("gate"),
             Item::Wait(i) => write!(f, "wait {i}"),
             Item::Diagnostic(i) => write!(f, "diagnostic {i}"),
         }
@@ -241,6 +254,11 @@ pub fn plan_to_json(plan: &Plan, diagnostics: &[Diagnostic], graph: &Graph) -> S
                 message: d.message.clone(),
             })
             .collect(),
+        gate: plan.gate.map(|g| GateJson {
+            period_ns: g.period_ns,
+            phase_ns: g.phase_ns,
+            epoch_ns: g.epoch_ns,
+        }),
     };
     // Serializing plain structs of strings and integers cannot fail.
     serde_json::to_string_pretty(&file).unwrap_or_default()
@@ -314,13 +332,28 @@ pub fn read_plan_file(bytes: impl AsRef<[u8]>, graph: &Graph) -> Result<PlanFile
         .enumerate()
         .map(|(i, d)| check.diagnostic(Item::Diagnostic(i), d))
         .collect::<Result<_, _>>()?;
+    let gate = file
+        .gate
+        .as_ref()
+        .map(|g| {
+            crate::convert::check_gate(Gate {
+                period_ns: g.period_ns,
+                phase_ns: g.phase_ns,
+                epoch_ns: g.epoch_ns,
+            })
+        })
+        .transpose()
+        .map_err(|reason| PlanFileError::Invalid {
+            at: Item::Gate,
+            reason,
+        })?;
     Ok(PlanFile {
         plan: Plan {
             version: file.version,
             events,
             start_on_host,
             prediction,
-            gate: None,
+            gate,
         },
         diagnostics,
     })

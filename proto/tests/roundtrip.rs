@@ -151,10 +151,50 @@ fn plans_round_trip_through_protobuf_and_bad_ones_are_named() {
             .to_string()
             .contains("delay NaN")
     );
-    let mut bad = wire;
+    let mut bad = wire.clone();
     bad.events[0].kind = 99;
     assert_eq!(
         plan_from_proto(&bad, &g).unwrap_err().to_string(),
         "event 0: unknown or unspecified event kind 99"
     );
+
+    // A gate travels whole; absurd ones are refused, naming the number.
+    let gate = tensile_planner::Gate {
+        period_ns: 250_000_000,
+        phase_ns: 125_000_000,
+        epoch_ns: 987_654_321,
+    };
+    let gated = tensile_planner::Plan {
+        gate: Some(gate),
+        ..plan.clone()
+    };
+    let wire = plan_to_proto(&gated, 1);
+    let back = plan_from_proto(
+        &pb::Plan::decode(wire.encode_to_vec().as_slice()).unwrap(),
+        &g,
+    )
+    .unwrap();
+    assert_eq!(back.gate, Some(gate));
+    assert_eq!(
+        plan_from_proto(&plan_to_proto(&plan, 1), &g).unwrap().gate,
+        None
+    );
+    for (period, phase, what) in [
+        (0, 0, "gate period 0 ns is not in 1 ns to 1 hour"),
+        (u64::MAX, 0, "is not in 1 ns to 1 hour"),
+        (
+            100,
+            100,
+            "gate phase 100 ns is not less than its period 100 ns",
+        ),
+    ] {
+        let mut bad = wire.clone();
+        bad.gate = Some(pb::IterationGate {
+            period_ns: period,
+            phase_ns: phase,
+            epoch_ns: 0,
+        });
+        let err = plan_from_proto(&bad, &g).unwrap_err().to_string();
+        assert!(err.starts_with("gate: ") && err.contains(what), "{err}");
+    }
 }

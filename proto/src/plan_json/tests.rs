@@ -74,6 +74,36 @@ fn plans_round_trip_exactly() {
 }
 
 #[test]
+fn gates_round_trip_and_bad_ones_are_named() {
+    let g = resnet();
+    let mut plan = planned(&g, None).plans.remove(0);
+    assert!(!plan_to_json(&plan, &[], &g).contains("\"gate\""));
+    plan.gate = Some(tensile_planner::Gate {
+        period_ns: 1_000_000,
+        phase_ns: 400_000,
+        epoch_ns: 77,
+    });
+    let text = plan_to_json(&plan, &[], &g);
+    assert_eq!(
+        read_plan_file(&text, &g).unwrap().plan,
+        without_timelines(&plan)
+    );
+    let mut v: Value = serde_json::from_str(&text).unwrap();
+    v["gate"]["phase_ns"] = Value::from(2_000_000u64);
+    assert_eq!(
+        read(&v, &g).unwrap_err().to_string(),
+        "gate: gate phase 2000000 ns is not less than its period 1000000 ns"
+    );
+    v["gate"]["period_ns"] = Value::from(0u64);
+    assert!(
+        read(&v, &g)
+            .unwrap_err()
+            .to_string()
+            .contains("gate period 0 ns")
+    );
+}
+
+#[test]
 fn a_wrong_tensor_id_names_the_event() {
     let g = resnet();
     let mut v = file_of(&planned(&g, None), &g);

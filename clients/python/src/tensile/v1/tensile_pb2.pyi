@@ -560,16 +560,12 @@ class Plan(_message.Message):
     JOB_ID_FIELD_NUMBER: _builtins.int
     VERSION_FIELD_NUMBER: _builtins.int
     EVENTS_FIELD_NUMBER: _builtins.int
-    ITERATION_GATE_S_FIELD_NUMBER: _builtins.int
     HOST_BYTES_FIELD_NUMBER: _builtins.int
     PREDICTION_FIELD_NUMBER: _builtins.int
     START_ON_HOST_FIELD_NUMBER: _builtins.int
+    GATE_FIELD_NUMBER: _builtins.int
     job_id: _builtins.int
     version: _builtins.int
-    iteration_gate_s: _builtins.float
-    """With phase coordination, the job delays each iteration's start by this
-    much after the scheduler's common clock tick (0: no gate).
-    """
     host_bytes: _builtins.int
     """Host-side copies the worker should keep pinned buffers for."""
     @_builtins.property
@@ -582,24 +578,65 @@ class Plan(_message.Message):
         every iteration on the host (root tensor ids).
         """
 
+    @_builtins.property
+    def gate(self) -> Global___IterationGate:
+        """Set when the scheduler coordinates this job's phase with the other
+        jobs' (their memory curves interleave); unset: the job runs free.
+        """
+
     def __init__(
         self,
         *,
         job_id: _builtins.int = ...,
         version: _builtins.int = ...,
         events: _abc.Iterable[Global___PlanEvent] | None = ...,
-        iteration_gate_s: _builtins.float = ...,
         host_bytes: _builtins.int = ...,
         prediction: Global___PlanPrediction | None = ...,
         start_on_host: _abc.Iterable[_builtins.int] | None = ...,
+        gate: Global___IterationGate | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["prediction", b"prediction"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["gate", b"gate", "prediction", b"prediction"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["events", b"events", "host_bytes", b"host_bytes", "iteration_gate_s", b"iteration_gate_s", "job_id", b"job_id", "prediction", b"prediction", "start_on_host", b"start_on_host", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["events", b"events", "gate", b"gate", "host_bytes", b"host_bytes", "job_id", b"job_id", "prediction", b"prediction", "start_on_host", b"start_on_host", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Plan: _TypeAlias = Plan  # noqa: Y015
+
+@_typing.final
+class IterationGate(_message.Message):
+    """When a coordinated job may start its iterations: at the slots
+    epoch_ns + phase_ns + n * period_ns (any integer n) of CLOCK_MONOTONIC on
+    the scheduler's host, which every process there shares. A job takes the
+    slot nearest to the moment it adopts the plan, then every period; it
+    waits for a slot ahead of it, and one that comes late starts at once
+    (a job more than a period late drops the slots it missed).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PERIOD_NS_FIELD_NUMBER: _builtins.int
+    PHASE_NS_FIELD_NUMBER: _builtins.int
+    EPOCH_NS_FIELD_NUMBER: _builtins.int
+    period_ns: _builtins.int
+    """1 ns to 1 hour."""
+    phase_ns: _builtins.int
+    """Less than period_ns."""
+    epoch_ns: _builtins.int
+    def __init__(
+        self,
+        *,
+        period_ns: _builtins.int = ...,
+        phase_ns: _builtins.int = ...,
+        epoch_ns: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch_ns", b"epoch_ns", "period_ns", b"period_ns", "phase_ns", b"phase_ns"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___IterationGate: _TypeAlias = IterationGate  # noqa: Y015
 
 @_typing.final
 class PlanPrediction(_message.Message):
