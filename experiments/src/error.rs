@@ -60,6 +60,34 @@ pub enum ExperimentError {
     NoBudgets,
     #[error("the simulation thread pool: {reason}")]
     Pool { reason: String },
+    #[cfg(feature = "bound")]
+    #[error("swap bound: job {job} has {got} latencies for a graph of {ops} ops")]
+    BoundLatencyCount { job: usize, got: usize, ops: usize },
+    #[cfg(feature = "bound")]
+    #[error(
+        "swap bound: the period of {period_ns} ns is shorter than job {job}'s iteration of {iteration_ns} ns"
+    )]
+    BoundPeriod {
+        job: usize,
+        period_ns: u64,
+        iteration_ns: u64,
+    },
+    #[cfg(feature = "bound")]
+    #[error("swap bound: the period is 0 ns (no job, or no op of any job takes time)")]
+    BoundEmptyPeriod,
+    #[cfg(feature = "bound")]
+    #[error("swap bound: copy bandwidths must be positive (h2d {h2d} B/s, d2h {d2h} B/s)")]
+    BoundBandwidth { h2d: f64, d2h: f64 },
+    #[cfg(feature = "bound")]
+    #[error(
+        "swap bound: the LP solver refused the program at {at_ns} ns ({candidates} idle storages)"
+    )]
+    BoundLp {
+        at_ns: u64,
+        candidates: usize,
+        #[source]
+        source: good_lp::ResolutionError,
+    },
     /// What went wrong in one workload of the bench.
     #[error("{workload} on {device}")]
     InWorkload {

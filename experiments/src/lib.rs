@@ -26,8 +26,13 @@
 //! - [`paper`]: the figures the paper reports.
 //! - [`bench`]: every experiment under every policy ([`run_bench`]).
 //! - [`pareto`]: where ours does not dominate a baseline.
+//! - `bound` (feature `bound`, on by default): the lowest peak any swap
+//!   plan that adds no time can reach (`swap_bound`, a linear program per
+//!   instant).
 
 pub mod bench;
+#[cfg(feature = "bound")]
+pub mod bound;
 pub mod cold_start;
 pub mod device;
 mod error;
@@ -42,6 +47,8 @@ pub mod workload;
 pub use bench::{
     BenchConfig, BenchReport, DeviceOutcome, PolicyOutcome, WorkloadOutcome, run_bench,
 };
+#[cfg(feature = "bound")]
+pub use bound::{BoundJob, BoundReport, swap_bound};
 pub use cold_start::ColdStart;
 pub use device::device_profile;
 pub use error::{ExperimentError, error_chain};

@@ -3,6 +3,8 @@
 
 #![allow(clippy::unwrap_used)] // tests unwrap: a failure is the test failing
 
+#[cfg(feature = "bound")]
+mod bound;
 mod util;
 
 use tensile_baselines::Policy;
