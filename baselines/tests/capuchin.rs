@@ -62,6 +62,8 @@ fn run<'g>(
         sharing_slowdown: 0.0,
         copy,
         base_bytes: BASE,
+        budget_bytes: None,
+        shared_link: false,
     };
     let mut cap = Capuchin::new(vec![g], vec![live], vec![budget], copy);
     let plan = cap.initial_plans().remove(0);
@@ -255,6 +257,8 @@ fn late_swap_ins_move_earlier_until_on_time() {
         sharing_slowdown: 0.0,
         copy: fast_link(),
         base_bytes: BASE,
+        budget_bytes: None,
+        shared_link: false,
     };
     let job = SimJob {
         options: cap.exec_options(0),

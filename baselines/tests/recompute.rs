@@ -51,6 +51,8 @@ fn run(g: &Graph, live: &Liveness, p: Plan, lat: &[u64]) -> Result<Measured, Exe
         sharing_slowdown: 0.0,
         copy: copy(),
         base_bytes: 0,
+        budget_bytes: None,
+        shared_link: false,
     };
     let r = simulate(
         vec![SimJob::new(g, live, p, lat.to_vec())],

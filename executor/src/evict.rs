@@ -1,14 +1,17 @@
-//! Capuchin's passive mode ([`ExecOptions::evict_budget_bytes`]): when an
-//! allocation would take the job over its budget, evict resident storages
-//! to the host, least recently used first, and fetch them back on demand.
+//! Eviction, for Capuchin's passive mode
+//! ([`ExecOptions::evict_budget_bytes`]) and for the guard of the job's
+//! memory limit: when an allocation would take the job over its budget,
+//! evict resident storages to the host, least recently used first, and
+//! fetch them back on demand.
 //!
 //! [`ExecOptions::evict_budget_bytes`]: crate::ExecOptions::evict_budget_bytes
 
 use tensile_graph::{OpId, StorageId};
 use tensile_swap_executor::{CopyEngine, Dir};
 
+use crate::guard::Room;
 use crate::machine::Executor;
-use crate::state::{Host, Wake};
+use crate::state::{Device, Host, Wake};
 
 impl<C: CopyEngine> Executor<'_, C> {
     /// The storages `op` reads or writes, each once.
@@ -25,6 +28,15 @@ impl<C: CopyEngine> Executor<'_, C> {
         out
     }
 
+    /// The next op from the current one on that reads or writes `s` (the
+    /// number of ops when none does before the iteration ends).
+    pub(crate) fn next_use(&self, s: StorageId) -> u64 {
+        let uses = &self.uses[s.index()];
+        let i = uses.partition_point(|&k| (k as usize) < self.pc);
+        uses.get(i)
+            .map_or(self.graph.ops().len() as u64, |&k| u64::from(k))
+    }
+
     pub(crate) fn touch(&mut self, op: OpId, now: u64) {
         for s in self.storages_of(op) {
             self.last_use[s.index()] = now;
@@ -33,16 +45,26 @@ impl<C: CopyEngine> Executor<'_, C> {
 
     /// Before `op` (the op itself, or a recomputation for `current`)
     /// allocates its outputs and the passive swap-ins of its inputs: if that
-    /// would take the job over the budget, evicts resident non-persistent
-    /// storages that neither op touches, least recently used first, until
-    /// what is being freed makes room. A victim with a valid host copy is
-    /// dropped at once; any other is copied out first and freed when its
-    /// copy ends (never lose data, never free under a copy). Returns when to
-    /// look again while frees are in flight; `None` when the op may run:
-    /// within the budget, or over it with nothing left to evict or wait for
-    /// (a budget below the op's working set must not deadlock).
-    pub(crate) fn make_room(&mut self, op: OpId, current: OpId, now: u64) -> Option<Wake> {
-        let budget = self.options.evict_budget_bytes?;
+    /// would take the job over its budget (Capuchin's) or its limit (the
+    /// guard's, [`Executor::set_limit`]), evicts resident storages that
+    /// neither op touches, least recently used first, until what is being
+    /// freed makes room. Under Capuchin's budget only non-persistent
+    /// storages go; the guard takes persistent ones too. A victim with a
+    /// valid host copy is dropped at once; any other is copied out first
+    /// and freed when its copy ends (never lose data, never free under a
+    /// copy). Says when to look again while frees are in flight. With
+    /// nothing left to evict or wait for, Capuchin's op runs over its budget
+    /// (a budget below the op's working set must not deadlock), while the
+    /// guard's waits for memory to free elsewhere ([`Room::Full`]).
+    ///
+    /// [`Executor::set_limit`]: crate::Executor::set_limit
+    pub(crate) fn make_room(&mut self, op: OpId, current: OpId, now: u64) -> Room {
+        let capuchin = self.options.evict_budget_bytes;
+        let Some(budget) = capuchin.into_iter().chain(self.limit).min() else {
+            return Room::Go;
+        };
+        // The guard's limit binds (it is at or under Capuchin's budget).
+        let guard = self.limit.is_some_and(|l| capuchin.is_none_or(|c| l <= c));
         let mine = self.storages_of(op);
         let need: u64 = mine
             .iter()
@@ -50,7 +72,7 @@ impl<C: CopyEngine> Executor<'_, C> {
             .map(|&s| self.bytes(s))
             .sum();
         if need == 0 || self.mem + need <= budget {
-            return None;
+            return Room::Go;
         }
         let mut touched = mine;
         touched.extend(self.storages_of(current));
@@ -70,6 +92,12 @@ impl<C: CopyEngine> Executor<'_, C> {
                 soonest = Some(soonest.map_or(end, |x| x.min(end)));
             }
         }
+        if guard && self.limit_may_rise && self.mem.saturating_sub(freeing) + need > budget {
+            // Other jobs will free memory: wait for them (or for the frees
+            // in flight) rather than evict.
+            self.blocked = Some((op, need, budget));
+            return Room::Full;
+        }
         let mut victims: Vec<(u64, StorageId)> = (0..self.slots.len())
             .map(|i| StorageId(i as u32))
             .filter(|s| {
@@ -79,11 +107,21 @@ impl<C: CopyEngine> Executor<'_, C> {
                     && slot.writing().is_none()
                     && !slot.release_pending
                     && slot.ready(now)
-                    && !st.persistent
+                    && (guard || !st.persistent)
                     && st.bytes > 0
                     && !touched.contains(s)
             })
-            .map(|s| (self.last_use[s.index()], s))
+            // Capuchin: least recently used first. The guard: the one used
+            // again last first (for storage the plan swaps anyway that is
+            // its swap-out done early, and nothing comes back sooner).
+            .map(|s| {
+                let key = if guard {
+                    u64::MAX - self.next_use(s)
+                } else {
+                    self.last_use[s.index()]
+                };
+                (key, s)
+            })
             .collect();
         victims.sort_unstable();
         for (_, s) in victims {
@@ -94,6 +132,9 @@ impl<C: CopyEngine> Executor<'_, C> {
             self.cur
                 .evictions
                 .push((self.live.storages[s.index()].root, op));
+            if guard {
+                self.cur.guard_evictions += 1;
+            }
             if self.slots[s.index()].host_valid() {
                 self.free(s);
                 continue;
@@ -107,8 +148,28 @@ impl<C: CopyEngine> Executor<'_, C> {
             soonest = Some(soonest.map_or(end, |x| x.min(end)));
         }
         if self.mem + need <= budget {
-            return None;
+            return Room::Go;
         }
-        soonest
+        if guard && soonest.is_none() {
+            // Prefetches on their way become evictable once they land.
+            soonest = self
+                .slots
+                .iter()
+                .enumerate()
+                .filter(|(i, s)| {
+                    matches!(s.device, Device::Arriving(_))
+                        && !touched.contains(&StorageId(*i as u32))
+                })
+                .filter_map(|(_, s)| s.ready_at())
+                .min();
+        }
+        match soonest {
+            Some(w) => Room::Wait(w),
+            None if guard => {
+                self.blocked = Some((op, need, budget));
+                Room::Full
+            }
+            None => Room::Go,
+        }
     }
 }

@@ -14,6 +14,7 @@
 //!   iteration handed to the planner's re-planner.
 
 mod evict;
+mod guard;
 mod machine;
 pub mod replan;
 pub mod sim;

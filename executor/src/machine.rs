@@ -16,6 +16,7 @@ use tensile_graph::{Graph, Liveness, OpId, StorageId, TensorId};
 use tensile_planner::{Event, EventKind, Plan, Trigger};
 use tensile_swap_executor::{Copy, CopyEngine, CopyStatus, Dir, ExecutionQueue};
 
+use crate::guard::Room;
 use crate::state::{Device, Host, InFlight, Slot, Wake};
 
 /// What the executor asks of its driver.
@@ -32,6 +33,11 @@ pub enum Next {
     /// same time. A plan handed over now (after looking at the finished
     /// iteration's measurements) applies to the very next iteration.
     IterationDone,
+    /// An allocation must wait until memory frees elsewhere: the job is at
+    /// the limit its driver set ([`Executor::set_limit`]) and has nothing of
+    /// its own left to free or evict. Call [`Executor::step`] again once the
+    /// limit has risen (another job freed memory).
+    WaitForMemory,
     /// All iterations are done.
     Done,
 }
@@ -49,6 +55,15 @@ pub enum Effect {
 pub enum ExecError {
     #[error("op {op} ({name}) needs tensor {tensor} but the plan dropped it with no host copy")]
     Lost { op: u32, name: String, tensor: u32 },
+    #[error(
+        "op {op} ({name}) needs {need} more bytes of device memory, beyond the {limit} bytes the job may hold, and nothing will free any"
+    )]
+    NoMemory {
+        op: u32,
+        name: String,
+        need: u64,
+        limit: u64,
+    },
 }
 
 /// How the executor runs copies and memory, beyond what the plan says. The
@@ -103,6 +118,23 @@ pub struct IterationStats {
     pub over_budget_bytes: u64,
     /// Copies the engine reported failed (the data stayed where it was).
     pub failed_copies: usize,
+    /// Time the job waited for memory under its limit
+    /// ([`Executor::set_limit`]): for its own frees in flight, for its
+    /// evictions to the host, or for other jobs to free memory (part of
+    /// `stall_ns`).
+    pub memory_wait_ns: u64,
+    /// Prefetches the limit held back when they fired (started later, or
+    /// fetched on demand by their op), and storages it evicted.
+    pub held_back: usize,
+    pub guard_evictions: usize,
+    /// Time the job held an op back to keep to its plan's pace (not a
+    /// stall: the plan's time line has it).
+    pub paced_ns: u64,
+    /// The version of the plan the iteration ran, and whether it was the
+    /// first iteration on it (a switch: persistent storage moves to where
+    /// the new plan wants it, so its copies and waits are not the plan's).
+    pub plan_version: u64,
+    pub switched: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -120,6 +152,9 @@ struct Schedule {
     before: Vec<Vec<Event>>,
     after: Vec<Vec<Event>>,
     start_on_host: Vec<StorageId>,
+    /// Planned start of every op within the iteration (a coordinated
+    /// plan's pace); empty: ops start as soon as they can.
+    op_start: Vec<u64>,
 }
 
 impl Schedule {
@@ -141,8 +176,25 @@ impl Schedule {
             .iter()
             .map(|t| live.storage_of[t.index()])
             .collect();
+        if plan.prediction.op_start_ns.len() == n {
+            s.op_start = plan.prediction.op_start_ns.clone();
+        }
         s
     }
+}
+
+/// Per storage, the ops that touch it, in order.
+fn uses(graph: &Graph, live: &Liveness) -> Vec<Vec<u32>> {
+    let mut uses = vec![Vec::new(); live.storages.len()];
+    for op in graph.ops() {
+        for &t in op.inputs.iter().chain(&op.outputs) {
+            let u: &mut Vec<u32> = &mut uses[live.storage_of[t.index()].index()];
+            if u.last() != Some(&op.id.0) {
+                u.push(op.id.0);
+            }
+        }
+    }
+    uses
 }
 
 /// One job's executor over the copy engine `C`.
@@ -157,7 +209,7 @@ pub struct Executor<'g, C> {
     iterations: usize,
     iteration: usize,
     phase: Phase,
-    pc: usize,
+    pub(crate) pc: usize,
     before_idx: usize,
     pub(crate) slots: Vec<Slot>,
     pub(crate) mem: u64,
@@ -168,7 +220,7 @@ pub struct Executor<'g, C> {
     /// Copies no storage waits for, forgotten once they have ended.
     retired: Vec<InFlight>,
     /// Swap events waiting for their delay.
-    queue: ExecutionQueue<Event>,
+    pub(crate) queue: ExecutionQueue<Event>,
     /// Swap-outs due while their storage's prefetch, of unknown end, was in
     /// flight: (fire time, storage).
     deferred_outs: Vec<(u64, StorageId)>,
@@ -185,6 +237,19 @@ pub struct Executor<'g, C> {
     pub(crate) last_use: Vec<u64>,
     /// The storage the running recompute restores.
     recompute_target: Option<StorageId>,
+    /// The most device memory the job may hold now (see
+    /// [`Executor::set_limit`]).
+    pub(crate) limit: Option<u64>,
+    /// Prefetches that fired while the limit had no room for them: started
+    /// at a later boundary once it has, or fetched by their op.
+    pub(crate) deferred_ins: Vec<Event>,
+    /// Since when the executor waits for memory under its limit.
+    pub(crate) memory_since: Option<u64>,
+    /// What waits for memory: (op, bytes needed, limit).
+    pub(crate) blocked: Option<(OpId, u64, u64)>,
+    pub(crate) limit_may_rise: bool,
+    /// Per storage, the ops that read or write it, in order.
+    pub(crate) uses: Vec<Vec<u32>>,
 }
 
 impl<'g, C: CopyEngine> Executor<'g, C> {
@@ -224,7 +289,36 @@ impl<'g, C: CopyEngine> Executor<'g, C> {
             effects: Vec::new(),
             last_use: vec![0; live.storages.len()],
             recompute_target: None,
+            limit: None,
+            deferred_ins: Vec::new(),
+            memory_since: None,
+            blocked: None,
+            limit_may_rise: false,
+            uses: uses(graph, live),
         }
+    }
+
+    /// The most device memory the job may hold from now on (`None`: no
+    /// limit), the guard that keeps a run within the budget its plan was
+    /// made for whatever the latencies do: an allocation that would pass
+    /// it waits for the job's own frees in flight, then evicts resident
+    /// storages the op does not touch to the host (least recently used
+    /// first; fetched back on demand), then waits for memory to free
+    /// elsewhere ([`Next::WaitForMemory`]); a prefetch that would pass it
+    /// is held back until there is room (or its op fetches it). The driver
+    /// sets it before every call: the simulator from the budget less what
+    /// the other jobs hold, the worker from its `--memory-mb`.
+    pub fn set_limit(&mut self, limit: Option<u64>) {
+        self.limit = limit;
+    }
+
+    /// Whether the limit may rise while the job waits (other jobs run and
+    /// will free memory): an op over the limit then waits for that before
+    /// it evicts anything, since evicting costs copies that the plans did
+    /// not count and a job that is off its schedule finds it again by
+    /// waiting. False (the default, and the worker's): it evicts at once.
+    pub fn set_limit_may_rise(&mut self, may_rise: bool) {
+        self.limit_may_rise = may_rise;
     }
 
     /// Switches to `plan` at the next iteration boundary.
@@ -504,7 +598,7 @@ impl<'g, C: CopyEngine> Executor<'g, C> {
 
     /// Frees what may be freed at a boundary: finished swap-outs and
     /// pending releases with no copy in flight.
-    fn boundary_frees(&mut self, now: u64) {
+    pub(crate) fn boundary_frees(&mut self, now: u64) {
         for i in 0..self.slots.len() {
             let slot = self.slots[i];
             let s = StorageId(i as u32);
@@ -551,14 +645,41 @@ impl<'g, C: CopyEngine> Executor<'g, C> {
                     if (self.options.evict_budget_bytes).is_some_and(|b| self.mem + bytes > b) {
                         return;
                     }
+                    // Under the limit, it waits for room.
+                    if self.limit.is_some_and(|l| self.mem + bytes > l) {
+                        self.deferred_ins.push(e);
+                        self.cur.held_back += 1;
+                        return;
+                    }
                     self.alloc(s, now);
                     self.slots[s.index()].device = Device::Awaiting;
                 }
-                self.queue.push(now + e.delay_ns, e);
+                let at = self.fire_at(&e, now);
+                self.queue.push(at, e);
             }
-            EventKind::SwapOut => self.queue.push(now + e.delay_ns, e),
+            EventKind::SwapOut => {
+                let at = self.fire_at(&e, now);
+                self.queue.push(at, e);
+            }
             EventKind::Recompute => {}
         }
+    }
+
+    /// When a copy fired at `now` starts: its delay after the trigger, or,
+    /// on a paced plan, its planned moment in the iteration once the job
+    /// is behind it (a job that fell behind and catches up keeps its
+    /// copies on the planned time line rather than late by what it lost).
+    fn fire_at(&self, e: &Event, now: u64) -> u64 {
+        let late = now + e.delay_ns;
+        let Trigger::After(op) = e.trigger else {
+            return late;
+        };
+        let planned_end = match self.schedule.op_start.get(op.index() + 1) {
+            Some(&next) => next,
+            None => return late,
+        };
+        let planned = self.cur.start_ns + planned_end + e.delay_ns;
+        planned.clamp(now, late)
     }
 
     /// Makes every input of `op` present, or says when to look again.
@@ -645,10 +766,10 @@ impl<'g, C: CopyEngine> Executor<'g, C> {
     }
 
     /// Tells the driver to wait, counting the stall.
-    fn wait(&mut self, w: Wake, now: u64) -> Next {
+    pub(crate) fn wait(&mut self, w: Wake, now: u64) -> Next {
         match w {
             Wake::At(t) => {
-                self.cur.stall_ns += t - now;
+                self.cur.stall_ns += t.saturating_sub(now);
                 Next::WaitUntil(t)
             }
             Wake::Unknown => {
@@ -664,12 +785,21 @@ impl<'g, C: CopyEngine> Executor<'g, C> {
         if let Some(since) = self.waiting_since.take() {
             self.cur.stall_ns += now.saturating_sub(since);
         }
+        if let Some(since) = self.memory_since.take() {
+            self.cur.stall_ns += now.saturating_sub(since);
+            self.cur.memory_wait_ns += now.saturating_sub(since);
+        }
         loop {
             self.run_queue(now);
             match self.phase {
                 Phase::Start => {
                     if self.iteration == self.iterations {
                         return Ok(Next::Done);
+                    }
+                    match self.start_room(now) {
+                        Room::Go => {}
+                        Room::Wait(w) => return Ok(self.wait(w, now)),
+                        Room::Full => return Ok(self.wait_for_memory(now)),
                     }
                     self.begin_iteration(now);
                 }
@@ -690,6 +820,18 @@ impl<'g, C: CopyEngine> Executor<'g, C> {
     fn before_op(&mut self, now: u64) -> Result<Next, ExecError> {
         let op = OpId(self.pc as u32);
         self.boundary_frees(now);
+        self.retry_deferred(now);
+        // A coordinated plan's pace: never ahead of the planned time line,
+        // on which its copies and the other jobs' memory are timed.
+        if self.before_idx == 0
+            && let Some(&at) = self.schedule.op_start.get(self.pc)
+        {
+            let due = self.cur.start_ns + at;
+            if due > now {
+                self.cur.paced_ns += due - now;
+                return Ok(Next::WaitUntil(due));
+            }
+        }
         if let Some(w) = self.swap_out_gate(now) {
             return Ok(self.wait(w, now));
         }
@@ -708,8 +850,10 @@ impl<'g, C: CopyEngine> Executor<'g, C> {
                 self.before_idx += 1;
                 continue;
             };
-            if let Some(w) = self.make_room(p, op, now) {
-                return Ok(self.wait(w, now));
+            match self.make_room(p, op, now) {
+                Room::Go => {}
+                Room::Wait(w) => return Ok(self.wait(w, now)),
+                Room::Full => return Ok(self.wait_for_memory(now)),
             }
             if let Some(w) = self.inputs_ready(p, now)? {
                 return Ok(self.wait(w, now));
@@ -726,8 +870,10 @@ impl<'g, C: CopyEngine> Executor<'g, C> {
             };
             return Ok(Next::Kernel { op: p });
         }
-        if let Some(w) = self.make_room(op, op, now) {
-            return Ok(self.wait(w, now));
+        match self.make_room(op, op, now) {
+            Room::Go => {}
+            Room::Wait(w) => return Ok(self.wait(w, now)),
+            Room::Full => return Ok(self.wait_for_memory(now)),
         }
         if let Some(w) = self.inputs_ready(op, now)? {
             return Ok(self.wait(w, now));
@@ -823,6 +969,7 @@ impl<'g, C: CopyEngine> Executor<'g, C> {
             self.fire(*e, now);
         }
         self.boundary_frees(now);
+        self.retry_deferred(now);
         for e in events.iter().filter(|e| e.kind != EventKind::Release) {
             self.fire(*e, now);
         }
@@ -832,13 +979,17 @@ impl<'g, C: CopyEngine> Executor<'g, C> {
     }
 
     fn begin_iteration(&mut self, now: u64) {
+        let mut switched = false;
         if let Some(p) = self.next_plan.take() {
+            switched = p.version != self.plan_version;
             self.plan_version = p.version;
             self.schedule = Schedule::new(&p, self.live, self.graph.ops().len());
         }
         self.cur = IterationStats {
             start_ns: now,
             op_ns: vec![0; self.graph.ops().len()],
+            plan_version: self.plan_version,
+            switched,
             ..IterationStats::default()
         };
         for (i, st) in self.live.storages.iter().enumerate() {
@@ -880,6 +1031,9 @@ impl<'g, C: CopyEngine> Executor<'g, C> {
     }
 
     fn end_iteration(&mut self, now: u64) {
+        // Prefetches still held back were fetched by their ops, or are for
+        // storage that the iteration no longer needs.
+        self.deferred_ins.clear();
         // Non-persistent storage does not outlive its iteration.
         for (i, st) in self.live.storages.iter().enumerate() {
             if !st.persistent {

@@ -21,6 +21,8 @@ impl IterationStats {
             late_prefetches: self.late_prefetches.clone(),
             start_bytes: self.start_bytes,
             evictions: self.evictions.clone(),
+            switched: self.switched,
+            iteration_ns: self.end_ns - self.start_ns,
         }
     }
 }

@@ -146,6 +146,7 @@ pub fn run_bench(
         activation_budget: config.activation_budget,
         starts: Vec::new(),
         cold_start: ColdStart::Auto,
+        coordinate: true,
     };
     let work = config.workloads();
     let pool = rayon::ThreadPoolBuilder::new()

@@ -44,6 +44,13 @@ pub struct Metrics {
     /// How far the job went over its memory budget at most (Capuchin's
     /// passive mode when even evicting everything cannot fit).
     pub over_budget_bytes: u64,
+    /// Time the job waited for memory under the budget (part of `stall_s`),
+    /// and what the guard did: prefetches held back, storages evicted.
+    pub memory_wait_s: f64,
+    pub held_back: usize,
+    pub guard_evictions: usize,
+    /// Planned prefetches that arrived after their op wanted them.
+    pub late_prefetches: usize,
 }
 
 impl Metrics {
@@ -130,6 +137,10 @@ pub fn report(
                 .map(|i| i.over_budget_bytes)
                 .max()
                 .unwrap_or(0),
+            memory_wait_s: r.iterations.iter().map(|i| i.memory_wait_ns).sum::<u64>() as f64 / 1e9,
+            held_back: r.iterations.iter().map(|i| i.held_back).sum(),
+            guard_evictions: r.iterations.iter().map(|i| i.guard_evictions).sum(),
+            late_prefetches: r.iterations.iter().map(|i| i.late_prefetches.len()).sum(),
             ..Metrics::default()
         };
         m.finish(lives[j].keep_all_footprint().peak + profile.base_bytes);
@@ -153,6 +164,10 @@ pub fn report(
         replans: run.replans,
         lower_bound_bytes: jobs.iter().map(|m| m.lower_bound_bytes).sum(),
         over_budget_bytes: jobs.iter().map(|m| m.over_budget_bytes).max().unwrap_or(0),
+        memory_wait_s: jobs.iter().map(|m| m.memory_wait_s).sum(),
+        held_back: jobs.iter().map(|m| m.held_back).sum(),
+        guard_evictions: jobs.iter().map(|m| m.guard_evictions).sum(),
+        late_prefetches: jobs.iter().map(|m| m.late_prefetches).sum(),
         ..Metrics::default()
     };
     system.finish(keepall);

@@ -206,8 +206,14 @@ mod tests {
         );
         // b shifted by 15: its high part covers [15, 30), over a's 5 at
         // [15, 20); by 20 it covers [20, 30) and [0, 5), beside a's lows.
-        assert_eq!(aligned_sum_peak(&[a.clone(), b.clone()], &[0, 15], 30), (9, 15));
-        assert_eq!(aligned_sum_peak(&[a.clone(), b.clone()], &[0, 20], 30), (6, 10));
+        assert_eq!(
+            aligned_sum_peak(&[a.clone(), b.clone()], &[0, 15], 30),
+            (9, 15)
+        );
+        assert_eq!(
+            aligned_sum_peak(&[a.clone(), b.clone()], &[0, 20], 30),
+            (6, 10)
+        );
         // Gate waits: in a cycle of 40 each job holds its first step's
         // memory from 30 on (a: 1; b, shifted by 30: 4 over [20, 30)).
         assert_eq!(aligned_sum_peak(&[a, b], &[0, 30], 40), (6, 10));

@@ -94,7 +94,8 @@ pub struct PlannerConfig {
     /// uncapped one (and may then be over the budget, with an `OverBudget`
     /// diagnostic); it carries a `PlanningCapped` diagnostic. `None`: no cap.
     pub time_cap: Option<std::time::Duration>,
-    /// Coordinate the jobs (two or more): gate every job's iterations to a
+    /// Coordinate the jobs (two or more, whose iterations are within 15% of
+    /// each other's: they share one period): gate every job's iterations to a
     /// common period with its own phase so that their memory curves
     /// interleave, plan their copies on one common time line over the
     /// whole link, and bound the aligned sum's peak by `budget_bytes`
@@ -104,6 +105,19 @@ pub struct PlannerConfig {
     /// gate_slack`, so that gates keep the phases when iterations run a
     /// little longer than predicted (a job that runs late does not wait).
     pub gate_slack: f64,
+    /// Coordinated jobs are planned on their latencies times `1 +
+    /// pace_pad`, and their executors keep to that time line (never ahead):
+    /// an op that runs a little long is absorbed by the padding of the next
+    /// ones instead of moving the job off its phase.
+    pub pace_pad: f64,
+    /// Coordinated jobs' copies are planned at this share of the link's
+    /// bandwidth: they end early, and a copy that starts late (behind
+    /// another job's) still ends in time.
+    pub coordinated_link: f64,
+    /// Coordinated jobs plan for the budget less this share of it, and stop
+    /// saving once under it (the rest is headroom for a run that differs
+    /// from its plan).
+    pub coordinated_margin: f64,
 }
 
 impl PlannerConfig {
@@ -117,7 +131,10 @@ impl PlannerConfig {
             max_overhead: 3.0,
             time_cap: None,
             coordinate: false,
-            gate_slack: 0.02,
+            gate_slack: 0.005,
+            pace_pad: 0.03,
+            coordinated_link: 0.9,
+            coordinated_margin: 0.03,
         }
     }
 }

@@ -34,23 +34,20 @@ impl Gate {
         }
     }
 
-    /// The slot nearest to `now` (ties go to the earlier one).
+    /// The slot nearest to `now` (ties go to the earlier one); slots before
+    /// the clock's zero do not exist, so near zero it may be a later one.
     pub fn nearest_slot(&self, now: u64) -> u64 {
-        let period = self.period_ns.max(1);
-        let origin = self.epoch_ns.wrapping_add(self.phase_ns % period);
-        // Slots are origin + n * period for any integer n, also before the
-        // origin: work on the offset of `now` from the slot grid.
-        let offset = if now >= origin {
-            (now - origin) % period
-        } else {
-            (period - (origin - now) % period) % period
-        };
-        let before = now - offset;
-        if offset <= period / 2 {
-            before
-        } else {
-            before + period
+        let period = i128::from(self.period_ns.max(1));
+        let origin = i128::from(self.epoch_ns) + i128::from(self.phase_ns) % period;
+        let offset = (i128::from(now) - origin).rem_euclid(period);
+        let mut slot = i128::from(now) - offset;
+        if offset > period / 2 {
+            slot += period;
         }
+        while slot < 0 {
+            slot += period;
+        }
+        u64::try_from(slot).unwrap_or(u64::MAX)
     }
 }
 
@@ -123,6 +120,13 @@ mod tests {
         assert_eq!(g.nearest_slot(990), 1_030);
         assert_eq!(g.nearest_slot(960), 930);
         assert_eq!(g.nearest_slot(0), 30);
+        // Near the clock's zero the slot before would be negative.
+        let g = gate(211, 144, 0);
+        assert_eq!(g.nearest_slot(0), 144);
+        assert_eq!(g.nearest_slot(10), 144);
+        let g = gate(211, 67, 0);
+        assert_eq!(g.nearest_slot(0), 67);
+        assert_eq!(g.nearest_slot(1_000_000_000_000_000_000) % 211, 67);
     }
 
     #[test]

@@ -29,7 +29,8 @@
 //! back to swapping on the new time line. Without a budget, or under it, no
 //! time is ever added.
 //!
-//! Coordinated (`PlannerConfig::coordinate`, two jobs or more): every job
+//! Coordinated (`PlannerConfig::coordinate`, two jobs or more whose
+//! iterations are within 15% of each other): every job
 //! gets a gate, one common period and its own phase, chosen so that the
 //! aligned sum of the jobs' curves (each planned alone on the whole link
 //! first) peaks lowest; then the loop above runs on the aligned sum's peak
@@ -156,26 +157,93 @@ pub fn plan(jobs: &[JobInput<'_>], config: &PlannerConfig) -> Result<MultiPlan, 
         }
     }
     let lives: Vec<Liveness> = jobs.iter().map(|j| Liveness::analyze(j.graph)).collect();
-    let coordinate = config.coordinate && jobs.len() >= 2;
+    let free = plan_with(jobs, &lives, config, false, started, deadline);
+    // Gates are for fitting a budget that the jobs do not fit running free
+    // without time: a coordinated plan paces its jobs (a few percent of
+    // their time) and is taken only when it fits the budget at less cost.
+    let Some(budget) = config
+        .budget_bytes
+        .filter(|_| config.coordinate && jobs.len() >= 2 && similar_iterations(jobs))
+    else {
+        return Ok(free);
+    };
+    let free_fits = free.sum_of_peaks_bytes <= budget;
+    if free_fits && time_cost(&free) == 0.0 {
+        return Ok(free);
+    }
+    let gated = plan_with(jobs, &lives, config, true, started, deadline);
+    let gated_fits = gated.aligned_peak_bytes <= budget;
+    let take_gated = match (free_fits, gated_fits) {
+        (_, false) if free_fits => false,
+        (false, false) => gated.aligned_peak_bytes < free.sum_of_peaks_bytes,
+        (true, true) => time_cost(&gated) < time_cost(&free),
+        (false, true) => true,
+        _ => false,
+    };
+    Ok(if take_gated { gated } else { free })
+}
+
+/// The most any job's planned iteration is longer than its vanilla one (a
+/// coordinated job's: its gate's period), as a share of the vanilla one.
+fn time_cost(mp: &MultiPlan) -> f64 {
+    mp.plans
+        .iter()
+        .map(|p| {
+            let planned = p.gate.map_or(p.prediction.planned_time_ns, |g| g.period_ns);
+            planned as f64 / p.prediction.vanilla_time_ns.max(1) as f64 - 1.0
+        })
+        .fold(0.0, f64::max)
+}
+
+/// [`plan`] on validated jobs, coordinated or running free.
+fn plan_with(
+    jobs: &[JobInput<'_>],
+    lives: &[Liveness],
+    config: &PlannerConfig,
+    coordinate: bool,
+    started: Instant,
+    deadline: Deadline,
+) -> MultiPlan {
+    // Coordinated jobs plan for a little less than the budget and save only
+    // what they must: the headroom and the fewer copies absorb what a run
+    // does differently from its plan (the executor's guard holds the
+    // budget itself).
+    let coordinated = PlannerConfig {
+        budget_bytes: config
+            .budget_bytes
+            .map(|b| (b as f64 * (1.0 - config.coordinated_margin.clamp(0.0, 1.0))) as u64),
+        stop_at_budget: config.stop_at_budget || config.budget_bytes.is_some(),
+        ..*config
+    };
+    let config = if coordinate { &coordinated } else { config };
+    let c = &config.copy;
     // Coordinated jobs share the whole link on one time line; free-running
     // ones each plan on their share of it.
-    let share = if coordinate || !c.shared_by_jobs {
+    let share = if coordinate {
+        config.coordinated_link.clamp(0.01, 1.0)
+    } else if !c.shared_by_jobs {
         1.0
     } else {
         1.0 / jobs.len().max(1) as f64
     };
     let mut state: Vec<Job<'_>> = jobs
         .iter()
-        .zip(&lives)
+        .zip(lives)
         .map(|(input, live)| {
-            let mut job = Job::new(
-                input.graph,
-                live,
-                input.latency_ns.clone(),
-                input.settings,
-                *c,
-                share,
-            );
+            // A coordinated job plans on its latencies padded a little, and
+            // its executor paces itself to the plan: jitter is absorbed by
+            // the padding instead of moving the job off its phase.
+            let latency = if coordinate {
+                let pad = 1.0 + config.pace_pad.max(0.0);
+                input
+                    .latency_ns
+                    .iter()
+                    .map(|&x| (x as f64 * pad).round() as u64)
+                    .collect()
+            } else {
+                input.latency_ns.clone()
+            };
+            let mut job = Job::new(input.graph, live, latency, input.settings, *c, share);
             for (&t, &lead) in &input.prefetch_lead_ns {
                 let s = live.storage_of[t.index()].index();
                 job.st[s].lead = job.st[s].lead.max(lead);
@@ -194,7 +262,8 @@ pub fn plan(jobs: &[JobInput<'_>], config: &PlannerConfig) -> Result<MultiPlan, 
         .map(|v| (v.1 as f64 * (1.0 + config.max_overhead.max(0.0))) as u64)
         .collect();
     let mut out = MultiPlan::default();
-    let coord = if coordinate {
+    let fresh = coordinate.then(|| state.clone());
+    let mut coord = if coordinate {
         let coord = choose_gates(&state, jobs, config, &limits, deadline);
         coord.install(&mut state);
         Some(coord)
@@ -202,7 +271,7 @@ pub fn plan(jobs: &[JobInput<'_>], config: &PlannerConfig) -> Result<MultiPlan, 
         None
     };
     out.profile.setup = started.elapsed();
-    let capped = search(
+    let mut capped = search(
         &mut state,
         config,
         coord.as_ref(),
@@ -210,6 +279,48 @@ pub fn plan(jobs: &[JobInput<'_>], config: &PlannerConfig) -> Result<MultiPlan, 
         deadline,
         &mut out,
     );
+    if let (Some(c), Some(fresh), Some(budget)) = (&mut coord, &fresh, config.budget_bytes) {
+        // Over the budget: a longer cycle (every job waits longer at its
+        // gate, so their peaks overlap less and the link has more time),
+        // a step at a time, as long as no job's cycle passes its
+        // max_overhead.
+        let base = c.cycle;
+        let most = limits.iter().copied().max().unwrap_or(0);
+        for &f in CYCLE_STEPS {
+            let now = global_peak(&state, Some(c));
+            if now <= budget || deadline.past() {
+                break;
+            }
+            let cycle = (base as f64 * f).round() as u64;
+            if cycle > most {
+                break;
+            }
+            let next = Coord {
+                cycle,
+                phases: c
+                    .phases
+                    .iter()
+                    .map(|&p| ((p as f64 * f).round() as u64).min(cycle - 1))
+                    .collect(),
+            };
+            let mut trial = fresh.clone();
+            next.install(&mut trial);
+            let mut tried = MultiPlan::default();
+            let cap = search(
+                &mut trial,
+                config,
+                Some(&next),
+                &limits,
+                deadline,
+                &mut tried,
+            );
+            if global_peak(&trial, Some(&next)) < now {
+                (state, *c, capped) = (trial, next, cap);
+                out.diagnostics = tried.diagnostics;
+                out.rounds += tried.rounds;
+            }
+        }
+    }
     let total = global_peak(&state, coord.as_ref());
     if let Some(b) = config.budget_bytes.filter(|&b| total > b) {
         let floor: u64 = state.iter().map(Job::lower_bound).sum();
@@ -247,6 +358,9 @@ pub fn plan(jobs: &[JobInput<'_>], config: &PlannerConfig) -> Result<MultiPlan, 
             phase_ns: c.phases[j],
             epoch_ns: 0,
         });
+        if coord.is_some() {
+            p.prediction.op_start_ns = op_starts(job);
+        }
         if job.swap_outs == 0 && job.settings.swap && job.n() > 0 {
             out.diagnostics.push(Diagnostic {
                 job: j,
@@ -288,7 +402,22 @@ pub fn plan(jobs: &[JobInput<'_>], config: &PlannerConfig) -> Result<MultiPlan, 
     };
     out.profile.aligned = t.elapsed();
     out.profile.total = started.elapsed();
-    Ok(out)
+    out
+}
+
+/// How much shorter than the longest a job's iteration may be for the jobs
+/// to be coordinated: they share one gate period, so a shorter job waits
+/// at its gate what it is shorter.
+const SIMILAR_ITERATIONS: f64 = 0.85;
+
+/// Whether the jobs' iterations (their latencies added up) are close enough
+/// for one gate period: within [`SIMILAR_ITERATIONS`] of the longest.
+fn similar_iterations(jobs: &[JobInput<'_>]) -> bool {
+    let times: Vec<u64> = jobs.iter().map(|j| j.latency_ns.iter().sum()).collect();
+    let longest = times.iter().copied().max().unwrap_or(0) as f64;
+    times
+        .iter()
+        .all(|&t| t as f64 >= longest * SIMILAR_ITERATIONS)
 }
 
 /// The loop (see the crate's doc) on `state`, coordinated on `coord` when
@@ -395,11 +524,26 @@ fn global_peak(state: &[Job<'_>], coord: Option<&Coord>) -> u64 {
     }
 }
 
-/// The cycle and phases of coordinated jobs: each job is planned alone on
-/// the whole link (swaps that add no time), the cycle is the longest of
-/// those iterations plus `gate_slack`, and the phases are those that make
-/// the aligned sum of the curves lowest (kept from the jobs' current gates
-/// when those are as good).
+/// How much longer than its first choice a coordinated cycle may become,
+/// tried in turn while the jobs do not fit the budget.
+const CYCLE_STEPS: &[f64] = &[1.025, 1.05, 1.1, 1.2, 1.35, 1.5, 2.0, 2.5, 3.0, 4.0];
+
+/// Phases tried per job by the search in [`choose_gates`], evenly spread
+/// over the cycle.
+const PHASE_STEPS: u64 = 12;
+/// Passes of that search over the jobs (coordinate descent) beyond two.
+const PHASE_PASSES: usize = 2;
+
+/// The cycle and phases of coordinated jobs. Each job is planned alone on
+/// the whole link (swaps that add no time); the cycle is the longest of
+/// those iterations plus `gate_slack`. The phases are searched with the
+/// real objective: the aligned peak of the jobs planned together (swaps
+/// that add no time) at those phases, starting from the phases at which
+/// the curves planned alone interleave best, then trying for each job in
+/// turn `PHASE_STEPS` phases spread over the cycle while the others stay.
+/// The jobs' current phases (`hint`) are kept unless others are lower by
+/// more than 1%, so that re-plans do not move gates for nothing. The
+/// search stops at the deadline with the best phases found so far.
 fn choose_gates(
     state: &[Job<'_>],
     jobs: &[JobInput<'_>],
@@ -407,7 +551,7 @@ fn choose_gates(
     limits: &[u64],
     deadline: Deadline,
 ) -> Coord {
-    let alone = PlannerConfig {
+    let free = PlannerConfig {
         budget_bytes: None,
         stop_at_budget: false,
         ..*config
@@ -420,7 +564,7 @@ fn choose_gates(
             let mut one = vec![job.clone()];
             search(
                 &mut one,
-                &alone,
+                &free,
                 None,
                 &limits[j..=j],
                 deadline,
@@ -432,14 +576,87 @@ fn choose_gates(
     let longest = curves.iter().map(|c| c.end).max().unwrap_or(0);
     let cycle = ((longest as f64) * (1.0 + config.gate_slack.max(0.0))).ceil() as u64;
     let cycle = cycle.max(longest).max(1);
-    // Keep the phases in use when every job has a gate of about this cycle.
+    // The gates in use stay as long as every job still fits its period and
+    // the period is not much longer than needed (re-plans must not move
+    // gates for every small change of the measured latencies: each move
+    // costs the jobs a realignment).
+    if let Some(kept) = kept_gates(jobs, longest, cycle) {
+        return kept;
+    }
     let hint: Option<Vec<u64>> = jobs
         .iter()
-        .map(|j| j.gate.filter(|g| g.period_ns.abs_diff(cycle) * 20 <= cycle))
-        .map(|g| g.map(|g| g.phase_ns))
+        .map(|j| j.gate.filter(|g| g.period_ns == cycle))
+        .map(|g| g.map(|g| g.phase_ns % cycle))
         .collect();
-    let phases = choose_phases(&curves, cycle, hint.as_deref());
-    Coord { cycle, phases }
+    // The aligned peak of the jobs planned together at `phases`.
+    let mut tried: Vec<(Vec<u64>, u64)> = Vec::new();
+    let mut evaluate = |phases: &[u64]| -> u64 {
+        if let Some((_, peak)) = tried.iter().find(|(p, _)| p == phases) {
+            return *peak;
+        }
+        let coord = Coord {
+            cycle,
+            phases: phases.to_vec(),
+        };
+        let mut jobs = state.to_vec();
+        coord.install(&mut jobs);
+        search(
+            &mut jobs,
+            &free,
+            Some(&coord),
+            limits,
+            deadline,
+            &mut scratch,
+        );
+        let peak = coord.peak(&jobs).bytes;
+        tried.push((phases.to_vec(), peak));
+        peak
+    };
+    let mut best = choose_phases(&curves, cycle, None);
+    let mut best_peak = evaluate(&best);
+    for _ in 0..PHASE_PASSES {
+        let mut moved = false;
+        for j in 1..state.len() {
+            for step in 0..PHASE_STEPS {
+                if deadline.past() {
+                    break;
+                }
+                let mut phases = best.clone();
+                phases[j] = cycle * step / PHASE_STEPS;
+                let peak = evaluate(&phases);
+                if peak < best_peak {
+                    (best, best_peak, moved) = (phases, peak, true);
+                }
+            }
+        }
+        if !moved || state.len() == 2 {
+            break;
+        }
+    }
+    if let Some(h) = hint
+        && evaluate(&h) as f64 <= best_peak as f64 * 1.01
+    {
+        best = h;
+    }
+    Coord {
+        cycle,
+        phases: best,
+    }
+}
+
+/// The jobs' current gates, if they share one period that every job's
+/// iteration (`longest` the longest) fits and that is at most 10% longer
+/// than `cycle`, the one planning would choose now.
+fn kept_gates(jobs: &[JobInput<'_>], longest: u64, cycle: u64) -> Option<Coord> {
+    let gates: Vec<Gate> = jobs.iter().map(|j| j.gate).collect::<Option<_>>()?;
+    let period = gates.first()?.period_ns;
+    let ok = gates.iter().all(|g| g.period_ns == period)
+        && period >= longest
+        && period as f64 <= cycle as f64 * 1.1;
+    ok.then(|| Coord {
+        cycle: period,
+        phases: gates.iter().map(|g| g.phase_ns % period).collect(),
+    })
 }
 
 /// One greedy round at the peak (each job's, or the aligned sum's for
@@ -762,6 +979,22 @@ fn emit(job: &Job<'_>) -> Plan {
         },
         gate: None,
     }
+}
+
+/// When each op starts on the job's planned time line, the steps inserted
+/// right before it (recomputations, waits) included.
+fn op_starts(job: &Job<'_>) -> Vec<u64> {
+    let mut starts = vec![0; job.graph.ops().len()];
+    let mut group = 0;
+    for (k, step) in job.steps.iter().enumerate() {
+        if k == 0 || job.steps[k - 1].is_real() {
+            group = job.times[k];
+        }
+        if step.is_real() {
+            starts[step.op.index()] = group;
+        }
+    }
+    starts
 }
 
 /// The peak of the jobs' memory curves on one time line, each job starting

@@ -100,6 +100,12 @@ pub struct Prediction {
     pub timeline: Vec<(u64, u64)>,
     /// The same for the vanilla iteration.
     pub vanilla_timeline: Vec<(u64, u64)>,
+    /// For a coordinated job, when each op (by id) is to start within the
+    /// iteration, the recomputations before it included: its executor does
+    /// not start an op earlier (paces itself to the plan), since the plan's
+    /// copies, and the other jobs' memory, are timed on it. Empty: no
+    /// pacing.
+    pub op_start_ns: Vec<u64>,
 }
 
 impl Prediction {

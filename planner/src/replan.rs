@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use tensile_graph::{Graph, OpId, TensorId};
 
-use crate::{JobInput, JobSettings, MultiPlan, Plan, PlanError, PlannerConfig, plan};
+use crate::{Gate, JobInput, JobSettings, MultiPlan, Plan, PlanError, PlannerConfig, plan};
 
 /// A job's key, chosen by the caller (the simulator's job index, the
 /// service's job number). Jobs are planned in key order.
@@ -45,6 +45,11 @@ pub struct Measurements {
     /// Storages evicted under a budget, in order: (storage root, the op
     /// that needed the room).
     pub evictions: Vec<(TensorId, OpId)>,
+    /// The iteration was the first on a new plan (persistent storage moved
+    /// to where that plan wants it): a coordinated job's is left out.
+    pub switched: bool,
+    /// How long the iteration took, ns (its start to its end).
+    pub iteration_ns: u64,
 }
 
 /// Why a re-plan is due.
@@ -117,6 +122,13 @@ struct ReplanJob {
     /// The waits the current plan accepts (to meet a budget), by storage
     /// root of the inputs waited for.
     planned_late: BTreeMap<TensorId, u64>,
+    /// The gate of the current plan, kept by the next one when it still
+    /// fits (coordinated planning).
+    gate: Option<Gate>,
+    /// Whether an iteration of the job has been seen.
+    settled: bool,
+    /// Iterations in a row that overran the gate's period.
+    overruns: usize,
 }
 
 /// Our re-planner: EWMA latencies, feedback of late prefetches, all jobs
@@ -188,6 +200,9 @@ impl Replanner {
                 measured: false,
                 leads: BTreeMap::new(),
                 planned_late: BTreeMap::new(),
+                gate: None,
+                settled: false,
+                overruns: 0,
             },
         );
         Ok(())
@@ -242,6 +257,19 @@ impl Replanner {
                 tensor: t.0,
             });
         }
+        // A coordinated job's first iteration on a plan is not its plan's:
+        // it starts alone or beside jobs that start later (its kernels run
+        // faster than when they all run), and after a switch persistent
+        // storage moves to where the new plan wants it. Its measurements
+        // would mislead the next plan, so they are left out; the others
+        // only tell whether it keeps its pace.
+        if job.gate.is_some() {
+            let settled = std::mem::replace(&mut job.settled, true);
+            if !settled || m.switched {
+                return Ok(None);
+            }
+            return Ok(self.keep_pace(id, m));
+        }
         for (e, &x) in job.estimates.iter_mut().zip(&m.op_ns) {
             *e = weight * x as f64 + (1.0 - weight) * *e;
         }
@@ -276,6 +304,35 @@ impl Replanner {
         })
     }
 
+    /// Whether a coordinated job's re-plan is due: only once it has overrun
+    /// its gate's period by more than 2% two iterations in a row. Its
+    /// estimates then grow by what it overran. An op's measured time says
+    /// little here: while jobs share the GPU an op runs faster when the
+    /// others wait (at a gate, for memory, for their pace), so measurements
+    /// understate what ops take beside each other, and a plan made from
+    /// them would put the job behind its pace. A job that keeps its pace
+    /// keeps its plan (its phase, its copies): a re-plan moves every job.
+    fn keep_pace(&mut self, id: JobId, m: &Measurements) -> Option<ReplanReason> {
+        let enabled = self.enabled;
+        let job = self.jobs.get_mut(&id)?;
+        let period = job.gate?.period_ns as f64;
+        let ratio = m.iteration_ns as f64 / period.max(1.0);
+        if ratio <= 1.02 {
+            job.overruns = 0;
+            return None;
+        }
+        job.overruns += 1;
+        if job.overruns < 2 || !enabled {
+            return None;
+        }
+        job.overruns = 0;
+        for e in &mut job.estimates {
+            *e *= ratio;
+        }
+        job.measured = true;
+        Some(ReplanReason::Drift)
+    }
+
     /// Plans every job from the current estimates; the plans carry a new
     /// version and come in [`Replanner::job_ids`] order.
     pub fn plan_all(&mut self) -> Result<MultiPlan, ReplanError> {
@@ -285,6 +342,7 @@ impl Replanner {
             .values()
             .map(|j| JobInput {
                 prefetch_lead_ns: j.leads.clone(),
+                gate: j.gate,
                 ..JobInput::new(
                     &j.graph,
                     j.estimates.iter().map(|&x| x.round() as u64).collect(),
@@ -307,6 +365,7 @@ impl Replanner {
         }
         for (j, p) in self.jobs.values_mut().zip(&out.plans) {
             j.at_plan = j.estimates.iter().sum();
+            j.gate = p.gate;
             j.planned_late.clear();
             for w in &p.prediction.waits {
                 for &t in &j.graph.op(w.op).inputs {

@@ -325,6 +325,7 @@ pub fn read_plan_file(bytes: impl AsRef<[u8]>, graph: &Graph) -> Result<PlanFile
         waits,
         timeline: Vec::new(),
         vanilla_timeline: Vec::new(),
+        op_start_ns: Vec::new(),
     };
     let diagnostics = file
         .diagnostics

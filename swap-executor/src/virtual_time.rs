@@ -1,9 +1,13 @@
 //! The simulator's copy engine: FIFO lanes in virtual time with a bandwidth
 //! and a fixed per-copy latency, one per direction (or one shared, half
-//! duplex), for one job's share of the host link. A copy's end is known as
-//! soon as it is queued.
+//! duplex), for one job's share of the host link, or lanes that several
+//! jobs' engines share at the link's full bandwidth (coordinated jobs, whose
+//! plans place every job's copies on one common time line). A copy's end is
+//! known as soon as it is queued.
 
+use std::cell::Cell;
 use std::collections::HashMap;
+use std::rc::Rc;
 
 use tensile_planner::CopyModel;
 
@@ -14,7 +18,8 @@ pub struct VirtualCopies {
     copy: CopyModel,
     d2h: f64,
     h2d: f64,
-    free_at: [u64; 2],
+    /// When each lane is free next; shared by the engines of one link.
+    free_at: Rc<Cell<[u64; 2]>>,
     ends: HashMap<CopyId, u64>,
     next_id: u64,
     /// Every copy as (direction, start, end), for checks and plots.
@@ -28,10 +33,22 @@ impl VirtualCopies {
             copy,
             d2h: copy.d2h_bytes_per_s * share,
             h2d: copy.h2d_bytes_per_s * share,
-            free_at: [0; 2],
+            free_at: Rc::new(Cell::new([0; 2])),
             ends: HashMap::new(),
             next_id: 0,
             log: Vec::new(),
+        }
+    }
+
+    /// An engine on the same lanes as `self`, at the same bandwidth: copies
+    /// of both queue behind each other (FIFO per lane across the engines).
+    pub fn sharing_lanes(&self) -> VirtualCopies {
+        VirtualCopies {
+            free_at: Rc::clone(&self.free_at),
+            ends: HashMap::new(),
+            next_id: 0,
+            log: Vec::new(),
+            ..*self
         }
     }
 }
@@ -42,9 +59,11 @@ impl CopyEngine for VirtualCopies {
             Dir::ToHost => (0, self.d2h),
             Dir::ToDevice => (usize::from(!self.copy.half_duplex), self.h2d),
         };
-        let start = c.not_before.max(self.free_at[lane]);
+        let mut free_at = self.free_at.get();
+        let start = c.not_before.max(free_at[lane]);
         let end = start + self.copy.duration_ns(c.bytes, bw);
-        self.free_at[lane] = end;
+        free_at[lane] = end;
+        self.free_at.set(free_at);
         self.log.push((c.dir, start, end));
         let id = CopyId(self.next_id);
         self.next_id += 1;
@@ -103,6 +122,20 @@ mod tests {
             e.status(a),
             CopyStatus::Failed(CopyError::Unknown(_))
         ));
+    }
+
+    #[test]
+    fn engines_sharing_lanes_queue_behind_each_other() {
+        let mut a = link(false);
+        let mut b = a.sharing_lanes();
+        let x = a.submit(copy(Dir::ToHost, 1000, 0));
+        let y = b.submit(copy(Dir::ToHost, 1000, 0));
+        let z = b.submit(copy(Dir::ToDevice, 1000, 0));
+        assert_eq!(a.status(x), CopyStatus::Ends(1000));
+        assert_eq!(b.status(y), CopyStatus::Ends(2000));
+        assert_eq!(b.status(z), CopyStatus::Ends(1000));
+        // Each engine keeps its own copies apart.
+        assert_eq!((a.log.len(), b.log.len()), (1, 2));
     }
 
     #[test]

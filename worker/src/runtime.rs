@@ -498,6 +498,18 @@ impl<'g, K: Kernels> Worker<'g, K> {
                 Next::WaitForCopy => {
                     self.exec.engine_mut().wait(Duration::from_millis(100));
                 }
+                // Its limit does not rise: nothing else will free memory.
+                Next::WaitForMemory => {
+                    return Err(match self.exec.no_memory() {
+                        Some(e) => e.into(),
+                        None => WorkerError::Exec(ExecError::NoMemory {
+                            op: self.at_op.0,
+                            name: self.graph.op(self.at_op).name.clone(),
+                            need: 0,
+                            limit: 0,
+                        }),
+                    });
+                }
                 Next::IterationDone => {
                     let i = reports.len();
                     let Some(stats) = self.exec.iterations_done().last() else {

@@ -98,6 +98,8 @@ pub(crate) fn run(policy: Policy, g: &Graph, lat: &[u64], copy: CopyModel) -> Jo
         sharing_slowdown: 0.0,
         copy,
         base_bytes: 0,
+        budget_bytes: None,
+        shared_link: false,
     };
     let mut r = simulate(vec![job], &sim, &mut FixedPlans);
     assert_eq!(r.jobs[0].error, None, "{} on {}", policy.name(), g.name());
@@ -142,6 +144,7 @@ pub(crate) fn in_flight_at_kernels(
             Next::WaitUntil(t) => now = t.max(now + 1),
             Next::IterationDone => {}
             Next::WaitForCopy => panic!("virtual time knows every copy's end"),
+            Next::WaitForMemory => panic!("no limit was set"),
             Next::Done => break,
         }
     }

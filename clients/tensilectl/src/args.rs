@@ -369,6 +369,11 @@ pub(crate) struct SimArgs {
     /// Turn off the slowdown of kernels that share the GPU.
     #[arg(long)]
     pub(crate) no_sharing: bool,
+    /// Let ours plan two jobs or more as free-running jobs (each on its
+    /// share of the link, the budget on the sum of their peaks) instead of
+    /// gating their iterations so that their memory curves interleave.
+    #[arg(long)]
+    pub(crate) no_gates: bool,
     /// Print JSON.
     #[arg(long)]
     pub(crate) json: bool,

@@ -99,6 +99,7 @@ impl SimCommand {
                 activation_budget: a.activation_budget,
                 starts: Vec::new(),
                 cold_start: ColdStart::parse(&a.device.latency_models),
+                coordinate: !a.no_gates,
             },
             json: a.json,
             plot: a.plot.clone(),

@@ -59,6 +59,8 @@ fn plan_and_run(
         sharing_slowdown: 0.0,
         copy,
         base_bytes: base,
+        budget_bytes: None,
+        shared_link: false,
     };
     let r = simulate(
         vec![SimJob::new(g, &live, p.clone(), lat.to_vec())],
@@ -213,6 +215,8 @@ fn planned_waits_do_not_make_the_replanner_churn() {
         sharing_slowdown: 0.0,
         copy,
         base_bytes: 0,
+        budget_bytes: None,
+        shared_link: false,
     };
     let r = simulate(
         vec![SimJob::new(&g, &live, first.plans[0].clone(), lat)],

@@ -138,6 +138,7 @@ fn run(g: &Graph, live: &Liveness, plan: &Plan, engine: Opaque) -> Vec<Iteration
                 now = ex.engine().next_end().expect("a copy to wait for").max(now);
             }
             Next::IterationDone => {}
+            Next::WaitForMemory => panic!("no limit was set"),
             Next::Done => break,
         }
     }

@@ -32,6 +32,8 @@ fn run(g: &Graph, live: &Liveness, plan: Plan, options: ExecOptions) -> SimResul
         sharing_slowdown: 0.0,
         copy: CopyModel::duplex(10e9, 10e9, 1_000),
         base_bytes: BASE,
+        budget_bytes: None,
+        shared_link: false,
     };
     simulate(vec![job], &sim, &mut FixedPlans)
 }
@@ -186,6 +188,8 @@ fn the_op_waits_for_slow_evictions() {
         sharing_slowdown: 0.0,
         copy: CopyModel::duplex(1e9, 1e9, 1_000),
         base_bytes: BASE,
+        budget_bytes: None,
+        shared_link: false,
     };
     let free = simulate(vec![job(ExecOptions::default())], &sim, &mut FixedPlans);
     let b = free.jobs[0].peak_bytes() * 2 / 3;

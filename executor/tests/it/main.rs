@@ -76,6 +76,8 @@ pub(crate) fn check_with(graphs: &[Graph], lat: &[Vec<u64>], budget: Option<u64>
         sharing_slowdown: 0.0,
         copy,
         base_bytes: 0,
+        budget_bytes: None,
+        shared_link: false,
     };
     let r = simulate(jobs, &sim, &mut FixedPlans);
     for (j, (res, p)) in r.jobs.iter().zip(&mp.plans).enumerate() {
@@ -220,6 +222,8 @@ fn late_prefetches_are_fixed_by_replanning() {
         sharing_slowdown: 0.0,
         copy,
         base_bytes: 0,
+        budget_bytes: None,
+        shared_link: false,
     };
     let r = simulate(jobs, &sim, &mut rp);
     let its = &r.jobs[0].iterations;

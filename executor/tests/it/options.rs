@@ -80,6 +80,8 @@ fn simulate_one(
         sharing_slowdown: 0.0,
         copy,
         base_bytes: 0,
+        budget_bytes: None,
+        shared_link: false,
     };
     let r = simulate(vec![job], &sim, &mut FixedPlans);
     assert_eq!(r.jobs[0].error, None);
@@ -121,6 +123,7 @@ fn in_flight_at_kernels(
             Next::WaitUntil(t) => now = t.max(now + 1),
             Next::IterationDone => {}
             Next::WaitForCopy => panic!("virtual time knows every copy's end"),
+            Next::WaitForMemory => panic!("no limit was set"),
             Next::Done => break,
         }
     }

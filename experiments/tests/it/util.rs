@@ -26,6 +26,7 @@ pub(crate) fn options(iterations: usize) -> SimOptions {
         activation_budget: 0.5,
         starts: Vec::new(),
         cold_start: ColdStart::Auto,
+        coordinate: true,
     }
 }
 

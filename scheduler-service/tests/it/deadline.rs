@@ -111,6 +111,8 @@ fn a_capped_joint_plan_returns_in_time_and_runs_within_its_peaks() {
         sharing_slowdown: 0.0,
         copy: c.config.copy,
         base_bytes: c.device.base_bytes,
+        budget_bytes: None,
+        shared_link: false,
     };
     let r = simulate(jobs, &sim, &mut FixedPlans);
     for (k, (j, p)) in r.jobs.iter().zip(&mp.plans).enumerate() {

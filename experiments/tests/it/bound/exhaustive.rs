@@ -243,10 +243,8 @@ fn run(
         })
         .collect();
     let config = SimConfig {
-        iterations: ITERATIONS,
-        sharing_slowdown: 0.0,
-        copy: *copy,
         base_bytes: base,
+        ..SimConfig::new(ITERATIONS, *copy)
     };
     let r = simulate(sim, &config, &mut FixedPlans);
     for (j, res) in jobs.iter().zip(&r.jobs) {
