@@ -396,7 +396,38 @@ pub fn prediction_to_proto(p: &Prediction) -> pb::PlanPrediction {
         planned_iteration_s: p.planned_time_ns as f64 / 1e9,
         swapped_bytes: p.swapped_bytes,
         recomputed_ops: u32::try_from(p.recomputed_ops).unwrap_or(u32::MAX),
+        op_start_s: p.op_start_ns.iter().map(|&t| t as f64 / 1e9).collect(),
     }
+}
+
+/// Checks a pace (one start per op, finite, from 0, non-decreasing) and
+/// turns it into nanoseconds; names what is wrong.
+pub fn check_pace(starts_s: &[f64], ops: usize) -> Result<Vec<u64>, String> {
+    if starts_s.is_empty() {
+        return Ok(Vec::new());
+    }
+    if starts_s.len() != ops {
+        return Err(format!(
+            "{} op starts for a graph of {ops} ops",
+            starts_s.len()
+        ));
+    }
+    let mut prev = 0u64;
+    starts_s
+        .iter()
+        .enumerate()
+        .map(|(op, &s)| {
+            if !(s.is_finite() && (0.0..=MAX_GATE_PERIOD_NS as f64 / 1e9).contains(&s)) {
+                return Err(format!("op {op} starts at {s} s, not in 0 s to 1 hour"));
+            }
+            let ns = (s * 1e9).round() as u64;
+            if ns < prev {
+                return Err(format!("op {op} starts before op {}", op - 1));
+            }
+            prev = ns;
+            Ok(ns)
+        })
+        .collect()
 }
 
 /// What is wrong with a plan that arrived over the wire, for `graph`.
@@ -418,6 +449,8 @@ pub enum PlanFromProtoError {
     StartOnHost { tensor: u32, tensors: usize },
     #[error("gate: {0}")]
     Gate(String),
+    #[error("prediction: {0}")]
+    Pace(String),
 }
 
 /// Wire -> domain, checked against `graph`: every tensor and op exists,
@@ -504,7 +537,7 @@ pub fn plan_from_proto(plan: &pb::Plan, graph: &Graph) -> Result<Plan, PlanFromP
         })
         .transpose()
         .map_err(PlanFromProtoError::Gate)?;
-    let p = plan.prediction.unwrap_or_default();
+    let p = plan.prediction.clone().unwrap_or_default();
     Ok(Plan {
         version: plan.version,
         events,
@@ -517,6 +550,7 @@ pub fn plan_from_proto(plan: &pb::Plan, graph: &Graph) -> Result<Plan, PlanFromP
             planned_time_ns: (p.planned_iteration_s.max(0.0) * 1e9).round() as u64,
             swapped_bytes: p.swapped_bytes,
             recomputed_ops: p.recomputed_ops as usize,
+            op_start_ns: check_pace(&p.op_start_s, ops).map_err(PlanFromProtoError::Pace)?,
             ..Prediction::default()
         },
     })

@@ -97,6 +97,9 @@ struct PredictionJson {
     recomputed_ops: u64,
     #[serde(default)]
     waits: Vec<WaitJson>,
+    /// A coordinated job's pace: each op's start in its iteration, ns.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    op_start_ns: Vec<u64>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -244,6 +247,7 @@ pub fn plan_to_json(plan: &Plan, diagnostics: &[Diagnostic], graph: &Graph) -> S
                     ns: w.ns,
                 })
                 .collect(),
+            op_start_ns: p.op_start_ns.clone(),
         },
         diagnostics: diagnostics
             .iter()
@@ -325,7 +329,22 @@ pub fn read_plan_file(bytes: impl AsRef<[u8]>, graph: &Graph) -> Result<PlanFile
         waits,
         timeline: Vec::new(),
         vanilla_timeline: Vec::new(),
-        op_start_ns: Vec::new(),
+        op_start_ns: {
+            let ops = graph.ops().len();
+            if !(p.op_start_ns.is_empty() || p.op_start_ns.len() == ops) {
+                return Err(PlanFileError::Invalid {
+                    at,
+                    reason: format!("{} op starts for a graph of {ops} ops", p.op_start_ns.len()),
+                });
+            }
+            if let Some(w) = p.op_start_ns.windows(2).position(|w| w[1] < w[0]) {
+                return Err(PlanFileError::Invalid {
+                    at,
+                    reason: format!("op {} starts before op {w}", w + 1),
+                });
+            }
+            p.op_start_ns.clone()
+        },
     };
     let diagnostics = file
         .diagnostics

@@ -158,6 +158,41 @@ fn plans_round_trip_through_protobuf_and_bad_ones_are_named() {
         "event 0: unknown or unspecified event kind 99"
     );
 
+    // A pace travels to the nanosecond; a wrong one is refused, named.
+    let n = g.ops().len();
+    let paced = tensile_planner::Plan {
+        prediction: tensile_planner::Prediction {
+            op_start_ns: (0..n as u64).map(|i| i * 1_000).collect(),
+            ..plan.prediction.clone()
+        },
+        ..plan.clone()
+    };
+    let back = plan_from_proto(&plan_to_proto(&paced, 1), &g).unwrap();
+    assert_eq!(back.prediction.op_start_ns, paced.prediction.op_start_ns);
+    let mut bad = plan_to_proto(&paced, 1);
+    let pred = bad.prediction.as_mut().unwrap();
+    pred.op_start_s.swap(3, 4);
+    assert_eq!(
+        plan_from_proto(&bad, &g).unwrap_err().to_string(),
+        "prediction: op 4 starts before op 3"
+    );
+    let pred = bad.prediction.as_mut().unwrap();
+    pred.op_start_s.truncate(5);
+    assert!(
+        plan_from_proto(&bad, &g)
+            .unwrap_err()
+            .to_string()
+            .contains(&format!("5 op starts for a graph of {n} ops"))
+    );
+    let pred = bad.prediction.as_mut().unwrap();
+    pred.op_start_s = vec![f64::NAN; n];
+    assert!(
+        plan_from_proto(&bad, &g)
+            .unwrap_err()
+            .to_string()
+            .contains("op 0 starts at NaN s")
+    );
+
     // A gate travels whole; absurd ones are refused, naming the number.
     let gate = tensile_planner::Gate {
         period_ns: 250_000_000,

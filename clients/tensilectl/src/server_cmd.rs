@@ -104,7 +104,7 @@ pub(crate) fn status(a: &StatusArgs) -> Result<()> {
             .jobs
             .iter()
             .map(|j| {
-                let p = j.prediction.unwrap_or_default();
+                let p = j.prediction.clone().unwrap_or_default();
                 JobJson {
                     job_id: j.job_id,
                     name: j.name.clone(),
@@ -230,7 +230,7 @@ async fn watch_stream(c: &mut Client, job: u64, token: &str) -> Result<()> {
     while let Some(u) = s.message().await.context("the plan stream")? {
         match &u.plan {
             Some(p) => {
-                let pr = p.prediction.unwrap_or_default();
+                let pr = p.prediction.clone().unwrap_or_default();
                 println!(
                     "job {job} plan v{}: {} events, peak {} (vanilla {}), {:.2} ms per iteration",
                     p.version,
@@ -266,7 +266,7 @@ async fn watch_status(c: &mut Client, job: u64) -> Result<()> {
         if let Some(j) = st.jobs.first() {
             let now = (j.plan_version, j.state);
             if last != Some(now) {
-                let p = j.prediction.unwrap_or_default();
+                let p = j.prediction.clone().unwrap_or_default();
                 println!(
                     "job {job} {:?}: {} plan v{}, peak {} (vanilla {})",
                     j.name,

@@ -104,6 +104,32 @@ fn gates_round_trip_and_bad_ones_are_named() {
 }
 
 #[test]
+fn paces_round_trip_and_bad_ones_are_named() {
+    let g = resnet();
+    let mut plan = planned(&g, None).plans.remove(0);
+    assert!(!plan_to_json(&plan, &[], &g).contains("op_start_ns"));
+    plan.prediction.op_start_ns = (0..g.ops().len() as u64).map(|i| 10 * i).collect();
+    let text = plan_to_json(&plan, &[], &g);
+    assert_eq!(
+        read_plan_file(&text, &g).unwrap().plan,
+        without_timelines(&plan)
+    );
+    let mut v: Value = serde_json::from_str(&text).unwrap();
+    v["prediction"]["op_start_ns"][7] = Value::from(0u64);
+    assert_eq!(
+        read(&v, &g).unwrap_err().to_string(),
+        "prediction: op 7 starts before op 6"
+    );
+    v["prediction"]["op_start_ns"] = Value::from(vec![1u64, 2]);
+    assert!(
+        read(&v, &g)
+            .unwrap_err()
+            .to_string()
+            .contains("2 op starts for a graph of")
+    );
+}
+
+#[test]
 fn a_wrong_tensor_id_names_the_event() {
     let g = resnet();
     let mut v = file_of(&planned(&g, None), &g);

@@ -648,6 +648,7 @@ class PlanPrediction(_message.Message):
     PLANNED_ITERATION_S_FIELD_NUMBER: _builtins.int
     SWAPPED_BYTES_FIELD_NUMBER: _builtins.int
     RECOMPUTED_OPS_FIELD_NUMBER: _builtins.int
+    OP_START_S_FIELD_NUMBER: _builtins.int
     vanilla_peak_bytes: _builtins.int
     """Peak of the job without a plan (free after last use) and with it."""
     planned_peak_bytes: _builtins.int
@@ -655,6 +656,14 @@ class PlanPrediction(_message.Message):
     planned_iteration_s: _builtins.float
     swapped_bytes: _builtins.int
     recomputed_ops: _builtins.int
+    @_builtins.property
+    def op_start_s(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
+        """A coordinated job's pace: when each op (by id) starts within its
+        iteration, in seconds from the iteration's start. Its executor starts
+        no op earlier, since its copies and the other jobs' memory are timed
+        on it. Empty, or one per op of the graph, non-decreasing.
+        """
+
     def __init__(
         self,
         *,
@@ -664,10 +673,11 @@ class PlanPrediction(_message.Message):
         planned_iteration_s: _builtins.float = ...,
         swapped_bytes: _builtins.int = ...,
         recomputed_ops: _builtins.int = ...,
+        op_start_s: _abc.Iterable[_builtins.float] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["planned_iteration_s", b"planned_iteration_s", "planned_peak_bytes", b"planned_peak_bytes", "recomputed_ops", b"recomputed_ops", "swapped_bytes", b"swapped_bytes", "vanilla_iteration_s", b"vanilla_iteration_s", "vanilla_peak_bytes", b"vanilla_peak_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["op_start_s", b"op_start_s", "planned_iteration_s", b"planned_iteration_s", "planned_peak_bytes", b"planned_peak_bytes", "recomputed_ops", b"recomputed_ops", "swapped_bytes", b"swapped_bytes", "vanilla_iteration_s", b"vanilla_iteration_s", "vanilla_peak_bytes", b"vanilla_peak_bytes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
