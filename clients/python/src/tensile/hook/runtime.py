@@ -6,8 +6,10 @@ One training iteration runs from the model's forward call to the end of
 * :class:`Applier` (a ``TorchDispatchMode``) counts the ATen ops the tracer
   counts (every op with a tensor output or a tensor argument written in
   place; profiler marks and ``_local_scalar_dense`` excepted), checks each
-  against the graph's op at that index (schema, overload, output shapes) and
-  stops with :class:`PlanMismatchError` at the first difference. It tags
+  against the graph's op at that index (the same op, in the form traced or
+  another form of it that :mod:`tensile.hook.forms` lists, and the same
+  output shapes) and stops with :class:`PlanMismatchError` at the first
+  difference. It tags
   each output with its graph tensor id, fires the ``after`` events of op
   ``k`` when the next op begins (by then autograd has saved op ``k``'s
   tensors), and fetches on demand any planned persistent tensor that an op
@@ -42,6 +44,7 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
+from tensile.hook import forms
 from tensile.hook.schedule import PERSISTENT, Event, Schedule
 from tensile.hook.store import Residence, engine_for, view_of
 from tensile.planning import Plan
@@ -83,6 +86,9 @@ class IterationStats:
     stall_ns: int = 0
     #: Events with nothing to act on (a storage autograd did not save, releases).
     skipped: int = 0
+    #: Ops eager ran in another form than the traced one (``lift_fresh`` for
+    #: ``lift_fresh_copy``...), by form name (:data:`tensile.hook.forms.FORMS`).
+    other_forms: dict[str, int] = dataclasses.field(default_factory=dict)
     #: The optimizer step was the state-creating first one (not checked).
     initializing: bool = False
     #: Ops run between the backward pass and ``optimizer.step()`` (gradient
@@ -342,7 +348,7 @@ class Applier(TorchDispatchMode):
         outs = _tensors(out, []) if isinstance(out, (torch.Tensor, list, tuple)) else []
         if not self.checking or not _counted(func, flat, outs):
             return out
-        if (func._schema.name, func._overloadname) == _DETACH and (k >= self.s.n_ops or self.s.op_keys[k] != _DETACH):
+        if (func._schema.name, func._overloadname) == _DETACH and not self._traced_detach(k, outs):
             # A detach the trace does not have (autograd's, around saved
             # tensors): a view, so it takes its input's storage and no index.
             tid = getattr(args[0], "_tensile_tid", None)
@@ -353,12 +359,27 @@ class Applier(TorchDispatchMode):
         if self.measure:
             self.stats[-1].op_ns[k] = elapsed
         if k < self.s.backward_start:
-            # Only the forward's tensors are ever saved for the backward.
+            # Only the forward's tensors are ever saved for the backward. An
+            # op run in another form may return a persistent tensor it
+            # traced as a new one (in place for out of place): that tensor
+            # keeps its own id.
             for t, tid in zip(outs, self.plan.ops[k]["outputs"]):
-                t._tensile_tid = tid
+                if getattr(t, "_tensile_res", None) is None:
+                    t._tensile_tid = tid
         self.k = k + 1
         self.pending = k
         return out
+
+    def _traced_detach(self, k: int, outs: list[torch.Tensor]) -> bool:
+        """Whether a detach eager ran is the graph's op ``k``: a detach of
+        the same shape. Autograd detaches saved tensors when it saves or
+        unpacks them, and which ones depends on the saved-tensor hooks (the
+        trace has none) and on whether a tensor is a node's own output, so a
+        detach of another shape where the graph has one is one of those."""
+        if k >= self.s.n_ops or self.s.op_keys[k] != _DETACH:
+            return False
+        want = [self.plan.tensors[t]["shape"] for t in self.plan.ops[k]["outputs"]]
+        return want == [list(t.shape) for t in outs]
 
     def _skip_saved_detaches(self, func: Any) -> None:
         """Steps over the graph's ``detach`` ops that this run does not have.
@@ -384,8 +405,13 @@ class Applier(TorchDispatchMode):
             raise self._fail(
                 f"op {k}: the plan's graph has {self.s.n_ops} ops, the model ran one more, {_label(key)}"
             )
-        if key != self.s.op_keys[k]:
-            raise self._fail(self._mismatch(k, _label(key)))
+        traced = self.s.op_keys[k]
+        if key != traced:
+            form = forms.form_of(traced, key)
+            if form is None:
+                raise self._fail(self._mismatch(k, _label(key)))
+            counts = self.stats[-1].other_forms
+            counts[form] = counts.get(form, 0) + 1
         for t, tid in zip(outs, self.plan.ops[k]["outputs"]):
             want = self.plan.tensors[tid]["shape"]
             if list(t.shape) != want:
