@@ -86,6 +86,10 @@ class IterationStats:
     stall_ns: int = 0
     #: Events with nothing to act on (a storage autograd did not save, releases).
     skipped: int = 0
+    #: Swap-outs whose trigger came before autograd saved the storage (the
+    #: plan places them after the producing op; autograd saves a tensor when
+    #: the op that needs it runs, often later), done once it was saved.
+    deferred_swap_outs: int = 0
     #: Ops eager ran in another form than the traced one (``lift_fresh`` for
     #: ``lift_fresh_copy``...), by form name (:data:`tensile.hook.forms.FORMS`).
     other_forms: dict[str, int] = dataclasses.field(default_factory=dict)
@@ -148,6 +152,10 @@ class Applier(TorchDispatchMode):
         }
         self.persist: dict[int, Residence] = {}
         self.acts: dict[int, Residence] = {}
+        #: Activation storages the plan has on the host now (its events so
+        #: far this iteration, acted on or not), and those saved while there.
+        self.planned_host: set[int] = set()
+        self.overdue: list[Residence] = []
         self.resident = 0
         self.inflight: set[Residence] = set()
         self.k = 0
@@ -233,6 +241,7 @@ class Applier(TorchDispatchMode):
             return  # evaluation passes are not training iterations
         self.in_iter, self.checking, self.k, self.pending, self.in_step = True, True, 0, None, False
         self.acts, self.resident = {}, 0
+        self.planned_host, self.overdue = set(), []
         self.stats.append(IterationStats(plan_job=self.plan_id[0], plan_version=self.plan_id[1]))
         with _disable_current_modes():
             for ev in self.s.at_start:
@@ -440,6 +449,8 @@ class Applier(TorchDispatchMode):
         k, self.pending = self.pending, None
         for ev in self.after.get(k, []):
             self._fire(ev)
+        if self.overdue:
+            self._swap_out_overdue()
         if k < self.s.optimizer_start:
             self.stats[-1].saved_curve.append(self.resident)
 
@@ -458,6 +469,10 @@ class Applier(TorchDispatchMode):
             else:
                 stats.skipped += 1
             return
+        if ev.kind == "swap_out":
+            self.planned_host.add(ev.storage)
+        elif ev.kind == "swap_in":
+            self.planned_host.discard(ev.storage)
         res = self.acts.get(ev.storage)
         if res is None or res.live == 0:
             stats.skipped += 1  # not saved by autograd (or already freed): nothing to move
@@ -472,6 +487,17 @@ class Applier(TorchDispatchMode):
             stats.swap_ins += 1
         else:
             stats.skipped += 1
+
+    def _swap_out_overdue(self) -> None:
+        """Swaps out the storages autograd saved while the plan had them on
+        the host: their swap-out fired before they were saved (and found
+        nothing to move), or they were saved again after it."""
+        overdue, self.overdue = self.overdue, []
+        for res in overdue:
+            if res.id in self.planned_host and res.on_device and res.copy is None and res.live > 0:
+                self.engine.swap_out(res)
+                self._after_copy(res)
+                self.stats[-1].deferred_swap_outs += 1
 
     def _after_copy(self, res: Residence) -> None:
         if res.copy is not None:
@@ -542,6 +568,8 @@ class Applier(TorchDispatchMode):
                 return _Saved(self, None, held, None)  # eager and traced storages disagree: not managed
             res.live += 1
             self._recount(res)
+            if sid in self.planned_host and self.in_iter:
+                self.overdue.append(res)  # moved at the next op boundary
             return _Saved(self, res, None, (t.dtype, t.storage_offset(), t.size(), t.stride()))
 
     def unpack(self, h: _Saved) -> torch.Tensor:
