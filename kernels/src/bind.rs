@@ -476,11 +476,9 @@ fn tensor_binding<'s>(op: &Op, schema: &'s Schema) -> Result<BTreeMap<&'s str, S
         .filter(|a| a.ty.is_tensor() && !op.attrs.contains_key(&a.name))
         .collect();
     // 1. Explicit binding recorded by the tracer.
-    if op
-        .attrs
-        .keys()
-        .any(|k| k.starts_with('@') && !k.starts_with("@scalar.") && !is_hyper(k) && !is_annotation(k))
-    {
+    if op.attrs.keys().any(|k| {
+        k.starts_with('@') && !k.starts_with("@scalar.") && !is_hyper(k) && !is_annotation(k)
+    }) {
         for arg in &schema.arguments {
             let Some(value) = op.attrs.get(&format!("@{}", arg.name)) else {
                 continue;
