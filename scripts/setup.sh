@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Sets up everything the build and the tests need, idempotently:
 #   .venv/  Python 3.11 with torch (the libtorch that tch links), torchvision,
-#           onnxruntime (the shared library ort loads), onnx, grpcio-tools and
-#           the project's Python package;
+#           onnxruntime (the shared library ort loads), onnx, grpcio-tools,
+#           transformers and timm (the hook's model suite) and the project's
+#           Python package;
 #   .cargo/config.toml already points LIBTORCH and ORT_DYLIB_PATH at .venv/.
 # A stamp file records what was installed; a second run with the same pins
 # returns in well under a second.
@@ -24,7 +25,12 @@ pins=(
   "grpcio-tools==1.76.0"
   "mypy-protobuf==5.1.0"
   "pytest==8.4.2"
-  "safetensors==0.7.0"
+  # transformers 5.24.0 needs safetensors >= 0.8.0 (was 0.7.0).
+  "safetensors==0.8.0"
+  # Test dependencies of the hook's model suite (tests/python/test_models_hf.py,
+  # scripts/trace_hf.py): small configs with random weights, nothing downloaded.
+  "transformers==5.24.0"
+  "timm==1.0.31"
 )
 stamp="$venv/.tensile-setup"
 want="$(printf '%s\n' "${pins[@]}"; sha256sum clients/python/pyproject.toml 2>/dev/null || true)"

@@ -476,11 +476,9 @@ fn tensor_binding<'s>(op: &Op, schema: &'s Schema) -> Result<BTreeMap<&'s str, S
         .filter(|a| a.ty.is_tensor() && !op.attrs.contains_key(&a.name))
         .collect();
     // 1. Explicit binding recorded by the tracer.
-    if op
-        .attrs
-        .keys()
-        .any(|k| k.starts_with('@') && !k.starts_with("@scalar.") && !is_hyper(k))
-    {
+    if op.attrs.keys().any(|k| {
+        k.starts_with('@') && !k.starts_with("@scalar.") && !is_hyper(k) && !is_annotation(k)
+    }) {
         for arg in &schema.arguments {
             let Some(value) = op.attrs.get(&format!("@{}", arg.name)) else {
                 continue;
@@ -525,6 +523,7 @@ fn tensor_binding<'s>(op: &Op, schema: &'s Schema) -> Result<BTreeMap<&'s str, S
             if let Some(a) = key.strip_prefix('@')
                 && !key.starts_with("@scalar.")
                 && !is_hyper(key)
+                && !is_annotation(key)
                 && !schema.arguments.iter().any(|x| x.name == a)
             {
                 return Err(format!("{key} names no argument"));
@@ -609,6 +608,12 @@ fn tensor_binding<'s>(op: &Op, schema: &'s Schema) -> Result<BTreeMap<&'s str, S
 
 fn is_hyper(key: &str) -> bool {
     matches!(key, "@step" | "@lr" | "@beta1" | "@beta2")
+}
+
+/// Annotations the tracer records for others than the kernels: `@grad_fn`,
+/// a backward op's autograd node (the hook's memory prediction reads it).
+fn is_annotation(key: &str) -> bool {
+    key == "@grad_fn"
 }
 
 fn float_of(v: &AttrValue) -> Option<f64> {

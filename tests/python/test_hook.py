@@ -325,25 +325,53 @@ def test_a_plan_that_recomputes_is_refused_naming_the_tensor(tmp_path):
 
 
 class Branchy(nn.Module):
-    """Data-dependent control flow: which layer runs depends on the values."""
+    """Data-dependent control flow: which layer runs depends on the values
+    of the input (``on="input"``) or of a parameter (``on="weight"``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, on: str = "input") -> None:
         super().__init__()
         self.a = nn.Linear(4, 2)
         self.b = nn.Linear(4, 2)
+        self.on = on
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.a(x) if x.sum() > 0 else self.b(x)
+        value = x if self.on == "input" else self.a.weight
+        return self.a(x) if value.sum() > 0 else torch.tanh(self.b(x))
 
 
-def test_data_dependent_control_flow_is_refused_in_one_line(tmp_path):
-    model = Branchy()
+def test_a_branch_on_a_parameter_value_is_refused_in_one_line(tmp_path):
+    model = Branchy(on="weight")
     optimizer = adam(model.parameters())
     batch = (torch.randn(2, 4), torch.randint(0, 2, (2,)))
     with pytest.raises(tensile.PlanError) as e:
         tensile.plan(model, optimizer, batch, F.cross_entropy, workdir=tmp_path)
     message = str(e.value)
     assert "\n" not in message and "Branchy" in message and "data-dependent control flow" in message, message
+
+
+def test_a_branch_on_the_input_follows_the_example_and_another_path_is_refused(tmp_path):
+    """The tracer reads what eager mode reads from the example batch
+    (tensile.trace.eager_paths): the plan holds for batches that take the
+    same branch; one that takes the other is refused, naming the op."""
+    torch.manual_seed(0)
+    model = Branchy()
+    reference = Branchy()
+    reference.load_state_dict(model.state_dict())
+    positive = (torch.rand(2, 4) + 0.1, torch.tensor([0, 1]))
+    optimizer = adam(model.parameters())
+    plan = tensile.plan(model, optimizer, positive, F.cross_entropy, workdir=tmp_path)
+    assert any(op["name"].startswith("a.") for op in plan.ops) and not any(op["name"].startswith("b.") for op in plan.ops)
+    for m, opt, hook in ((reference, adam(reference.parameters()), None), (model, optimizer, plan)):
+        with tensile.apply(hook, m, opt) if hook is not None else nullcontext():
+            for _ in range(STEPS):
+                F.cross_entropy(m(positive[0]), positive[1]).backward()
+                opt.step()
+                opt.zero_grad()
+    assert all(torch.equal(a, b) for a, b in zip(reference.parameters(), model.parameters()))
+    with pytest.raises(tensile.PlanMismatchError, match=r"^op \d+: the plan expects .*, the model ran aten::tanh:") as e:
+        with tensile.apply(plan, model, optimizer):
+            F.cross_entropy(model(-positive[0]), positive[1]).backward()
+    assert "\n" not in str(e.value)
 
 
 def test_the_predicted_saved_curve_follows_its_definition():

@@ -284,7 +284,12 @@ def _split_batch(example_batch: Any) -> tuple[list[InputSpec], InputSpec]:
         raise PlanError("example_batch's inputs must be a tensor or a non-empty tuple of tensors")
     if not isinstance(target, torch.Tensor):
         raise PlanError(f"example_batch's target is a {type(target).__name__}, not a tensor")
-    specs = [InputSpec(f"input{i}" if len(seq) > 1 else "input", tuple(t.shape), t.dtype) for i, t in enumerate(seq)]
+    # The values go along: the tracer takes the path eager mode takes for
+    # this batch (tensile.trace.eager_paths), the one tensile.apply checks.
+    specs = [
+        InputSpec(f"input{i}" if len(seq) > 1 else "input", tuple(t.shape), t.dtype, value=t)
+        for i, t in enumerate(seq)
+    ]
     return specs, InputSpec("target", tuple(target.shape), target.dtype)
 
 

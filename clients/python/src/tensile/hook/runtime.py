@@ -6,8 +6,10 @@ One training iteration runs from the model's forward call to the end of
 * :class:`Applier` (a ``TorchDispatchMode``) counts the ATen ops the tracer
   counts (every op with a tensor output or a tensor argument written in
   place; profiler marks and ``_local_scalar_dense`` excepted), checks each
-  against the graph's op at that index (schema, overload, output shapes) and
-  stops with :class:`PlanMismatchError` at the first difference. It tags
+  against the graph's op at that index (the same op, in the form traced or
+  another form of it that :mod:`tensile.hook.forms` lists, and the same
+  output shapes) and stops with :class:`PlanMismatchError` at the first
+  difference. It tags
   each output with its graph tensor id, fires the ``after`` events of op
   ``k`` when the next op begins (by then autograd has saved op ``k``'s
   tensors), and fetches on demand any planned persistent tensor that an op
@@ -42,6 +44,7 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
+from tensile.hook import forms
 from tensile.hook.schedule import PERSISTENT, Event, Schedule
 from tensile.hook.store import Residence, engine_for, view_of
 from tensile.planning import Plan
@@ -83,6 +86,13 @@ class IterationStats:
     stall_ns: int = 0
     #: Events with nothing to act on (a storage autograd did not save, releases).
     skipped: int = 0
+    #: Swap-outs whose trigger came before autograd saved the storage (the
+    #: plan places them after the producing op; autograd saves a tensor when
+    #: the op that needs it runs, often later), done once it was saved.
+    deferred_swap_outs: int = 0
+    #: Ops eager ran in another form than the traced one (``lift_fresh`` for
+    #: ``lift_fresh_copy``...), by form name (:data:`tensile.hook.forms.FORMS`).
+    other_forms: dict[str, int] = dataclasses.field(default_factory=dict)
     #: The optimizer step was the state-creating first one (not checked).
     initializing: bool = False
     #: Ops run between the backward pass and ``optimizer.step()`` (gradient
@@ -142,6 +152,10 @@ class Applier(TorchDispatchMode):
         }
         self.persist: dict[int, Residence] = {}
         self.acts: dict[int, Residence] = {}
+        #: Activation storages the plan has on the host now (its events so
+        #: far this iteration, acted on or not), and those saved while there.
+        self.planned_host: set[int] = set()
+        self.overdue: list[Residence] = []
         self.resident = 0
         self.inflight: set[Residence] = set()
         self.k = 0
@@ -227,6 +241,7 @@ class Applier(TorchDispatchMode):
             return  # evaluation passes are not training iterations
         self.in_iter, self.checking, self.k, self.pending, self.in_step = True, True, 0, None, False
         self.acts, self.resident = {}, 0
+        self.planned_host, self.overdue = set(), []
         self.stats.append(IterationStats(plan_job=self.plan_id[0], plan_version=self.plan_id[1]))
         with _disable_current_modes():
             for ev in self.s.at_start:
@@ -342,7 +357,7 @@ class Applier(TorchDispatchMode):
         outs = _tensors(out, []) if isinstance(out, (torch.Tensor, list, tuple)) else []
         if not self.checking or not _counted(func, flat, outs):
             return out
-        if (func._schema.name, func._overloadname) == _DETACH and (k >= self.s.n_ops or self.s.op_keys[k] != _DETACH):
+        if (func._schema.name, func._overloadname) == _DETACH and not self._traced_detach(k, outs):
             # A detach the trace does not have (autograd's, around saved
             # tensors): a view, so it takes its input's storage and no index.
             tid = getattr(args[0], "_tensile_tid", None)
@@ -353,12 +368,27 @@ class Applier(TorchDispatchMode):
         if self.measure:
             self.stats[-1].op_ns[k] = elapsed
         if k < self.s.backward_start:
-            # Only the forward's tensors are ever saved for the backward.
+            # Only the forward's tensors are ever saved for the backward. An
+            # op run in another form may return a persistent tensor it
+            # traced as a new one (in place for out of place): that tensor
+            # keeps its own id.
             for t, tid in zip(outs, self.plan.ops[k]["outputs"]):
-                t._tensile_tid = tid
+                if getattr(t, "_tensile_res", None) is None:
+                    t._tensile_tid = tid
         self.k = k + 1
         self.pending = k
         return out
+
+    def _traced_detach(self, k: int, outs: list[torch.Tensor]) -> bool:
+        """Whether a detach eager ran is the graph's op ``k``: a detach of
+        the same shape. Autograd detaches saved tensors when it saves or
+        unpacks them, and which ones depends on the saved-tensor hooks (the
+        trace has none) and on whether a tensor is a node's own output, so a
+        detach of another shape where the graph has one is one of those."""
+        if k >= self.s.n_ops or self.s.op_keys[k] != _DETACH:
+            return False
+        want = [self.plan.tensors[t]["shape"] for t in self.plan.ops[k]["outputs"]]
+        return want == [list(t.shape) for t in outs]
 
     def _skip_saved_detaches(self, func: Any) -> None:
         """Steps over the graph's ``detach`` ops that this run does not have.
@@ -384,8 +414,13 @@ class Applier(TorchDispatchMode):
             raise self._fail(
                 f"op {k}: the plan's graph has {self.s.n_ops} ops, the model ran one more, {_label(key)}"
             )
-        if key != self.s.op_keys[k]:
-            raise self._fail(self._mismatch(k, _label(key)))
+        traced = self.s.op_keys[k]
+        if key != traced:
+            form = forms.form_of(traced, key)
+            if form is None:
+                raise self._fail(self._mismatch(k, _label(key)))
+            counts = self.stats[-1].other_forms
+            counts[form] = counts.get(form, 0) + 1
         for t, tid in zip(outs, self.plan.ops[k]["outputs"]):
             want = self.plan.tensors[tid]["shape"]
             if list(t.shape) != want:
@@ -414,6 +449,8 @@ class Applier(TorchDispatchMode):
         k, self.pending = self.pending, None
         for ev in self.after.get(k, []):
             self._fire(ev)
+        if self.overdue:
+            self._swap_out_overdue()
         if k < self.s.optimizer_start:
             self.stats[-1].saved_curve.append(self.resident)
 
@@ -432,6 +469,10 @@ class Applier(TorchDispatchMode):
             else:
                 stats.skipped += 1
             return
+        if ev.kind == "swap_out":
+            self.planned_host.add(ev.storage)
+        elif ev.kind == "swap_in":
+            self.planned_host.discard(ev.storage)
         res = self.acts.get(ev.storage)
         if res is None or res.live == 0:
             stats.skipped += 1  # not saved by autograd (or already freed): nothing to move
@@ -446,6 +487,17 @@ class Applier(TorchDispatchMode):
             stats.swap_ins += 1
         else:
             stats.skipped += 1
+
+    def _swap_out_overdue(self) -> None:
+        """Swaps out the storages autograd saved while the plan had them on
+        the host: their swap-out fired before they were saved (and found
+        nothing to move), or they were saved again after it."""
+        overdue, self.overdue = self.overdue, []
+        for res in overdue:
+            if res.id in self.planned_host and res.on_device and res.copy is None and res.live > 0:
+                self.engine.swap_out(res)
+                self._after_copy(res)
+                self.stats[-1].deferred_swap_outs += 1
 
     def _after_copy(self, res: Residence) -> None:
         if res.copy is not None:
@@ -516,6 +568,8 @@ class Applier(TorchDispatchMode):
                 return _Saved(self, None, held, None)  # eager and traced storages disagree: not managed
             res.live += 1
             self._recount(res)
+            if sid in self.planned_host and self.in_iter:
+                self.overdue.append(res)  # moved at the next op boundary
             return _Saved(self, res, None, (t.dtype, t.storage_offset(), t.size(), t.stride()))
 
     def unpack(self, h: _Saved) -> torch.Tensor:

@@ -14,6 +14,8 @@ from typing import Any
 from tensile.planning import Plan
 
 PERSISTENT = ("parameter", "buffer", "optimizer_state")
+#: The autograd node of a backward op (``tensile.trace.convert.NODE_ATTR``).
+NODE_ATTR = "@grad_fn"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,25 +72,55 @@ class Schedule:
 
     def saved_storages(self) -> dict[int, tuple[int, int]]:
         """The activation storages autograd keeps for the backward pass:
-        ``{root: (producing op, last backward op that reads it)}`` for every
-        root of kind ``activation`` made in the forward pass (loss included)
-        and read by at least one backward op."""
+        ``{root: (first op it counts after, end op)}`` for every root of kind ``activation``
+        made in the forward pass (loss included) and read by at least one
+        backward op.
+
+        Autograd saves a tensor when an op that needs it for its backward
+        runs: its producer (an op that saves its output, after the op) or a
+        later op that reads it (its inputs are saved before the op runs, so
+        they count from the op before). The graph does not say which op
+        saves, so the *saving op* is the op before the first forward op
+        that reads the storage other than to view it (``view``, ``t``: views
+        save nothing), at the earliest the producer; a storage read only
+        by ops that save nothing (a cast) is counted from that read
+        although autograd saves it later. Autograd frees a node's
+        saved tensors when the node's backward ends, so the *end op* is the
+        last op of the autograd node (``@grad_fn``, recorded by the tracer)
+        of the storage's last backward read; in a graph without it, that
+        read."""
         first: dict[int, int] = {}
-        last: dict[int, int] = {}
+        saved_at: dict[int, int] = {}
+        last: dict[int, tuple[int, int | None]] = {}
+        node_end: dict[int, int] = {}
         for i, op in enumerate(self.plan.ops):
             if i < self.backward_start:
+                view_inputs = {
+                    op["inputs"][a["input"]] for a in op.get("aliases", []) if a["kind"] == "view"
+                }
+                only_views = len(op.get("aliases", [])) == len(op["outputs"]) and all(
+                    a["kind"] == "view" for a in op.get("aliases", [])
+                )
+                for t in op["inputs"]:
+                    r = self.root[t]
+                    if r in first and r not in saved_at and not (only_views and t in view_inputs):
+                        saved_at[r] = i
                 for t in op["outputs"]:
                     r = self.root[t]
                     if self.kind[r] == "activation":
                         first.setdefault(r, i)
             elif i < self.optimizer_start:
+                node = op.get("attrs", {}).get(NODE_ATTR)
+                if node is not None:
+                    node_end[node] = i
                 for t in op["inputs"]:
                     r = self.root[t]
                     if r in first:
-                        last[r] = i
-        return {r: (first[r], last[r]) for r in last}
+                        last[r] = (i, node)
+        ends = {r: node_end.get(node, i) if node is not None else i for r, (i, node) in last.items()}
+        return {r: (max(first[r], saved_at.get(r, first[r] + 1) - 1), ends[r]) for r in last}
 
-    def predicted_saved_curve(self) -> list[int]:
+    def predicted_saved_curve(self, after: dict[int, list[Event]] | None = None) -> list[int]:
         """The plan's prediction of the resident saved bytes after each op of
         the forward and backward passes (index ``k``: after op ``k`` and the
         events it triggers).
@@ -111,7 +143,7 @@ class Schedule:
         curve = []
         for k in range(self.optimizer_start):
             live.update(starts.get(k, []))
-            for ev in self.after.get(k, []):
+            for ev in (self.after if after is None else after).get(k, []):
                 self._apply(ev, on_host)
             live = {r for r in live if saved[r][1] > k}
             curve.append(sum(self.bytes[r] for r in live if r not in on_host))

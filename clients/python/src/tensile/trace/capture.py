@@ -39,6 +39,8 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from tensile.trace.eager_paths import Shadows, eager_library_paths
+
 #: ``record_function`` labels that open the backward and the optimizer phases.
 BACKWARD_MARK = "tensile::backward"
 OPTIMIZER_MARK = "tensile::optimizer"
@@ -50,11 +52,16 @@ class TraceError(RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class InputSpec:
-    """One tensor of the batch: a name, a shape and a dtype (no data is needed)."""
+    """One tensor of the batch: a name, a shape and a dtype (no data is needed).
+
+    ``value``, the real tensor when the caller has one (``tensile.plan``
+    does), makes the tracer take the path eager mode takes for it: see
+    :mod:`tensile.trace.eager_paths`."""
 
     name: str
     shape: tuple[int, ...]
     dtype: torch.dtype = torch.float32
+    value: torch.Tensor | None = dataclasses.field(default=None, compare=False, repr=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -256,8 +263,20 @@ def _capture_module(
                 initial.append((value, Role(f"{n}.{key}", "optimizer_state", owner=n)))
 
     tracker = _ModuleTracker(module)
+    # With the batch's values the trace follows eager mode's path (see
+    # eager_paths): libraries see no tracer, and values read are computed.
+    eager = any(s.value is not None for s in inputs)
+    shadows = Shadows() if eager else None
+    if shadows is not None:
+        for t, s in zip(batch, inputs):
+            if s.value is not None:
+                shadows.give(t, s.value)
 
     def step() -> torch.Tensor:
+        with shadows if shadows is not None else contextlib.nullcontext():
+            return iteration()
+
+    def iteration() -> torch.Tensor:
         out = module(*batch)
         tracker.leave_model()
         loss = loss_fn(out, labels)
@@ -274,7 +293,8 @@ def _capture_module(
     for _, p in named:
         p.grad = None
     try:
-        with fake, fx_traceback.preserve_node_meta():
+        paths = eager_library_paths() if eager else contextlib.nullcontext()
+        with fake, fx_traceback.preserve_node_meta(), paths:
             gm = make_fx(step, tracing_mode="real")()
     except TraceError:
         raise

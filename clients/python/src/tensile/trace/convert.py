@@ -23,6 +23,9 @@ The rules follow ``graph/src/json.rs`` and ``graph/src/validate.rs``:
   the program reads and what validation demands (an overwritten version is
   never read again). Views and versions share their root's storage, so bytes
   are never counted twice.
+* A backward op records its autograd node (``@grad_fn``, the node's
+  sequence number): the hook's memory prediction ends a saved tensor's life
+  with the node that last reads it, as autograd does.
 * ``getitem`` picks an output of a multi-output op; scalar arithmetic on the
   host and ``_local_scalar_dense`` (the optimizer reading its step count) are
   not device ops and are left out, as are profiler marks.
@@ -70,6 +73,8 @@ _MAX_ATTR_LEN = 4096
 #: the list of input indices the argument takes, ``-1`` for a ``None``
 #: element of a ``Tensor?[]`` list (see ``kernels/src/bind.rs``).
 BIND_PREFIX = "@"
+#: Attribute of a backward op: the sequence number of its autograd node.
+NODE_ATTR = "@grad_fn"
 
 
 def to_graph(captured: Captured) -> dict[str, Any]:
@@ -223,6 +228,13 @@ class _Converter:
             written += [(set(), a) for a in _UNANNOTATED_WRITES.get(schema.name, ()) if a in arg_inputs]
         if target._overloadname != "default":
             attrs["overload"] = target._overloadname
+        seq = (node.meta.get("custom") or {}).get("seq")
+        if self.phase == "backward" and seq is not None and inputs:
+            # The autograd node whose backward runs the op: autograd frees a
+            # node's saved tensors when the node ends, not at their last
+            # read (tensile.hook.Schedule.saved_storages). Reserved like a
+            # binding, so the kernels do not take it for an argument.
+            attrs[NODE_ATTR] = int(seq)
 
         name = self.op_name(node, inputs)
         if self.phase == "optimizer" and self.updating is not None:
