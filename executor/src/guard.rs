@@ -29,6 +29,10 @@ impl<C: CopyEngine> Executor<'_, C> {
             return Room::Go;
         };
         self.boundary_frees(now);
+        // What the first iteration starts on the host is put there, not
+        // on the device.
+        let on_host = self.starts_on_host();
+        let first = self.iteration == 0;
         let need: u64 = self
             .live
             .storages
@@ -37,7 +41,8 @@ impl<C: CopyEngine> Executor<'_, C> {
             .filter(|(i, st)| {
                 let slot = &self.slots[*i];
                 if st.persistent {
-                    !slot.on_device() && !slot.host_valid()
+                    let starts_on_host = first && on_host.contains(&StorageId(*i as u32));
+                    !(slot.on_device() || slot.host_valid() || starts_on_host)
                 } else {
                     st.born.is_none()
                 }

@@ -207,7 +207,7 @@ pub struct Executor<'g, C> {
     next_plan: Option<Plan>,
     plan_version: u64,
     iterations: usize,
-    iteration: usize,
+    pub(crate) iteration: usize,
     phase: Phase,
     pub(crate) pc: usize,
     before_idx: usize,
@@ -319,6 +319,18 @@ impl<'g, C: CopyEngine> Executor<'g, C> {
     /// waiting. False (the default, and the worker's): it evicts at once.
     pub fn set_limit_may_rise(&mut self, may_rise: bool) {
         self.limit_may_rise = may_rise;
+    }
+
+    /// The persistent storages the next iteration starts on the host.
+    pub(crate) fn starts_on_host(&self) -> Vec<StorageId> {
+        match &self.next_plan {
+            Some(p) => p
+                .start_on_host
+                .iter()
+                .map(|t| self.live.storage_of[t.index()])
+                .collect(),
+            None => self.schedule.start_on_host.clone(),
+        }
     }
 
     /// Switches to `plan` at the next iteration boundary.
@@ -765,6 +777,15 @@ impl<'g, C: CopyEngine> Executor<'g, C> {
         Some(*ends.select_nth_unstable(excess).1)
     }
 
+    /// Waits for the job's own frees in flight to make room: under the
+    /// guard's limit the wait counts as a wait for memory too.
+    fn wait_for_room(&mut self, w: Wake, now: u64) -> Next {
+        if let (Some(_), Wake::At(t)) = (self.limit, w) {
+            self.cur.memory_wait_ns += t.saturating_sub(now);
+        }
+        self.wait(w, now)
+    }
+
     /// Tells the driver to wait, counting the stall.
     pub(crate) fn wait(&mut self, w: Wake, now: u64) -> Next {
         match w {
@@ -798,7 +819,7 @@ impl<'g, C: CopyEngine> Executor<'g, C> {
                     }
                     match self.start_room(now) {
                         Room::Go => {}
-                        Room::Wait(w) => return Ok(self.wait(w, now)),
+                        Room::Wait(w) => return Ok(self.wait_for_room(w, now)),
                         Room::Full => return Ok(self.wait_for_memory(now)),
                     }
                     self.begin_iteration(now);
@@ -852,7 +873,7 @@ impl<'g, C: CopyEngine> Executor<'g, C> {
             };
             match self.make_room(p, op, now) {
                 Room::Go => {}
-                Room::Wait(w) => return Ok(self.wait(w, now)),
+                Room::Wait(w) => return Ok(self.wait_for_room(w, now)),
                 Room::Full => return Ok(self.wait_for_memory(now)),
             }
             if let Some(w) = self.inputs_ready(p, now)? {
@@ -872,7 +893,7 @@ impl<'g, C: CopyEngine> Executor<'g, C> {
         }
         match self.make_room(op, op, now) {
             Room::Go => {}
-            Room::Wait(w) => return Ok(self.wait(w, now)),
+            Room::Wait(w) => return Ok(self.wait_for_room(w, now)),
             Room::Full => return Ok(self.wait_for_memory(now)),
         }
         if let Some(w) = self.inputs_ready(op, now)? {

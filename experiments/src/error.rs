@@ -58,6 +58,8 @@ pub enum ExperimentError {
     },
     #[error("capuchin needs a memory budget per job")]
     NoBudgets,
+    #[error("bench colocate: {0}")]
+    Colocate(String),
     #[error("the simulation thread pool: {reason}")]
     Pool { reason: String },
     #[cfg(feature = "bound")]

@@ -29,11 +29,15 @@
 //! - `bound` (feature `bound`, on by default): the lowest peak any swap
 //!   plan that adds no time can reach (`swap_bound`, a linear program per
 //!   instant).
+//! - `colocate` (feature `bound`): k copies of a model under one copy's
+//!   vanilla peak (`run_colocate`), their capacity at a stated cost.
 
 pub mod bench;
 #[cfg(feature = "bound")]
 pub mod bound;
 pub mod cold_start;
+#[cfg(feature = "bound")]
+pub mod colocate;
 pub mod device;
 mod error;
 pub mod metrics;
@@ -50,6 +54,8 @@ pub use bench::{
 #[cfg(feature = "bound")]
 pub use bound::{BoundJob, BoundReport, swap_bound};
 pub use cold_start::ColdStart;
+#[cfg(feature = "bound")]
+pub use colocate::{ColocateCase, ColocateConfig, ColocateReport, run_colocate};
 pub use device::device_profile;
 pub use error::{ExperimentError, error_chain};
 pub use metrics::{Metrics, SimReport};

@@ -62,6 +62,8 @@ pub struct Run {
     pub cold_start_error: f64,
     /// What the user should know about the run (see `ColdStartLatencies`).
     pub warnings: Vec<String>,
+    /// The first plan's gates (a coordinated plan), job by job.
+    pub gates: Vec<Option<tensile_planner::Gate>>,
 }
 
 impl Run {
@@ -77,6 +79,7 @@ impl Run {
             predicted_from: String::new(),
             cold_start_error: 0.0,
             warnings: Vec::new(),
+            gates: Vec::new(),
         }
     }
 }
@@ -198,6 +201,7 @@ pub fn run_policy(
                 .iter()
                 .map(|p| p.prediction.planned_peak_bytes)
                 .collect();
+            let gates = first.plans.iter().map(|p| p.gate).collect();
             let result = simulate(
                 jobs(first.plans, &|_| ExecOptions::default()),
                 &sim,
@@ -209,6 +213,7 @@ pub fn run_policy(
                 replans: replanner.inner.replans,
                 predicted: (first.sum_of_peaks_bytes, first.aligned_peak_bytes),
                 predicted_peaks,
+                gates,
                 ..Run::measured(result)
             }
         }

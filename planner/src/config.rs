@@ -133,7 +133,7 @@ impl PlannerConfig {
             coordinate: false,
             gate_slack: 0.005,
             pace_pad: 0.03,
-            coordinated_link: 0.9,
+            coordinated_link: 0.95,
             coordinated_margin: 0.03,
         }
     }

@@ -430,6 +430,19 @@ fn search(
     deadline: Deadline,
     out: &mut MultiPlan,
 ) -> bool {
+    search_with(state, config, coord, limits, deadline, out, true)
+}
+
+/// [`search`], with moves that add time only when `add_time`.
+fn search_with(
+    state: &mut [Job<'_>],
+    config: &PlannerConfig,
+    coord: Option<&Coord>,
+    limits: &[u64],
+    deadline: Deadline,
+    out: &mut MultiPlan,
+    add_time: bool,
+) -> bool {
     let mut failed: HashSet<(usize, StorageId, usize)> = HashSet::new();
     let mut tried = Tried::default();
     let mut capped = false;
@@ -477,9 +490,10 @@ fn search(
             }
             continue;
         }
-        if config
-            .budget_bytes
-            .is_some_and(|b| global_peak(state, coord) > b)
+        if add_time
+            && config
+                .budget_bytes
+                .is_some_and(|b| global_peak(state, coord) > b)
         {
             let t = Instant::now();
             let moved = budget_round(
@@ -529,8 +543,9 @@ fn global_peak(state: &[Job<'_>], coord: Option<&Coord>) -> u64 {
 const CYCLE_STEPS: &[f64] = &[1.025, 1.05, 1.1, 1.2, 1.35, 1.5, 2.0, 2.5, 3.0, 4.0];
 
 /// Phases tried per job by the search in [`choose_gates`], evenly spread
-/// over the cycle.
+/// over the cycle: for two jobs, and for more (each try plans them all).
 const PHASE_STEPS: u64 = 12;
+const PHASE_STEPS_MANY: u64 = 8;
 /// Passes of that search over the jobs (coordinate descent) beyond two.
 const PHASE_PASSES: usize = 2;
 
@@ -600,32 +615,46 @@ fn choose_gates(
         };
         let mut jobs = state.to_vec();
         coord.install(&mut jobs);
-        search(
+        search_with(
             &mut jobs,
-            &free,
+            config,
             Some(&coord),
             limits,
             deadline,
             &mut scratch,
+            false,
         );
         let peak = coord.peak(&jobs).bytes;
         tried.push((phases.to_vec(), peak));
         peak
     };
+    // Phases at which the jobs fit the budget without time end the search.
+    let fits = |peak: u64| config.budget_bytes.is_some_and(|b| peak <= b);
     let mut best = choose_phases(&curves, cycle, None);
     let mut best_peak = evaluate(&best);
     for _ in 0..PHASE_PASSES {
+        if fits(best_peak) {
+            break;
+        }
         let mut moved = false;
         for j in 1..state.len() {
-            for step in 0..PHASE_STEPS {
+            let steps = if state.len() == 2 {
+                PHASE_STEPS
+            } else {
+                PHASE_STEPS_MANY
+            };
+            for step in 0..steps {
                 if deadline.past() {
                     break;
                 }
                 let mut phases = best.clone();
-                phases[j] = cycle * step / PHASE_STEPS;
+                phases[j] = cycle * step / steps;
                 let peak = evaluate(&phases);
                 if peak < best_peak {
                     (best, best_peak, moved) = (phases, peak, true);
+                }
+                if fits(best_peak) {
+                    break;
                 }
             }
         }
@@ -634,7 +663,7 @@ fn choose_gates(
         }
     }
     if let Some(h) = hint
-        && evaluate(&h) as f64 <= best_peak as f64 * 1.01
+        && (evaluate(&h) as f64 <= best_peak as f64 * 1.01 || fits(evaluate(&h)))
     {
         best = h;
     }
@@ -669,12 +698,13 @@ fn swap_round(
     deadline: Deadline,
     coord: Option<&Coord>,
 ) -> usize {
-    let (peaks, mut at): (Vec<usize>, Option<u64>) = match coord {
-        None => (state.iter().map(|j| j.peak().1).collect(), None),
+    let (peaks, mut at, mut aligned): (Vec<usize>, Option<u64>, u64) = match coord {
+        None => (state.iter().map(|j| j.peak().1).collect(), None, 0),
         Some(c) => {
             let g = c.peak(state);
             // A job waiting at its gate holds its first step's memory.
-            (g.steps.iter().map(|s| s.unwrap_or(0)).collect(), Some(g.at))
+            let steps = g.steps.iter().map(|s| s.unwrap_or(0)).collect();
+            (steps, Some(g.at), g.bytes)
         }
     };
     let mut cands = Vec::new();
@@ -699,7 +729,13 @@ fn swap_round(
     cands.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
     let mut placed = 0;
     for (_, j, s, after) in cands {
-        if fits.is_some_and(|b| global_peak(state, coord) <= b) || deadline.past() {
+        // Coordinated: the aligned peak is known since the last placement.
+        let now = if coord.is_some() {
+            aligned
+        } else {
+            fits.map_or(0, |_| global_peak(state, None))
+        };
+        if fits.is_some_and(|b| now <= b) || deadline.past() {
             break;
         }
         let stale = match coord {
@@ -722,8 +758,9 @@ fn swap_round(
                 placed += 1;
                 if let Some(c) = coord {
                     c.refresh_foreign(state);
-                    let now = c.peak(state).at;
-                    if at.replace(now) != Some(now) {
+                    let g = c.peak(state);
+                    aligned = g.bytes;
+                    if at.replace(g.at) != Some(g.at) {
                         break;
                     }
                 }

@@ -125,11 +125,18 @@ struct ReplanJob {
     /// The gate of the current plan, kept by the next one when it still
     /// fits (coordinated planning).
     gate: Option<Gate>,
-    /// Whether an iteration of the job has been seen.
-    settled: bool,
+    /// Iterations of the job still to leave out (its first, and the first
+    /// two after a switch of plans).
+    settling: usize,
     /// Iterations in a row that overran the gate's period.
     overruns: usize,
 }
+
+/// Iterations a coordinated job leaves out after a switch of plans: the
+/// jobs take their new phases and move persistent storage.
+const SETTLE: usize = 2;
+/// Overruns in a row that re-plan a coordinated job.
+const OVERRUNS: usize = 3;
 
 /// Our re-planner: EWMA latencies, feedback of late prefetches, all jobs
 /// planned together.
@@ -201,7 +208,7 @@ impl Replanner {
                 leads: BTreeMap::new(),
                 planned_late: BTreeMap::new(),
                 gate: None,
-                settled: false,
+                settling: 1,
                 overruns: 0,
             },
         );
@@ -264,8 +271,12 @@ impl Replanner {
         // would mislead the next plan, so they are left out; the others
         // only tell whether it keeps its pace.
         if job.gate.is_some() {
-            let settled = std::mem::replace(&mut job.settled, true);
-            if !settled || m.switched {
+            if m.switched {
+                job.settling = SETTLE;
+            }
+            if job.settling > 0 {
+                job.settling -= 1;
+                job.overruns = 0;
                 return Ok(None);
             }
             return Ok(self.keep_pace(id, m));
@@ -305,7 +316,7 @@ impl Replanner {
     }
 
     /// Whether a coordinated job's re-plan is due: only once it has overrun
-    /// its gate's period by more than 2% two iterations in a row. Its
+    /// its gate's period by more than 3% [`OVERRUNS`] iterations in a row. Its
     /// estimates then grow by what it overran. An op's measured time says
     /// little here: while jobs share the GPU an op runs faster when the
     /// others wait (at a gate, for memory, for their pace), so measurements
@@ -317,12 +328,12 @@ impl Replanner {
         let job = self.jobs.get_mut(&id)?;
         let period = job.gate?.period_ns as f64;
         let ratio = m.iteration_ns as f64 / period.max(1.0);
-        if ratio <= 1.02 {
+        if ratio <= 1.03 {
             job.overruns = 0;
             return None;
         }
         job.overruns += 1;
-        if job.overruns < 2 || !enabled {
+        if job.overruns < OVERRUNS || !enabled {
             return None;
         }
         job.overruns = 0;

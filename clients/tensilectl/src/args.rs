@@ -131,6 +131,47 @@ pub(crate) enum BenchCommand {
     /// every iteration; register-to-first-plan and re-plan latency, plans
     /// per second, the scheduler's resident memory.
     Service(BenchServiceArgs),
+    /// Several copies of a model on one simulated GPU whose memory is ONE
+    /// copy's vanilla peak at a reference batch: per case, k copies at
+    /// fractions of that batch planned by ours under that budget and run
+    /// beside the same jobs co-located with no limit; per row the measured
+    /// and predicted peaks, the lowest peak any time-free swap plan could
+    /// reach, EOR (steady state) and whether it fits; per case the
+    /// capacity (the largest fraction every seed fits at EOR <= 0.05).
+    Colocate(BenchColocateArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct BenchColocateArgs {
+    /// Device profiles, comma separated (a6000, h100, paper, cpu or files).
+    #[arg(long, default_value = "a6000,h100")]
+    pub(crate) device: String,
+    /// Cases, comma separated, each MODEL:BATCHxCOPIES (the budget is one
+    /// copy's vanilla peak at BATCH).
+    #[arg(long, default_value = "resnet50:32x2,resnet50:32x3,bert_base:16x2")]
+    pub(crate) cases: String,
+    /// Fractions of the reference batch, comma separated, in (0, 1].
+    #[arg(long, default_value = "0.5,0.625,0.75,0.875,1")]
+    pub(crate) fractions: String,
+    /// Seeds of the simulated devices' latency bias, comma separated.
+    #[arg(long, default_value = "1,2,3")]
+    pub(crate) seeds: String,
+    /// Iterations per run.
+    #[arg(long, default_value_t = 12)]
+    pub(crate) iterations: usize,
+    /// Iterations left out of the steady-state EOR (the cold start and the
+    /// gates taking hold).
+    #[arg(long, default_value_t = 4)]
+    pub(crate) warmup: usize,
+    /// Runs in parallel on at most this many threads.
+    #[arg(long, default_value_t = 2)]
+    pub(crate) jobs: usize,
+    /// Print JSON.
+    #[arg(long)]
+    pub(crate) json: bool,
+    /// Draw the capacity of every case per device (SVG) here.
+    #[arg(long)]
+    pub(crate) plot: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

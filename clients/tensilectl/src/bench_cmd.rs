@@ -3,11 +3,8 @@
 //! figures, with a Pareto summary; `--plot` draws them.
 
 use std::path::Path;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::{Context, Result};
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use tensile_baselines::Policy;
 use tensile_experiments::paper::{paper_figure, paper_phases};
 use tensile_experiments::pareto::EPS;
@@ -17,53 +14,7 @@ use tensile_experiments::{
 
 use crate::config::BenchCommand;
 use crate::plot::{Bars, Chart, Series, render_bars, render_svg};
-
-/// Progress of the bench on stderr: a bar on a terminal (indicatif), and
-/// otherwise, for logs, a line every 5% of the simulations.
-struct Progress {
-    bar: ProgressBar,
-    total: u64,
-    done: AtomicU64,
-    /// The count at the last logged line (no terminal only).
-    logged: Mutex<u64>,
-}
-
-impl Progress {
-    fn new(total: usize) -> Progress {
-        let total = total as u64;
-        // indicatif hides the bar itself when stderr is not a terminal.
-        let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
-        if let Ok(style) =
-            ProgressStyle::with_template("[{bar:30}] {pos}/{len} {elapsed:>4} {wide_msg}")
-        {
-            bar.set_style(style.progress_chars("#>."));
-        }
-        Progress {
-            bar,
-            total,
-            done: AtomicU64::new(0),
-            logged: Mutex::new(0),
-        }
-    }
-
-    fn tick(&self, what: &str) {
-        // Ours at a baseline's peak runs only where both ran: the count is
-        // an upper bound, and the position never passes it.
-        let k = (self.done.fetch_add(1, Ordering::Relaxed) + 1).min(self.total);
-        self.bar.set_position(k);
-        self.bar.set_message(what.to_string());
-        if self.bar.is_hidden()
-            && let Ok(mut logged) = self.logged.lock()
-        {
-            let step = (self.total / 20).max(1);
-            if k >= *logged + step || k == self.total {
-                *logged = k;
-                let secs = self.bar.elapsed().as_secs_f64();
-                eprintln!("{k}/{} {secs:>5.0}s {what}", self.total);
-            }
-        }
-    }
-}
+use crate::progress::Progress;
 
 pub(crate) fn run(c: &BenchCommand) -> Result<()> {
     let config = &c.config;

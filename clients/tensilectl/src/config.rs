@@ -8,12 +8,14 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use tensile_baselines::Policy;
-use tensile_experiments::{BenchConfig, ColdStart, PlanOptions, SimOptions, device_profile};
+use tensile_experiments::{
+    BenchConfig, ColdStart, ColocateCase, ColocateConfig, PlanOptions, SimOptions, device_profile,
+};
 use tensile_graph::zoo::{self, ZooConfig};
 use tensile_graph::{Graph, Limits};
 use tensile_latency_model::DeviceProfile;
 
-use crate::args::{BenchPaperArgs, DeviceArgs, PlanArgs, SimArgs};
+use crate::args::{BenchColocateArgs, BenchPaperArgs, DeviceArgs, PlanArgs, SimArgs};
 use crate::input;
 
 /// `tensilectl plan`.
@@ -143,6 +145,78 @@ impl BenchCommand {
                 optimizer: input::optimizer(&a.opt)?,
                 quick: a.quick,
                 threads: a.jobs,
+            },
+            json: a.json,
+            plot: a.plot.clone(),
+        })
+    }
+}
+
+/// `tensilectl bench colocate`.
+#[derive(Debug)]
+pub(crate) struct ColocateCommand {
+    pub(crate) config: ColocateConfig,
+    pub(crate) json: bool,
+    pub(crate) plot: Option<PathBuf>,
+}
+
+impl ColocateCommand {
+    pub(crate) fn from_args(a: &BenchColocateArgs) -> Result<ColocateCommand> {
+        let devices: Vec<DeviceProfile> = list(&a.device)
+            .map(device_profile)
+            .collect::<Result<_, _>>()?;
+        if devices.is_empty() {
+            bail!("--device is empty");
+        }
+        let cases = list(&a.cases)
+            .map(|c| {
+                let bad =
+                    || format!("--cases: {c:?} is not MODEL:BATCHxCOPIES (e.g. resnet50:32x2)");
+                let (model, rest) = c.split_once(':').with_context(bad)?;
+                let (batch, copies) = rest.split_once('x').with_context(bad)?;
+                let batch: u64 = batch.parse().ok().with_context(bad)?;
+                let copies: usize = copies.parse().ok().with_context(bad)?;
+                zoo::model(model)?;
+                if batch == 0 || !(1..=16).contains(&copies) {
+                    bail!("--cases: {c:?} needs a batch of 1 or more and 1 to 16 copies");
+                }
+                Ok(ColocateCase::new(model, batch, copies))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        if cases.is_empty() {
+            bail!("--cases is empty");
+        }
+        let fractions = list(&a.fractions)
+            .map(|f| match f.parse::<f64>() {
+                Ok(x) if x > 0.0 && x <= 1.0 => Ok(x),
+                _ => bail!("--fractions: {f:?} is not a number in (0, 1]"),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let seeds = list(&a.seeds)
+            .map(|x| {
+                x.parse::<u64>()
+                    .with_context(|| format!("--seeds: {x:?} is not a seed"))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        if fractions.is_empty() || seeds.is_empty() {
+            bail!("--fractions and --seeds need at least one value each");
+        }
+        if a.iterations > 1000 || a.warmup + 2 > a.iterations {
+            bail!(
+                "--iterations must be at most 1000 and leave two after --warmup ({} and {})",
+                a.iterations,
+                a.warmup
+            );
+        }
+        Ok(ColocateCommand {
+            config: ColocateConfig {
+                devices,
+                cases,
+                fractions,
+                seeds,
+                iterations: a.iterations,
+                warmup: a.warmup,
+                threads: a.jobs.max(1),
             },
             json: a.json,
             plot: a.plot.clone(),

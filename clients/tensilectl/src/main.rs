@@ -7,6 +7,7 @@
 
 mod args;
 mod bench_cmd;
+mod bench_colocate;
 mod bench_service;
 mod config;
 mod demo_cmd;
@@ -15,6 +16,7 @@ mod input;
 mod latency_cmd;
 mod plan_cmd;
 mod plot;
+mod progress;
 mod report;
 mod server_cmd;
 mod sim_cmd;
@@ -53,6 +55,9 @@ fn main() -> ExitCode {
         }
         Command::Demo(a) => demo_cmd::run(&a),
         Command::Bench(BenchCommand::Service(a)) => bench_service::run(&a),
+        Command::Bench(BenchCommand::Colocate(a)) => {
+            config::ColocateCommand::from_args(&a).and_then(|c| bench_colocate::run(&c))
+        }
         Command::Status(a) => server_cmd::status(&a),
         Command::Budget(a) => server_cmd::budget(&a),
         Command::Watch(a) => server_cmd::watch(&a),

@@ -11,6 +11,7 @@ use tensile_planner::{CopyModel, JobInput, JobSettings, PlannerConfig, plan};
 mod budget;
 mod engine;
 mod evict;
+mod guard;
 mod options;
 mod random;
 mod snapshots;

@@ -1,0 +1,166 @@
+//! `tensilectl bench colocate`: k copies of a model under one copy's
+//! memory (`tensile_experiments::colocate`); prints a table per device and
+//! case, the capacities, and with `--plot` draws the capacity per case.
+
+use anyhow::{Context, Result};
+use tensile_experiments::colocate::{ColocateReport, ColocateRow, EOR_TARGET};
+use tensile_experiments::run_colocate;
+
+use crate::config::ColocateCommand;
+use crate::plot::{Bars, render_bars};
+use crate::progress::Progress;
+use crate::report::bytes;
+
+pub(crate) fn run(c: &ColocateCommand) -> Result<()> {
+    let config = &c.config;
+    let progress = Progress::new(config.total_runs());
+    eprintln!(
+        "bench colocate: {} cases x {} fractions x {} seeds on {} ({} runs of {} iterations, each beside vanilla)",
+        config.cases.len(),
+        config.fractions.len(),
+        config.seeds.len(),
+        config
+            .devices
+            .iter()
+            .map(|d| d.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", "),
+        progress.total,
+        config.iterations
+    );
+    let report = run_colocate(config, &|what| progress.tick(what));
+    progress.bar.finish();
+    let report = report?;
+    if let Some(path) = &c.plot {
+        std::fs::write(path, render_bars(&capacity_bars(&report))?)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        eprintln!("capacity plot written to {}", path.display());
+    }
+    if c.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_report(&report);
+    }
+    Ok(())
+}
+
+fn print_report(r: &ColocateReport) {
+    println!(
+        "budget: one copy's vanilla peak at the reference batch; EOR: steady state (iterations {} to {}) against the same jobs co-located with no memory limit",
+        r.warmup + 1,
+        r.iterations
+    );
+    let mut groups: Vec<(&str, &str)> = r
+        .rows
+        .iter()
+        .map(|x| (x.device.as_str(), x.case.as_str()))
+        .collect();
+    groups.dedup();
+    for (device, case) in groups {
+        let rows: Vec<&ColocateRow> = r
+            .rows
+            .iter()
+            .filter(|x| x.device == device && x.case == case)
+            .collect();
+        println!();
+        println!(
+            "{case} on {device}, budget {}",
+            bytes(rows.first().map_or(0, |x| x.budget_bytes))
+        );
+        println!(
+            "{:>8} {:>5} {:>4} {:>10} {:>10} {:>10} {:>10} {:>6} {:>6} {:>7} {:>6} {:>8}  result",
+            "fraction",
+            "batch",
+            "seed",
+            "vanilla",
+            "predicted",
+            "measured",
+            "bound",
+            "msr",
+            "msr≤",
+            "eor",
+            "gated",
+            "stall s"
+        );
+        for x in rows {
+            let result = match (&x.error, x.fits) {
+                (Some(e), _) => format!("does not run: {e}"),
+                (None, true) if x.eor <= EOR_TARGET => "fits".to_string(),
+                (None, true) => format!("fits, EOR over {EOR_TARGET}"),
+                (None, false) => format!("OVER the budget by {}", bytes(x.over_bytes)),
+            };
+            println!(
+                "{:>8.3} {:>5} {:>4} {:>10} {:>10} {:>10} {:>10} {:>6.3} {:>6.3} {:>7.4} {:>6} {:>8.3}  {result}",
+                x.fraction,
+                x.batch,
+                x.seed,
+                bytes(x.vanilla_peak_bytes),
+                bytes(x.predicted_peak_bytes),
+                bytes(x.peak_bytes),
+                bytes(x.bound_peak_bytes),
+                x.msr,
+                x.msr_bound,
+                x.eor,
+                if x.gated {
+                    format!("{:.0}ms", x.cycle_ms)
+                } else {
+                    "no".to_string()
+                },
+                x.stall_s,
+            );
+        }
+    }
+    println!();
+    println!("capacity (the largest fraction every seed fits at EOR <= {EOR_TARGET}):");
+    for s in &r.cases {
+        println!(
+            "  {:<22} on {:<6} {}{}",
+            s.case,
+            s.device,
+            s.capacity
+                .map_or("below the smallest fraction".to_string(), |f| format!(
+                    "{f:.3}"
+                )),
+            if s.over > 0 {
+                format!("  ({} runs OVER the budget)", s.over)
+            } else {
+                String::new()
+            }
+        );
+    }
+    println!(
+        "msr≤: the saving of the lowest peak any swap plan that adds no time could reach at the same phases (an LP bound)"
+    );
+}
+
+/// Capacity per case, a bar per device.
+fn capacity_bars(r: &ColocateReport) -> Bars {
+    let mut cases: Vec<String> = r.cases.iter().map(|s| s.case.clone()).collect();
+    cases.dedup();
+    let mut devices: Vec<String> = r.cases.iter().map(|s| s.device.clone()).collect();
+    devices.sort();
+    devices.dedup();
+    let series = devices
+        .iter()
+        .map(|d| {
+            let vals = cases
+                .iter()
+                .map(|c| {
+                    r.cases
+                        .iter()
+                        .find(|s| &s.device == d && &s.case == c)
+                        .map(|s| s.capacity.unwrap_or(0.0))
+                })
+                .collect();
+            (d.clone(), vals)
+        })
+        .collect();
+    Bars {
+        title: format!(
+            "Capacity: the batch fraction k copies fit in one copy's memory at EOR <= {EOR_TARGET}"
+        ),
+        y_label: "fraction of the reference batch".to_string(),
+        groups: cases,
+        series,
+    }
+}

@@ -1,0 +1,273 @@
+//! Budgets that hold: whatever the plans got wrong, the run never holds
+//! more than the budget they were made for. Random mixes of one to three
+//! jobs (small zoo models, each its own seed of per-op latency), planned
+//! from latencies that err by up to a factor of two either way per op,
+//! coordinated or not, run with kernels that slow each other down under a
+//! budget between what no plan goes under and the jobs' vanilla peaks: the
+//! simulator's measured peak of all jobs together is within the budget in
+//! every case, every job finishes (or, where even evicting everything
+//! cannot fit, stops with an error naming the op), and the guard is what
+//! kept it there when the plan alone would not have.
+
+use proptest::prelude::*;
+use tensile_executor::sim::{FixedPlans, SimConfig, SimJob, simulate};
+use tensile_graph::builder::Optimizer;
+use tensile_graph::zoo::{self, ZooConfig};
+use tensile_graph::{Graph, Liveness};
+use tensile_planner::{CopyModel, JobInput, JobSettings, Replanner, plan};
+
+use crate::latencies;
+
+const BASE: u64 = 64 << 20;
+
+/// A small zoo model: ResNet-50, VGG-16 or BERT-base at a small batch and
+/// size.
+fn model(which: u8, batch: u64) -> Graph {
+    let (name, resolution) = match which % 3 {
+        0 => ("resnet50", 64),
+        1 => ("vgg16", 64),
+        _ => ("bert_base", 32),
+    };
+    let cfg = ZooConfig {
+        resolution: Some(resolution),
+        optimizer: Optimizer::adam(),
+        ..ZooConfig::new(batch)
+    };
+    zoo::build(name, &cfg).unwrap()
+}
+
+/// A deterministic per-op factor in [1/2, 2] from `seed`.
+fn skew(lat: &[u64], seed: u64) -> Vec<u64> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    lat.iter()
+        .map(|&l| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let f = 2f64.powf((x % 2001) as f64 / 1000.0 - 1.0);
+            ((l as f64 * f) as u64).max(1)
+        })
+        .collect()
+}
+
+fn vanilla_peak(g: &Graph) -> u64 {
+    Liveness::analyze(g).vanilla_footprint().peak + BASE
+}
+
+fn lower_bound(g: &Graph) -> u64 {
+    Liveness::analyze(g).largest_working_set(g) + BASE
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, .. ProptestConfig::default() })]
+
+    #[test]
+    fn the_measured_peak_never_exceeds_the_budget(
+        mix in proptest::collection::vec((0u8..3, 1u64..4), 1..4),
+        seed in 0u64..1000,
+        tightness in 0.0f64..1.0,
+        coordinate in any::<bool>(),
+        sharing in prop_oneof![Just(0.0), Just(0.9)],
+    ) {
+        let graphs: Vec<Graph> = mix.iter().map(|&(m, b)| model(m, b)).collect();
+        let lives: Vec<Liveness> = graphs.iter().map(Liveness::analyze).collect();
+        let truth: Vec<Vec<u64>> = graphs
+            .iter()
+            .enumerate()
+            .map(|(j, g)| skew(&latencies(g), seed + 7 * j as u64))
+            .collect();
+        // The plans believe other latencies: off by up to 2x per op.
+        let believed: Vec<Vec<u64>> = truth
+            .iter()
+            .enumerate()
+            .map(|(j, t)| skew(t, seed.wrapping_mul(31) + j as u64))
+            .collect();
+        let floor: u64 = graphs.iter().map(lower_bound).sum();
+        let top: u64 = graphs.iter().map(vanilla_peak).sum();
+        let budget = floor + ((top - floor) as f64 * tightness) as u64;
+        let copy = CopyModel::duplex(4e9, 4e9, 5_000);
+        let settings = JobSettings { base_bytes: BASE, ..JobSettings::default() };
+        let inputs: Vec<JobInput<'_>> = graphs
+            .iter()
+            .zip(&believed)
+            .map(|(g, l)| JobInput::new(g, l.clone(), settings))
+            .collect();
+        let mut cfg = tensile_planner::PlannerConfig::new(copy);
+        cfg.budget_bytes = Some(budget);
+        cfg.coordinate = coordinate;
+        let mp = plan(&inputs, &cfg).unwrap();
+        let jobs: Vec<SimJob<'_>> = graphs
+            .iter()
+            .zip(&lives)
+            .zip(mp.plans)
+            .zip(&truth)
+            .map(|(((g, live), p), t)| SimJob::new(g, live, p, t.clone()))
+            .collect();
+        let config = SimConfig {
+            sharing_slowdown: sharing,
+            base_bytes: BASE,
+            budget_bytes: Some(budget),
+            shared_link: mp.cycle_ns > 0,
+            ..SimConfig::new(3, copy)
+        };
+        let r = simulate(jobs, &config, &mut FixedPlans);
+        prop_assert!(
+            r.peak_bytes <= budget,
+            "measured {} over the budget {} (floor {floor}, vanilla {top})",
+            r.peak_bytes,
+            budget
+        );
+        for (j, res) in r.jobs.iter().enumerate() {
+            match &res.error {
+                None => prop_assert_eq!(res.iterations.len(), 3, "job {} stopped early", j),
+                Some(e) => prop_assert!(
+                    e.to_string().contains("more bytes of device memory"),
+                    "job {}: {}",
+                    j,
+                    e
+                ),
+            }
+        }
+    }
+}
+
+/// The same with the re-planner in the loop: plans replaced between
+/// iterations (gates moved, persistent storage moved) never take the run
+/// over the budget either.
+#[test]
+fn replanned_coordinated_jobs_stay_within_the_budget() {
+    let graphs: Vec<Graph> = (0..2).map(|_| model(0, 3)).collect();
+    let lives: Vec<Liveness> = graphs.iter().map(Liveness::analyze).collect();
+    let truth: Vec<Vec<u64>> = graphs
+        .iter()
+        .enumerate()
+        .map(|(j, g)| skew(&latencies(g), 11 + j as u64))
+        .collect();
+    let floor: u64 = graphs.iter().map(lower_bound).sum();
+    let top: u64 = graphs.iter().map(vanilla_peak).sum();
+    let budget = (floor + top) / 2;
+    let copy = CopyModel::duplex(4e9, 4e9, 5_000);
+    let mut cfg = tensile_planner::PlannerConfig::new(copy);
+    cfg.budget_bytes = Some(budget);
+    cfg.coordinate = true;
+    let mut replanner = Replanner::new(cfg);
+    let settings = JobSettings {
+        base_bytes: BASE,
+        ..JobSettings::default()
+    };
+    for (j, g) in graphs.iter().enumerate() {
+        let believed = skew(&truth[j], 99 + j as u64);
+        replanner
+            .add_job(
+                tensile_planner::JobId(j as u64),
+                g.clone().into(),
+                &believed,
+                settings,
+            )
+            .unwrap();
+    }
+    let first = replanner.plan_all().unwrap();
+    let jobs: Vec<SimJob<'_>> = graphs
+        .iter()
+        .zip(&lives)
+        .zip(first.plans)
+        .zip(&truth)
+        .map(|(((g, live), p), t)| SimJob::new(g, live, p, t.clone()))
+        .collect();
+    let config = SimConfig {
+        sharing_slowdown: 0.9,
+        base_bytes: BASE,
+        budget_bytes: Some(budget),
+        shared_link: first.cycle_ns > 0,
+        ..SimConfig::new(8, copy)
+    };
+    let r = simulate(jobs, &config, &mut replanner);
+    assert!(r.peak_bytes <= budget, "{} over {budget}", r.peak_bytes);
+    assert!(
+        r.jobs
+            .iter()
+            .all(|j| j.error.is_none() && j.iterations.len() == 8)
+    );
+}
+
+/// The guard is what holds the budget: among plans made from wrong
+/// latencies, some take the run over the budget without it, and every one
+/// of those stays within it with it (evicting or waiting, counted).
+#[test]
+fn without_the_guard_wrong_plans_go_over_and_with_it_they_do_not() {
+    let copy = CopyModel::duplex(4e9, 4e9, 5_000);
+    let settings = JobSettings {
+        base_bytes: BASE,
+        ..JobSettings::default()
+    };
+    let mut caught = 0;
+    for seed in 0..12u64 {
+        let graphs: Vec<Graph> = (0..2u64).map(|j| model(0, 2 + j)).collect();
+        let lives: Vec<Liveness> = graphs.iter().map(Liveness::analyze).collect();
+        let truth: Vec<Vec<u64>> = graphs
+            .iter()
+            .enumerate()
+            .map(|(j, g)| skew(&latencies(g), seed * 13 + j as u64))
+            .collect();
+        let believed: Vec<Vec<u64>> = truth
+            .iter()
+            .enumerate()
+            .map(|(j, t)| skew(t, seed * 101 + 7 + j as u64))
+            .collect();
+        let floor: u64 = graphs.iter().map(lower_bound).sum();
+        let top: u64 = graphs.iter().map(vanilla_peak).sum();
+        let budget = floor + (top - floor) / 3;
+        let inputs: Vec<JobInput<'_>> = graphs
+            .iter()
+            .zip(&believed)
+            .map(|(g, l)| JobInput::new(g, l.clone(), settings))
+            .collect();
+        let mut cfg = tensile_planner::PlannerConfig::new(copy);
+        cfg.budget_bytes = Some(budget);
+        cfg.coordinate = true;
+        let mp = plan(&inputs, &cfg).unwrap();
+        let run = |guard: Option<u64>| {
+            let jobs: Vec<SimJob<'_>> = graphs
+                .iter()
+                .zip(&lives)
+                .zip(mp.plans.clone())
+                .zip(&truth)
+                .map(|(((g, live), p), t)| SimJob::new(g, live, p, t.clone()))
+                .collect();
+            let config = SimConfig {
+                sharing_slowdown: 0.9,
+                base_bytes: BASE,
+                budget_bytes: guard,
+                shared_link: mp.cycle_ns > 0,
+                ..SimConfig::new(3, copy)
+            };
+            simulate(jobs, &config, &mut FixedPlans)
+        };
+        if run(None).peak_bytes <= budget {
+            continue;
+        }
+        let held = run(Some(budget));
+        assert!(
+            held.peak_bytes <= budget,
+            "seed {seed}: {} over {budget}",
+            held.peak_bytes
+        );
+        if held.jobs.iter().any(|j| j.error.is_some()) {
+            // Even evicting everything cannot fit (a job's state alone is
+            // over what the others leave): refused, named, never over.
+            continue;
+        }
+        caught += 1;
+        let acted: u64 = held
+            .jobs
+            .iter()
+            .flat_map(|j| &j.iterations)
+            .map(|i| i.memory_wait_ns + i.guard_evictions as u64 + i.held_back as u64)
+            .sum();
+        assert!(acted > 0, "seed {seed}: the guard did nothing");
+    }
+    assert!(
+        caught >= 3,
+        "only {caught} of 12 wrong plans went over the budget without the guard"
+    );
+}

@@ -1,0 +1,406 @@
+//! `bench colocate`: several copies of a model on one GPU whose memory is
+//! that of ONE copy. Per case (model, reference batch b, k copies, device)
+//! the budget is one job's simulated vanilla peak at batch b; k copies at
+//! fractions of b are planned under it by ours (the scheduler's planner)
+//! and run in the simulator, against the same k jobs co-located with no
+//! memory limit. A case's capacity is the largest fraction at which every
+//! seed fits (the measured peak never over the budget, no job failing) at
+//! an EOR of at most [`EOR_TARGET`] (Waterwave's metric, at a stated cost).
+//!
+//! EOR is measured in steady state, from the start of one iteration to the
+//! start of the next (gate waits included), after `warmup` iterations: a
+//! training run lasts thousands of iterations and the first few (the cold
+//! start, the phases taking hold) say little of its throughput. Every row
+//! also has the lowest peak any time-free swap plan could reach at the
+//! same phases ([`crate::bound`]).
+
+use rayon::prelude::*;
+use serde::Serialize;
+use tensile_baselines::Policy;
+use tensile_executor::sim::SimResult;
+use tensile_graph::builder::Optimizer;
+use tensile_graph::zoo::{self, ZooConfig};
+use tensile_graph::{Graph, Liveness};
+use tensile_latency_model::{DeviceProfile, true_latencies};
+
+use crate::bound::{BoundJob, swap_bound};
+use crate::device::copy_model;
+use crate::run::{Run, SimOptions, run_policy};
+use crate::{ColdStart, ExperimentError, error_chain};
+
+/// The cost at which capacity counts.
+pub const EOR_TARGET: f64 = 0.05;
+/// The fractions of the reference batch each case runs at.
+pub const FRACTIONS: [f64; 5] = [0.5, 0.625, 0.75, 0.875, 1.0];
+
+/// k copies of a zoo model; the budget is one copy's vanilla peak at
+/// `reference_batch`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ColocateCase {
+    pub model: String,
+    pub reference_batch: u64,
+    pub copies: usize,
+}
+
+impl ColocateCase {
+    pub fn new(model: &str, reference_batch: u64, copies: usize) -> ColocateCase {
+        ColocateCase {
+            model: model.to_string(),
+            reference_batch,
+            copies,
+        }
+    }
+
+    /// ResNet-50 (batch 32) x2 and x3, BERT-base (batch 16) x2.
+    pub fn defaults() -> Vec<ColocateCase> {
+        vec![
+            ColocateCase::new("resnet50", 32, 2),
+            ColocateCase::new("resnet50", 32, 3),
+            ColocateCase::new("bert_base", 16, 2),
+        ]
+    }
+
+    fn label(&self) -> String {
+        format!("{} b{} x{}", self.model, self.reference_batch, self.copies)
+    }
+}
+
+/// What `bench colocate` runs.
+#[derive(Debug, Clone)]
+pub struct ColocateConfig {
+    pub devices: Vec<DeviceProfile>,
+    pub cases: Vec<ColocateCase>,
+    pub fractions: Vec<f64>,
+    pub seeds: Vec<u64>,
+    pub iterations: usize,
+    /// Iterations left out of the steady-state EOR.
+    pub warmup: usize,
+    pub threads: usize,
+}
+
+impl ColocateConfig {
+    /// Rows: one per device, case, fraction and seed.
+    pub fn total_runs(&self) -> usize {
+        self.devices.len() * self.cases.len() * self.fractions.len() * self.seeds.len()
+    }
+}
+
+/// One case at one fraction, device and seed.
+#[derive(Debug, Clone, Serialize)]
+pub struct ColocateRow {
+    pub device: String,
+    pub case: String,
+    pub fraction: f64,
+    pub batch: u64,
+    pub seed: u64,
+    pub budget_bytes: u64,
+    /// The same jobs co-located with no memory limit.
+    pub vanilla_peak_bytes: u64,
+    /// Ours' first plan: the aligned peak of gated jobs, else the sum of
+    /// the jobs' peaks.
+    pub predicted_peak_bytes: u64,
+    pub peak_bytes: u64,
+    /// The lowest peak a time-free swap plan could reach at these phases.
+    pub bound_peak_bytes: u64,
+    pub msr: f64,
+    pub msr_bound: f64,
+    /// Steady-state throughput against vanilla co-located, minus one.
+    pub eor: f64,
+    pub gated: bool,
+    pub cycle_ms: f64,
+    pub stall_s: f64,
+    pub memory_wait_s: f64,
+    pub guard_evictions: usize,
+    /// The measured peak within the budget and every job done.
+    pub fits: bool,
+    /// How far the measured peak went over the budget (0: it held).
+    pub over_bytes: u64,
+    /// Why ours could not run, when it could not.
+    pub error: Option<String>,
+}
+
+/// A case's result on one device.
+#[derive(Debug, Clone, Serialize)]
+pub struct CaseSummary {
+    pub device: String,
+    pub case: String,
+    pub budget_bytes: u64,
+    /// The largest fraction at which every seed fits at EOR <= the
+    /// target; `None`: not even the smallest.
+    pub capacity: Option<f64>,
+    /// Rows whose measured peak went over the budget (none expected).
+    pub over: usize,
+}
+
+/// Everything `bench colocate` measured (`--json`).
+#[derive(Debug, Clone, Serialize)]
+pub struct ColocateReport {
+    pub iterations: usize,
+    pub warmup: usize,
+    pub eor_target: f64,
+    pub rows: Vec<ColocateRow>,
+    pub cases: Vec<CaseSummary>,
+}
+
+/// Runs every row (on a pool of `config.threads`); `progress` hears of
+/// each one done.
+pub fn run_colocate(
+    config: &ColocateConfig,
+    progress: &(dyn Fn(&str) + Sync),
+) -> Result<ColocateReport, ExperimentError> {
+    if config.warmup + 2 > config.iterations {
+        return Err(ExperimentError::Colocate(format!(
+            "{} iterations leave fewer than two after the {} of warm-up",
+            config.iterations, config.warmup
+        )));
+    }
+    let mut work = Vec::new();
+    for device in &config.devices {
+        for case in &config.cases {
+            let budget = one_copy_peak(case, device)?;
+            for &fraction in &config.fractions {
+                for &seed in &config.seeds {
+                    work.push((device, case, budget, fraction, seed));
+                }
+            }
+        }
+    }
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(config.threads.max(1))
+        .build()
+        .map_err(|e| ExperimentError::Colocate(format!("thread pool: {e}")))?;
+    let rows: Vec<ColocateRow> = pool.install(|| {
+        work.par_iter()
+            .map(|&(device, case, budget, fraction, seed)| {
+                let row = run_row(config, device, case, budget, fraction, seed);
+                progress(&format!(
+                    "{} {} at {:.3} seed {seed}",
+                    device.name,
+                    case.label(),
+                    fraction
+                ));
+                row
+            })
+            .collect::<Result<_, _>>()
+    })?;
+    let mut cases = Vec::new();
+    for device in &config.devices {
+        for case in &config.cases {
+            let label = case.label();
+            let mine: Vec<&ColocateRow> = rows
+                .iter()
+                .filter(|r| r.device == device.name && r.case == label)
+                .collect();
+            cases.push(summarize(&device.name, &label, &mine));
+        }
+    }
+    Ok(ColocateReport {
+        iterations: config.iterations,
+        warmup: config.warmup,
+        eor_target: EOR_TARGET,
+        rows,
+        cases,
+    })
+}
+
+/// The capacity: the largest fraction whose rows (every seed) all fit at
+/// EOR <= the target.
+fn summarize(device: &str, case: &str, rows: &[&ColocateRow]) -> CaseSummary {
+    let mut fractions: Vec<f64> = rows.iter().map(|r| r.fraction).collect();
+    fractions.sort_by(f64::total_cmp);
+    fractions.dedup();
+    let capacity = fractions.into_iter().rev().find(|&f| {
+        rows.iter()
+            .filter(|r| r.fraction == f)
+            .all(|r| r.fits && r.eor <= EOR_TARGET)
+    });
+    CaseSummary {
+        device: device.to_string(),
+        case: case.to_string(),
+        budget_bytes: rows.first().map_or(0, |r| r.budget_bytes),
+        capacity,
+        over: rows.iter().filter(|r| r.over_bytes > 0).count(),
+    }
+}
+
+fn graphs(case: &ColocateCase, batch: u64) -> Result<Vec<Graph>, ExperimentError> {
+    let mut cfg = ZooConfig::new(batch);
+    cfg.optimizer = Optimizer::adam();
+    let g = zoo::build(&case.model, &cfg).map_err(|e| ExperimentError::Colocate(e.to_string()))?;
+    Ok(vec![g; case.copies])
+}
+
+fn options(iterations: usize, seed: u64, budget: Option<u64>) -> SimOptions {
+    SimOptions {
+        iterations,
+        seed,
+        exact: false,
+        no_sharing: false,
+        budget_bytes: budget,
+        stop_at_budget: false,
+        activation_budget: 0.5,
+        starts: Vec::new(),
+        cold_start: ColdStart::Roofline,
+        coordinate: true,
+    }
+}
+
+/// One copy's vanilla peak at the reference batch, alone on the device.
+fn one_copy_peak(case: &ColocateCase, device: &DeviceProfile) -> Result<u64, ExperimentError> {
+    let g = graphs(
+        &ColocateCase {
+            copies: 1,
+            ..case.clone()
+        },
+        case.reference_batch,
+    )?;
+    let lives: Vec<Liveness> = g.iter().map(Liveness::analyze).collect();
+    let run = run_policy(
+        &g,
+        &lives,
+        Policy::Vanilla,
+        device,
+        &options(1, 1, None),
+        None,
+    )?;
+    Ok(run.result.peak_bytes)
+}
+
+fn run_row(
+    config: &ColocateConfig,
+    device: &DeviceProfile,
+    case: &ColocateCase,
+    budget: u64,
+    fraction: f64,
+    seed: u64,
+) -> Result<ColocateRow, ExperimentError> {
+    let batch = ((case.reference_batch as f64 * fraction).round() as u64).max(1);
+    let graphs = graphs(case, batch)?;
+    let lives: Vec<Liveness> = graphs.iter().map(Liveness::analyze).collect();
+    let n = config.iterations;
+    let vanilla = run_policy(
+        &graphs,
+        &lives,
+        Policy::Vanilla,
+        device,
+        &options(n, seed, None),
+        None,
+    )?;
+    let ours = run_policy(
+        &graphs,
+        &lives,
+        Policy::Tensile,
+        device,
+        &options(n, seed, Some(budget)),
+        None,
+    );
+    let bound = bound_peak(&graphs, device, seed, ours.as_ref().ok());
+    let vpeak = vanilla.result.peak_bytes;
+    let mut row = ColocateRow {
+        device: device.name.clone(),
+        case: case.label(),
+        fraction,
+        batch,
+        seed,
+        budget_bytes: budget,
+        vanilla_peak_bytes: vpeak,
+        predicted_peak_bytes: 0,
+        peak_bytes: 0,
+        bound_peak_bytes: bound?,
+        msr: 0.0,
+        msr_bound: 0.0,
+        eor: f64::INFINITY,
+        gated: false,
+        cycle_ms: 0.0,
+        stall_s: 0.0,
+        memory_wait_s: 0.0,
+        guard_evictions: 0,
+        fits: false,
+        over_bytes: 0,
+        error: None,
+    };
+    row.msr_bound = 1.0 - row.bound_peak_bytes as f64 / vpeak.max(1) as f64;
+    match ours {
+        Ok(run) => {
+            let r = &run.result;
+            let gate = run.gates.iter().flatten().next();
+            row.gated = gate.is_some();
+            row.cycle_ms = gate.map_or(0.0, |g| g.period_ns as f64 / 1e6);
+            row.predicted_peak_bytes = if row.gated {
+                run.predicted.1
+            } else {
+                run.predicted.0
+            };
+            row.peak_bytes = r.peak_bytes;
+            row.msr = 1.0 - r.peak_bytes as f64 / vpeak.max(1) as f64;
+            row.eor = steady_eor(&vanilla.result, r, config.warmup);
+            let its = r.jobs.iter().flat_map(|j| &j.iterations);
+            row.stall_s = its.clone().map(|i| i.stall_ns).sum::<u64>() as f64 / 1e9;
+            row.memory_wait_s = its.clone().map(|i| i.memory_wait_ns).sum::<u64>() as f64 / 1e9;
+            row.guard_evictions = its.map(|i| i.guard_evictions).sum();
+            row.over_bytes = r.peak_bytes.saturating_sub(budget);
+            row.fits = row.over_bytes == 0;
+        }
+        // A job that cannot run under the budget (its working set alone
+        // does not fit beside the others) is a row that does not fit.
+        Err(e) => row.error = Some(error_chain(&e)),
+    }
+    Ok(row)
+}
+
+/// Steady-state throughput of `ours` against `vanilla`, minus one: each
+/// job's mean time from one iteration's start to the next's, after
+/// `warmup` iterations, added up as iterations per second.
+pub fn steady_eor(vanilla: &SimResult, ours: &SimResult, warmup: usize) -> f64 {
+    let rate = |r: &SimResult| -> f64 {
+        r.jobs
+            .iter()
+            .map(|j| {
+                let starts: Vec<u64> = j.iterations.iter().map(|i| i.start_ns).collect();
+                match (starts.get(warmup), starts.last()) {
+                    (Some(&a), Some(&b)) if b > a => {
+                        (starts.len() - 1 - warmup) as f64 / ((b - a) as f64 / 1e9)
+                    }
+                    _ => 0.0,
+                }
+            })
+            .sum()
+    };
+    let (v, o) = (rate(vanilla), rate(ours));
+    if o <= 0.0 { f64::INFINITY } else { v / o - 1.0 }
+}
+
+/// The lowest peak a time-free swap plan could reach for these jobs on the
+/// device, at the phases of ours' first plan (all at 0 when it runs them
+/// free), from the jobs' true latencies slowed by their sharing the GPU.
+fn bound_peak(
+    graphs: &[Graph],
+    device: &DeviceProfile,
+    seed: u64,
+    ours: Option<&Run>,
+) -> Result<u64, ExperimentError> {
+    let k = graphs.len();
+    let slow = 1.0 + device.sharing_slowdown * k.saturating_sub(1) as f64;
+    let jobs: Vec<BoundJob<'_>> = graphs
+        .iter()
+        .enumerate()
+        .map(|(j, g)| BoundJob {
+            graph: g,
+            latency_ns: true_latencies(g, device, seed.wrapping_add(j as u64))
+                .iter()
+                .map(|&x| (x as f64 * slow).round() as u64)
+                .collect(),
+            base_bytes: device.base_bytes,
+            phase_ns: ours
+                .and_then(|r| r.gates.get(j).copied().flatten())
+                .map_or(0, |g| g.phase_ns),
+        })
+        .collect();
+    let longest = jobs.iter().map(|j| j.latency_ns.iter().sum::<u64>()).max();
+    let gate = ours.and_then(|r| r.gates.iter().flatten().next().copied());
+    let period = match (gate, longest) {
+        (Some(g), Some(l)) => Some(g.period_ns.max(l)),
+        _ => None,
+    };
+    Ok(swap_bound(&jobs, period, &copy_model(device), 64)?.lowest_peak_bytes)
+}
