@@ -71,8 +71,10 @@ impl GateClock {
     }
 
     /// Takes a new gate (a new plan). The slots are placed afresh at the
-    /// next start, on the slot nearest to that moment: a grid that did not
-    /// move costs no wait, and a moved one at most half a period.
+    /// next start: on the slot just passed when it passed less than a tenth
+    /// of a period ago (a grid that did not move costs no wait), else on
+    /// the next one (the job waits, at most a period, and is on its phase
+    /// from the start instead of late for several iterations).
     pub fn set_gate(&mut self, gate: Gate) {
         if gate != self.gate {
             self.gate = gate;
@@ -85,7 +87,20 @@ impl GateClock {
     pub fn start_at(&mut self, now: u64) -> u64 {
         let period = self.gate.period_ns.max(1);
         let slot = match self.next {
-            None => self.gate.nearest_slot(now),
+            None => {
+                let n = self.gate.nearest_slot(now);
+                // The slot at or before now, if the clock has one, and the
+                // one after it.
+                let (last, next) = if n <= now {
+                    (Some(n), n.saturating_add(period))
+                } else {
+                    (n.checked_sub(period), n)
+                };
+                match last {
+                    Some(l) if now - l <= period / 10 => l,
+                    _ => next,
+                }
+            }
             // More than a period behind: skip the slots missed rather than
             // run iterations back to back to make them up.
             Some(s) if now > s.saturating_add(period) => {
@@ -140,7 +155,7 @@ mod tests {
     #[test]
     fn an_early_job_waits_for_its_slot_and_a_late_one_does_not() {
         let mut c = GateClock::new(gate(100, 40, 0));
-        // First start: the nearest slot, here ahead of now.
+        // First start: the next slot (the one before passed too long ago).
         assert_eq!(c.start_at(10), 40);
         // Early for the next slot: waits.
         assert_eq!(c.start_at(120), 140);
@@ -166,8 +181,12 @@ mod tests {
         c.set_gate(gate(100, 0, 0));
         assert_eq!(c.start_at(90), 100);
         c.set_gate(gate(100, 50, 0));
-        // The nearest slot of the new grid to 180 is 150: late, no wait.
-        assert_eq!(c.start_at(180), 180);
-        assert_eq!(c.start_at(200), 250);
+        // The new grid's slot 150 passed 30 ago, over a tenth of the
+        // period: the job waits for 250.
+        assert_eq!(c.start_at(180), 250);
+        c.set_gate(gate(100, 70, 0));
+        // 370 passed 5 ago: taken, late, no wait; then 470.
+        assert_eq!(c.start_at(375), 375);
+        assert_eq!(c.start_at(400), 470);
     }
 }

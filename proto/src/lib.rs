@@ -14,7 +14,9 @@
 //! - [`endpoint`]: where the scheduler listens by default, so that the
 //!   scheduler, `tensilectl` and workers agree without depending on each
 //!   other.
+//! - [`clock`]: the host clock the plans' iteration gates are on.
 
+pub mod clock;
 pub mod convert;
 pub mod endpoint;
 pub mod plan_json;

@@ -66,6 +66,17 @@ pub struct Args {
     /// How long shutdown waits for connections to close, seconds. Default 5.
     #[arg(long, env = "TENSILE_SHUTDOWN_S")]
     pub shutdown_s: Option<f64>,
+    /// Never gate jobs: plan every job free-running, the budget on the sum
+    /// of their peaks. By default jobs whose iterations are alike and that
+    /// do not fit free are given gates (a common period, a phase each) so
+    /// that their memory interleaves.
+    #[arg(long, env = "TENSILE_NO_GATES")]
+    pub no_gates: bool,
+    /// How much longer than the longest planned iteration the gates'
+    /// period is, as a share of it (0 to 1). Default 0.005; a host whose
+    /// iterations jitter by more (a loaded CPU) wants more.
+    #[arg(long, env = "TENSILE_GATE_SLACK")]
+    pub gate_slack: Option<f64>,
     /// A TOML file with any of the settings above (snake_case keys, e.g.
     /// `budget_mb = 20000`, `listen = ["127.0.0.1:50051"]`).
     #[arg(long, env = "TENSILE_CONFIG")]
@@ -88,6 +99,8 @@ pub struct FileConfig {
     pub latency_models: Option<String>,
     pub plan_cap_s: Option<f64>,
     pub shutdown_s: Option<f64>,
+    pub no_gates: Option<bool>,
+    pub gate_slack: Option<f64>,
 }
 
 /// What the binary runs with.
@@ -202,6 +215,13 @@ impl Args {
         }
         if let Some(s) = self.shutdown_s.or(file.shutdown_s) {
             config.shutdown_deadline = seconds("shutdown-s", s)?;
+        }
+        config.gates = !(self.no_gates || file.no_gates.unwrap_or(false));
+        if let Some(s) = self.gate_slack.or(file.gate_slack) {
+            if !(s.is_finite() && (0.0..=1.0).contains(&s)) {
+                return Err(format!("--gate-slack must be in 0..=1, got {s}"));
+            }
+            config.gate_slack = s;
         }
         config.validate()?;
         Ok(Resolved {

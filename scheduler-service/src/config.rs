@@ -82,6 +82,14 @@ pub struct Config {
     pub shutdown_deadline: Duration,
     /// Prometheus metrics, on this loopback HTTP address.
     pub metrics_listen: Option<SocketAddr>,
+    /// Coordinate jobs whose iterations are alike when they do not fit the
+    /// budget running free: gates (a common period, a phase each) so that
+    /// their memory interleaves (`PlannerConfig::coordinate`).
+    pub gates: bool,
+    /// How much longer than the longest planned iteration the gates'
+    /// period is (`PlannerConfig::gate_slack`): room for iterations that
+    /// run a little long before a job falls off its phase.
+    pub gate_slack: f64,
 }
 
 impl Config {
@@ -101,11 +109,19 @@ impl Config {
             ewma_weight: 0.9,
             shutdown_deadline: Duration::from_secs(5),
             metrics_listen: None,
+            gates: true,
+            gate_slack: 0.005,
         }
     }
 
     /// The checks `run` relies on.
     pub fn validate(&self) -> Result<(), String> {
+        if !(self.gate_slack.is_finite() && (0.0..=1.0).contains(&self.gate_slack)) {
+            return Err(format!(
+                "the gate slack must be in 0..=1 (a share of the period), got {}",
+                self.gate_slack
+            ));
+        }
         if self.budget_bytes == 0 {
             return Err("the memory budget must be positive".into());
         }

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use tensile_graph::Graph;
 use tensile_planner::{
-    Diagnostic, DiagnosticKind, JobId, JobInput, JobSettings, Measurements, MultiPlan, Plan,
+    Diagnostic, DiagnosticKind, Gate, JobId, JobInput, JobSettings, Measurements, MultiPlan, Plan,
     PlannerConfig, ReplanError, ReplanReason, Replanner,
 };
 use tokio::sync::{mpsc, oneshot};
@@ -130,6 +130,9 @@ pub struct Planner {
     fresh: Vec<Fresh>,
     /// Test hook: every joint plan first sleeps this long.
     pub(crate) slow_joint_plans: Option<Duration>,
+    /// The gate of the last gated plan published (any job's: they share
+    /// epoch and period), whose cycle a new joint plan's epoch keeps.
+    gate: Option<Gate>,
 }
 
 impl Planner {
@@ -168,6 +171,7 @@ impl Planner {
             late: Vec::new(),
             fresh: Vec::new(),
             slow_joint_plans: None,
+            gate: None,
         }
     }
 
@@ -524,7 +528,22 @@ impl Planner {
                 .map(|p| p.planned_peak_bytes)
                 .sum()
         };
-        let keep = if beside > 0 && mp.sum_of_peaks_bytes.saturating_add(beside) > self.budget {
+        let gated = mp.cycle_ns > 0;
+        let keep = if gated
+            && beside > 0
+            && mp.aligned_peak_bytes.saturating_add(beside) > self.budget
+        {
+            // Gated plans interleave only together: all or none go out.
+            debug!(
+                jobs = f.ids.len(),
+                aligned = mp.aligned_peak_bytes,
+                beside,
+                "a gated joint plan does not fit beside the fast plans made meanwhile; re-planning"
+            );
+            due = true;
+            vec![false; f.ids.len()]
+        } else if !gated && beside > 0 && mp.sum_of_peaks_bytes.saturating_add(beside) > self.budget
+        {
             debug!(
                 jobs = f.ids.len(),
                 sum_of_peaks = mp.sum_of_peaks_bytes,
@@ -698,7 +717,23 @@ impl Planner {
         }
     }
 
-    fn publish(&mut self, ids: &[u64], mp: MultiPlan, keep: &[bool]) {
+    fn publish(&mut self, ids: &[u64], mut mp: MultiPlan, keep: &[bool]) {
+        if keep.iter().all(|k| !k) {
+            return;
+        }
+        // One epoch for the joint plan's gates, on the host's monotonic
+        // clock that the workers share, on the cycle of the gates in use.
+        if mp.cycle_ns > 0 {
+            let epoch = Gate::epoch_at(self.gate, tensile_proto::clock::monotonic_ns());
+            for p in &mut mp.plans {
+                if let Some(g) = &mut p.gate {
+                    g.epoch_ns = epoch;
+                    self.gate = Some(*g);
+                }
+            }
+        } else {
+            self.gate = None;
+        }
         let global = |d: &Diagnostic| {
             matches!(
                 d.kind,

@@ -56,6 +56,7 @@ async fn register(shared: &Shared, tx: &mpsc::Sender<Command>, id: u64, g: &Arc<
             updates,
             iterations: 0,
             reported_peak: 0,
+            reported_version: None,
             span: tracing::Span::none(),
         },
     );

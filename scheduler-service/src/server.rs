@@ -151,6 +151,8 @@ pub async fn run(
         false,
     );
     pc.budget_bytes = Some(config.budget_bytes);
+    pc.coordinate = config.gates;
+    pc.gate_slack = config.gate_slack;
     let planner = Planner::new(
         shared.clone(),
         pc,

@@ -331,6 +331,7 @@ impl pb::memory_scheduler_server::MemoryScheduler for Service {
                 updates,
                 iterations: 0,
                 reported_peak: 0,
+                reported_version: None,
                 span: span.clone(),
             },
         );
@@ -431,9 +432,22 @@ impl pb::memory_scheduler_server::MemoryScheduler for Service {
             job.iterations += 1;
             job.reported_peak = req.peak_bytes;
             job.latency_source = SOURCE_MEASURED;
+            let switched = job
+                .reported_version
+                .replace(req.plan_version)
+                .is_some_and(|v| v != req.plan_version);
+            // The contract has no iteration time: its ops and its stall
+            // are it, less what it waited for its pace (only an early job
+            // waits for it, and only a late one matters here).
+            let iteration_ns = op_ns
+                .iter()
+                .sum::<u64>()
+                .saturating_add((req.stall_s * 1e9) as u64);
             Ok(Measurements {
                 op_ns,
                 late_prefetches,
+                switched,
+                iteration_ns,
                 ..Measurements::default()
             })
         })?;

@@ -54,6 +54,9 @@ pub struct Job {
     pub updates: watch::Sender<Update>,
     pub iterations: u64,
     pub reported_peak: u64,
+    /// The plan version of the job's last report: a report on another is
+    /// the first iteration on a new plan.
+    pub reported_version: Option<u64>,
     pub span: tracing::Span,
 }
 

@@ -107,6 +107,7 @@ fn main() {
             memory_budget_bytes: None,
             host: HostConfig::default(),
             engine: tensile_worker::Engine::Host,
+            guard: false,
         };
         let mut w = Worker::new(&g, &live, &plan, program, initial_of(&g, &values), config)
             .expect("worker");

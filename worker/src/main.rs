@@ -84,8 +84,12 @@ struct Args {
     /// Most host memory the engine's pool holds, MB (unset: no cap).
     #[arg(long)]
     host_pool_mb: Option<u64>,
-    /// The device memory budget, MB: an allocation past it fails as a GPU's
-    /// out-of-memory would.
+    /// The device memory budget, MB. Under a plan (a file or the
+    /// scheduler's) the executor's guard holds it: an allocation past it
+    /// waits for the job's own frees, then moves what the job uses last to
+    /// the host; it fails only when even that cannot make room. With
+    /// --vanilla an allocation past it fails, as a GPU's out-of-memory
+    /// would.
     #[arg(long)]
     memory_mb: Option<u64>,
     /// Seed of the initial tensors not read from files.
@@ -297,6 +301,9 @@ fn main() -> Result<()> {
         memory_budget_bytes: args.memory_mb.map(|m| m << 20),
         host,
         engine,
+        // A plan's run holds --memory-mb with the executor's guard;
+        // vanilla runs out of memory past it, as a GPU would.
+        guard: !args.vanilla,
     };
     let mut worker = Worker::new(&g, &live, &plan, program, initial, config)?;
     let bar = ProgressBar::new(args.iterations as u64).with_style(

@@ -14,7 +14,8 @@ use serde::Serialize;
 use tch::Tensor;
 use tensile_executor::{Effect, ExecError, Executor, IterationStats, Next};
 use tensile_graph::{Graph, Liveness, OpId, StorageId, TensorId};
-use tensile_planner::{Event, Plan};
+use tensile_planner::{Event, GateClock, Plan};
+use tensile_proto::clock::monotonic_ns;
 use tensile_swap_executor::{CudaUnavailable, HostConfig, Payload};
 
 use crate::copies::{Copies, Engine};
@@ -74,6 +75,11 @@ pub struct WorkerConfig {
     pub host: HostConfig,
     /// Which copy engine carries out the swaps.
     pub engine: Engine,
+    /// Hold `memory_budget_bytes` with the executor's guard (a planned run):
+    /// an allocation past it waits for the job's own frees or evicts what
+    /// the job uses last instead of failing, as a GPU's out-of-memory
+    /// would (vanilla's behaviour, without the guard).
+    pub guard: bool,
 }
 
 /// What one iteration measured.
@@ -108,6 +114,16 @@ pub struct IterationReport {
     /// worker's work around it), indexed by op id.
     #[serde(skip)]
     pub op_ns: Vec<u64>,
+    /// When the iteration started, ns on the host's monotonic clock (the
+    /// clock of the plans' gates).
+    pub start_monotonic_ns: u64,
+    /// How long the iteration waited for its gate's slot before it began.
+    pub gate_wait_ns: u64,
+    /// What the guard of `--memory-mb` did: time waited for memory,
+    /// storages evicted, prefetches held back.
+    pub memory_wait_ns: u64,
+    pub guard_evictions: usize,
+    pub held_back: usize,
 }
 
 impl IterationReport {
@@ -133,6 +149,11 @@ impl IterationReport {
             swapped_bytes: s.swapped_bytes,
             kernel_ns,
             op_ns: s.op_ns.clone(),
+            start_monotonic_ns: 0,
+            gate_wait_ns: 0,
+            memory_wait_ns: s.memory_wait_ns,
+            guard_evictions: s.guard_evictions,
+            held_back: s.held_back,
         }
     }
 }
@@ -169,6 +190,14 @@ pub struct Worker<'g, K> {
     at_op: OpId,
     /// Time inside the kernels this iteration.
     kernel_ns: u64,
+    /// The slots of the plan's gate, for a coordinated job.
+    gate: Option<GateClock>,
+    /// The next iteration has not waited for its gate yet.
+    before_iteration: bool,
+    /// This iteration's wait for its gate, and its start on the host's
+    /// monotonic clock.
+    gate_wait_ns: u64,
+    started_monotonic_ns: u64,
 }
 
 impl<K> std::fmt::Debug for Worker<'_, K> {
@@ -194,7 +223,10 @@ impl<'g, K: Kernels> Worker<'g, K> {
     ) -> Result<Worker<'g, K>, WorkerError> {
         let epoch = Instant::now();
         let engine = Copies::new(config.engine, config.host, epoch)?;
-        let exec = Executor::new(graph, live, plan, engine, config.iterations);
+        let mut exec = Executor::new(graph, live, plan, engine, config.iterations);
+        if config.guard {
+            exec.set_limit(config.memory_budget_bytes);
+        }
         let n = graph.tensors().len();
         let mut tensors_of = vec![Vec::new(); live.storages.len()];
         for t in graph.tensors() {
@@ -229,6 +261,10 @@ impl<'g, K: Kernels> Worker<'g, K> {
             peak: 0,
             at_op: OpId(0),
             kernel_ns: 0,
+            gate: plan.gate.map(GateClock::new),
+            before_iteration: true,
+            gate_wait_ns: 0,
+            started_monotonic_ns: 0,
         };
         // Persistent storage that starts on the host goes to the pool now.
         for &t in &plan.start_on_host {
@@ -473,6 +509,9 @@ impl<'g, K: Kernels> Worker<'g, K> {
     ) -> Result<Vec<IterationReport>, WorkerError> {
         let mut reports = Vec::new();
         loop {
+            if std::mem::take(&mut self.before_iteration) {
+                self.wait_for_gate();
+            }
             let now = self.now();
             let next = self.exec.step(now)?;
             if let Next::Kernel { op } = next {
@@ -517,12 +556,20 @@ impl<'g, K: Kernels> Worker<'g, K> {
                     };
                     let mut r = IterationReport::new(i, stats, self.peak, self.kernel_ns);
                     r.memory = self.take_memory_log();
+                    r.gate_wait_ns = self.gate_wait_ns;
+                    r.start_monotonic_ns = self.started_monotonic_ns;
                     self.kernel_ns = 0;
+                    self.before_iteration = true;
                     if let Some(plan) = on_iteration(&r) {
                         // Persistent storage the new plan starts on the
                         // host is copied out by the executor at the
                         // boundary; storage it no longer wants there is
-                        // fetched on first use.
+                        // fetched on first use. A new gate places its slots
+                        // at the next start.
+                        match (plan.gate, &mut self.gate) {
+                            (Some(g), Some(c)) => c.set_gate(g),
+                            (g, c) => *c = g.map(GateClock::new),
+                        }
                         self.exec.set_plan(plan);
                     }
                     reports.push(r);
@@ -540,6 +587,18 @@ impl<'g, K: Kernels> Worker<'g, K> {
             }
         }
         Ok(reports)
+    }
+
+    /// Holds the next iteration until its gate's slot, on the host's
+    /// monotonic clock (a late iteration starts at once).
+    fn wait_for_gate(&mut self) {
+        let now = monotonic_ns();
+        let start = self.gate.as_mut().map_or(now, |c| c.start_at(now));
+        if start > now {
+            std::thread::sleep(Duration::from_nanos(start - now));
+        }
+        self.gate_wait_ns = start.saturating_sub(now);
+        self.started_monotonic_ns = start.max(now);
     }
 
     /// The values of the persistent tensors (parameters, buffers, optimizer

@@ -7,6 +7,7 @@
 //! of each op's inputs, any graph) until the real ones run everything.
 
 mod cuda;
+mod gates;
 mod mock;
 mod plans;
 mod real;
@@ -92,6 +93,7 @@ pub(crate) fn run(
         memory_budget_bytes: budget,
         host,
         engine: tensile_worker::Engine::Host,
+        guard: false,
     };
     let mut w = Worker::new(g, &live, plan, kernels, mock::initial(g), config)?;
     let reports = w.run(|_| None)?;

@@ -255,6 +255,7 @@ fn plans_switched_at_iteration_boundaries_lose_nothing() {
         memory_budget_bytes: None,
         host: HostConfig::default(),
         engine: tensile_worker::Engine::Host,
+        guard: false,
     };
     let first = vanilla(&g);
     let mut w =

@@ -55,6 +55,7 @@ fn worker_run_on(
         memory_budget_bytes: None,
         host,
         engine,
+        guard: false,
     };
     let mut w =
         Worker::new(g, &live, plan, program, initial_of(g, &values), config).expect("worker");
@@ -164,6 +165,7 @@ fn without_a_gpu_the_cuda_engine_is_a_clear_error() {
         memory_budget_bytes: None,
         host: HostConfig::default(),
         engine: Engine::Cuda { ordinal: 0 },
+        guard: false,
     };
     let program = Program::new(&g, Device::Cpu).expect("every op runs");
     let values = initial_values(&g, Device::Cpu, 7, None, None).expect("values");
