@@ -119,6 +119,9 @@ pub struct IterationReport {
     pub start_monotonic_ns: u64,
     /// How long the iteration waited for its gate's slot before it began.
     pub gate_wait_ns: u64,
+    /// The gate's period and this job's phase in it (0, 0: no gate).
+    pub gate_period_ns: u64,
+    pub gate_phase_ns: u64,
     /// What the guard of `--memory-mb` did: time waited for memory,
     /// storages evicted, prefetches held back.
     pub memory_wait_ns: u64,
@@ -151,6 +154,8 @@ impl IterationReport {
             op_ns: s.op_ns.clone(),
             start_monotonic_ns: 0,
             gate_wait_ns: 0,
+            gate_period_ns: 0,
+            gate_phase_ns: 0,
             memory_wait_ns: s.memory_wait_ns,
             guard_evictions: s.guard_evictions,
             held_back: s.held_back,
@@ -558,6 +563,10 @@ impl<'g, K: Kernels> Worker<'g, K> {
                     r.memory = self.take_memory_log();
                     r.gate_wait_ns = self.gate_wait_ns;
                     r.start_monotonic_ns = self.started_monotonic_ns;
+                    if let Some(c) = &self.gate {
+                        r.gate_period_ns = c.gate().period_ns;
+                        r.gate_phase_ns = c.gate().phase_ns;
+                    }
                     self.kernel_ns = 0;
                     self.before_iteration = true;
                     if let Some(plan) = on_iteration(&r) {
