@@ -114,6 +114,9 @@ impl GateClock {
     }
 }
 
+// The hook's `clients/python/src/tensile/hook/gate.py` is tested against
+// these cases, number for number (`tests/python/test_hook_gates.py`): change
+// both or neither.
 #[cfg(test)]
 mod tests {
     use super::*;

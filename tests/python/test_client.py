@@ -115,3 +115,33 @@ def test_a_wire_plan_becomes_a_plan_file(zoo_graph, tmp_path):
     plan.events.append(pb.PlanEvent(kind=pb.EVENT_KIND_RELEASE, tensor=10**6))
     with pytest.raises(ValueError, match="plan names tensor 1000000"):
         tc.plan_to_file(plan, doc)
+    # A job that runs free has neither a gate nor a pace in its file.
+    assert "gate" not in out and "op_start_ns" not in out["prediction"]
+
+
+def test_a_coordinated_plans_gate_and_pace_reach_the_plan_file(zoo_graph):
+    doc = json.loads(zoo_graph.read_text())
+    n = len(doc["ops"])
+    plan = pb.Plan(job_id=3, version=4, gate=pb.IterationGate(period_ns=200_000_000, phase_ns=70_000_000, epoch_ns=123_456))
+    plan.prediction.op_start_s.extend(k * 2.5e-6 for k in range(n))  # 2.5 us per op
+    out = tc.plan_to_file(plan, doc)
+    assert out["gate"] == {"period_ns": 200_000_000, "phase_ns": 70_000_000, "epoch_ns": 123_456}
+    assert out["prediction"]["op_start_ns"] == [k * 2500 for k in range(n)]
+    # Refused as the Rust side refuses them (plan_from_proto), naming what is wrong.
+    for gate, message in [
+        (pb.IterationGate(period_ns=0, phase_ns=0, epoch_ns=1), "plan gate period 0 ns is not in 1 ns to 1 hour"),
+        (pb.IterationGate(period_ns=100, phase_ns=100, epoch_ns=1), "plan gate phase 100 ns is not less than its period 100 ns"),
+    ]:
+        bad = pb.Plan(version=4, gate=gate)
+        with pytest.raises(ValueError, match=message):
+            tc.plan_to_file(bad, doc)
+    for starts, message in [
+        ([0.0, 1e-6], f"plan prediction: 2 op starts for a graph of {n} ops"),
+        ([0.0, 2e-6, 1e-6] + [1e-6] * (n - 3), "plan prediction: op 2 starts before op 1"),
+        ([0.0, float("nan")] + [1.0] * (n - 2), "plan prediction: op 1 starts at nan s, not in 0 s to 1 hour"),
+        ([-1e-9] + [0.0] * (n - 1), "plan prediction: op 0 starts at -1e-09 s, not in 0 s to 1 hour"),
+    ]:
+        bad = pb.Plan(version=4)
+        bad.prediction.op_start_s.extend(starts)
+        with pytest.raises(ValueError, match=message):
+            tc.plan_to_file(bad, doc)

@@ -11,10 +11,11 @@
 """
 
 from tensile.client import Client, Job, SchedulerError
-from tensile.hook import PlanApplyError, PlanMismatchError, apply
+from tensile.hook import BudgetError, PlanApplyError, PlanMismatchError, apply
 from tensile.planning import Plan, PlanError, load_plan, plan
 
 __all__ = [
+    "BudgetError",
     "Client",
     "Job",
     "Plan",

@@ -240,7 +240,14 @@ def _attr(value: Any, what: str) -> pb.AttrValue:
 def plan_to_file(plan: pb.Plan, graph: Mapping[str, Any], diagnostics: Sequence[pb.Diagnostic] = ()) -> dict[str, Any]:
     """A plan from the wire as a ``tensile-plan/v1`` document (the format of
     ``tensilectl plan -o``, docs/plan-format.md) for the graph it was made
-    for: what ``tensile.apply`` and ``tensile-worker --plan`` read."""
+    for: what ``tensile.apply`` and ``tensile-worker --plan`` read. A
+    coordinated job's gate becomes ``gate`` and its pace
+    (``op_start_s``, seconds) ``prediction.op_start_ns`` (integer ns),
+    both checked as the Rust side checks them (``ValueError`` naming what
+    is wrong); a job that runs free has neither key."""
+    # Imported here: tensile.hook imports this module.
+    from tensile.hook.gate import Gate, pace_from_seconds
+
     tensors = graph["tensors"]
     ops = graph["ops"]
 
@@ -267,7 +274,18 @@ def plan_to_file(plan: pb.Plan, graph: Mapping[str, Any], diagnostics: Sequence[
         events.append(item)
     p = plan.prediction
     kinds = [e["kind"] for e in events]
-    return {
+    try:
+        pace = pace_from_seconds(list(p.op_start_s), len(ops))
+    except ValueError as e:
+        raise ValueError(f"plan prediction: {e}") from None
+    gate = None
+    if plan.HasField("gate"):
+        g = plan.gate
+        try:
+            gate = Gate(g.period_ns, g.phase_ns, g.epoch_ns).to_dict()
+        except ValueError as e:
+            raise ValueError(f"plan {e}") from None
+    doc: dict[str, Any] = {
         "format": PLAN_FORMAT,
         "graph": graph["name"],
         "version": plan.version,
@@ -283,6 +301,7 @@ def plan_to_file(plan: pb.Plan, graph: Mapping[str, Any], diagnostics: Sequence[
             "swapped_bytes": p.swapped_bytes,
             "recomputed_ops": p.recomputed_ops,
             "waits": [],
+            **({"op_start_ns": pace} if pace else {}),
         },
         "diagnostics": [
             {
@@ -294,6 +313,9 @@ def plan_to_file(plan: pb.Plan, graph: Mapping[str, Any], diagnostics: Sequence[
             for d in diagnostics
         ],
     }
+    if gate is not None:
+        doc["gate"] = gate
+    return doc
 
 
 class Client:

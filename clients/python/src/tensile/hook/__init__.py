@@ -16,12 +16,16 @@ does and does not handle is in ``runtime.py``'s docs and the README.
 
 With a scheduler (``server=``, or a plan made by ``tensile.plan(...,
 server=...)``) the block is also a job of that scheduler: see
-:mod:`tensile.hook.session`.
+:mod:`tensile.hook.session`. A plan the scheduler coordinates with other
+jobs carries a gate and a pace (:mod:`tensile.hook.gate`), which the hook
+keeps; ``budget_mb=`` bounds the hook's resident saved bytes (the guard in
+``runtime.py``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from collections.abc import Iterator
 from typing import Literal
@@ -29,7 +33,8 @@ from typing import Literal
 import torch
 from torch import nn
 
-from tensile.hook.runtime import Applier, IterationStats, PlanApplyError, PlanMismatchError
+from tensile.hook.gate import Gate, GateClock
+from tensile.hook.runtime import Applier, BudgetError, IterationStats, PlanApplyError, PlanMismatchError
 from tensile.hook.schedule import Schedule
 from tensile.hook.session import PushedPlan, Session
 from tensile.planning import Plan
@@ -37,6 +42,9 @@ from tensile.planning import Plan
 __all__ = [
     "apply",
     "Applier",
+    "BudgetError",
+    "Gate",
+    "GateClock",
     "IterationStats",
     "PlanApplyError",
     "PlanMismatchError",
@@ -52,6 +60,7 @@ def apply(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     *,
+    budget_mb: float | None = None,
     server: str | os.PathLike[str] | Literal[False] | None = None,
     name: str = "",
     priority: int = 0,
@@ -65,6 +74,23 @@ def apply(
     its device. ``copies_complete_after`` is a test option for CPU models:
     each copy then looks in flight for that many op boundaries, as GPU
     copies are.
+
+    ``budget_mb`` (MB of 10^6 bytes, as ``tensile.plan``'s; any positive
+    number; default None: no limit) bounds the hook's *resident saved
+    bytes* (the activation storages autograd saved that the hook holds on
+    the device, ``stats[i].peak_saved_bytes``): a prefetch that would pass
+    it is held back until there is room (or its consumer fetches it), and
+    a tensor saved or fetched on demand that would pass it first moves
+    other saved tensors to the host, the one used again last first;
+    :class:`BudgetError` names the op and the bytes when the budget is
+    below what one op needs. A budget given to ``tensile.plan`` is the
+    planner's and is not applied here unless passed again.
+
+    A plan with a ``gate`` (a job the scheduler coordinates with others)
+    holds each iteration until its slot on ``time.monotonic_ns()``, and one
+    with a pace (``prediction.op_start_ns``) starts no op before its
+    planned time in the iteration; ``stats[i].gate_wait_ns`` and
+    ``paced_ns`` say how long.
 
     ``server`` (``unix:PATH``, ``HOST:PORT``, ``"default"`` for the
     scheduler's default socket; default: the server ``plan`` came from, if
@@ -86,7 +112,7 @@ def apply(
             f"server is a {type(address).__name__}: give a scheduler's address (unix:PATH, HOST:PORT, "
             "'default'), None or False"
         )
-    applier = Applier(plan, model, optimizer, copies_complete_after)
+    applier = Applier(plan, model, optimizer, copies_complete_after, _budget_bytes(budget_mb))
     with contextlib.ExitStack() as stack:
         if address is not False and address is not None:
             target = None if str(address) == "default" else str(address)
@@ -104,3 +130,16 @@ def apply(
         stack.enter_context(torch.autograd.graph.saved_tensors_hooks(applier.pack, applier.unpack))
         stack.enter_context(applier)
         yield applier
+
+
+def _budget_bytes(budget_mb: float | None) -> int | None:
+    """``budget_mb`` in bytes (MB = 10^6 bytes, as ``tensile.plan`` and
+    ``tensilectl`` count them)."""
+    if budget_mb is None:
+        return None
+    if isinstance(budget_mb, bool) or not isinstance(budget_mb, (int, float)) or not math.isfinite(budget_mb) or budget_mb <= 0:
+        raise PlanApplyError(f"budget_mb must be a positive number of MB (10^6 bytes) or None, got {budget_mb!r}")
+    budget = int(budget_mb * 1_000_000)
+    if budget < 1:
+        raise PlanApplyError(f"budget_mb={budget_mb!r} is less than one byte")
+    return budget

@@ -23,6 +23,11 @@ One training iteration runs from the model's forward call to the end of
   iteration or across it, ``start_on_host``) are moved by pointing the
   tensor object's ``.data`` at the host copy and back, so the module and the
   optimizer keep their objects.
+* A plan the scheduler coordinates with other jobs holds each iteration
+  until its gate's slot (:mod:`tensile.hook.gate`) and each op until its
+  planned start (the pace). With a budget (``budget_bytes``) a guard keeps
+  the resident saved bytes within it: prefetches wait for room, and a save
+  or a fetch on demand first moves other saved storages to the host.
 
 The first ``optimizer.step()`` of a fresh optimizer creates its state, ops
 the traced (later) iteration does not have: that step's optimizer ops are
@@ -34,6 +39,7 @@ they run unplanned and are counted.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import logging
 import threading
@@ -45,6 +51,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from tensile.hook import forms
+from tensile.hook.gate import Gate, GateClock, gate_of, pace_of
 from tensile.hook.schedule import PERSISTENT, Event, Schedule
 from tensile.hook.store import Residence, engine_for, view_of
 from tensile.planning import Plan
@@ -64,6 +71,11 @@ class PlanMismatchError(RuntimeError):
 
 class PlanApplyError(RuntimeError):
     """The plan cannot be applied to this model and optimizer."""
+
+
+class BudgetError(RuntimeError):
+    """A saved tensor does not fit under ``budget_mb`` even with every saved
+    tensor that can move on the host: the budget is below what one op needs."""
 
 
 @dataclasses.dataclass
@@ -108,6 +120,19 @@ class IterationStats:
     #: given to ``tensile.apply``) and version.
     plan_job: int = 0
     plan_version: int = 0
+    #: When the iteration started (``time.monotonic_ns()``, after its gate),
+    #: how long its gate held it, and how long the plan's pace held its ops
+    #: back (neither is a stall: the plan's time line has them).
+    start_ns: int = 0
+    gate_wait_ns: int = 0
+    paced_ns: int = 0
+    #: The memory guard (``budget_mb``): saved storages it moved to the host
+    #: to make room, and prefetches it held back for want of room.
+    guard_evictions: int = 0
+    held_back: int = 0
+    #: The most resident saved bytes at any moment (every change, where
+    #: ``saved_curve`` samples after each op).
+    max_saved_bytes: int = 0
 
     @property
     def peak_saved_bytes(self) -> int:
@@ -131,7 +156,12 @@ class Applier(TorchDispatchMode):
     """Applies one plan to the iterations run while it is active."""
 
     def __init__(
-        self, plan: Plan, model: nn.Module, optimizer: torch.optim.Optimizer, copies_complete_after: int = 0
+        self,
+        plan: Plan,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        copies_complete_after: int = 0,
+        budget_bytes: int | None = None,
     ) -> None:
         super().__init__()
         self.s = Schedule(plan)
@@ -141,6 +171,13 @@ class Applier(TorchDispatchMode):
                 f"the plan recomputes {e['tensor_name']!r} (and {len(self.s.recomputes) - 1} more): "
                 "recomputation is not applied in eager mode; plan without a budget or with recomputation off"
             )
+        gate, self.pace = _timing_of(plan, self.s.n_ops)
+        #: Where the next iteration may start (None: the plan has no gate).
+        self.gate_clock = None if gate is None else GateClock(gate)
+        if budget_bytes is not None and (isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes < 1):
+            raise PlanApplyError(f"budget_bytes must be a positive whole number of bytes, got {budget_bytes!r}")
+        #: The most resident saved bytes the hook may hold (None: no limit).
+        self.budget_bytes = budget_bytes
         self.plan, self.model, self.optimizer = plan, model, optimizer
         self.device = _device_of(model)
         _check_per_tensor(optimizer, self.device)
@@ -157,6 +194,11 @@ class Applier(TorchDispatchMode):
         self.planned_host: set[int] = set()
         self.overdue: list[Residence] = []
         self.resident = 0
+        #: Prefetches the guard held back, in the order they fired, and the
+        #: storages it moved or held this iteration (never retimed).
+        self.deferred: list[Event] = []
+        self.guarded: set[int] = set()
+        self.iter_start_ns = 0
         self.inflight: set[Residence] = set()
         self.k = 0
         self.pending: int | None = None
@@ -239,13 +281,33 @@ class Applier(TorchDispatchMode):
             raise PlanApplyError(f"the plan no longer applies ({self.broken}); leave the tensile.apply block")
         if self.in_iter or not torch.is_grad_enabled() or not module.training:
             return  # evaluation passes are not training iterations
+        waited = self._wait_for_gate()
+        self.iter_start_ns = time.monotonic_ns()
         self.in_iter, self.checking, self.k, self.pending, self.in_step = True, True, 0, None, False
         self.acts, self.resident = {}, 0
         self.planned_host, self.overdue = set(), []
-        self.stats.append(IterationStats(plan_job=self.plan_id[0], plan_version=self.plan_id[1]))
+        self.deferred, self.guarded = [], set()
+        self.stats.append(
+            IterationStats(
+                plan_job=self.plan_id[0], plan_version=self.plan_id[1], start_ns=self.iter_start_ns, gate_wait_ns=waited
+            )
+        )
         with _disable_current_modes():
             for ev in self.s.at_start:
                 self._fire(ev)
+
+    def _wait_for_gate(self) -> int:
+        """Holds an iteration ready now until its gate's slot (``GateClock``:
+        at once when the slot has passed); returns the ns waited."""
+        clock = self.gate_clock
+        if clock is None:
+            return 0
+        ready = time.monotonic_ns()
+        start = clock.start_at(ready)
+        if start <= ready:
+            return 0  # its slot has passed: it starts at once
+        _sleep_until(start)
+        return time.monotonic_ns() - ready
 
     def step_pre_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if not self.in_iter:
@@ -310,6 +372,7 @@ class Applier(TorchDispatchMode):
             raise PlanApplyError(
                 f"the new plan recomputes {s.recomputes[0]['tensor_name']!r}: recomputation is not applied in eager mode"
             )
+        gate, pace = _timing_of(plan, s.n_ops, "the new plan")
         with _disable_current_modes(), self.lock:
             for res in list(self.inflight):
                 self._settle(res, wait=True)
@@ -322,6 +385,13 @@ class Applier(TorchDispatchMode):
             self.after = {k: list(evs) for k, evs in s.after.items()}
             self._park_start_on_host()
         self.plan_id = (job_id, int(plan.plan.get("version", 0)))
+        # As the simulator takes a plan: the same gate keeps its slots,
+        # another one places them afresh, none runs free.
+        self.pace = pace
+        if gate is None or self.gate_clock is None:
+            self.gate_clock = None if gate is None else GateClock(gate)
+        else:
+            self.gate_clock.set_gate(gate)
 
     def _park_start_on_host(self) -> None:
         for sid in self.s.start_on_host:
@@ -351,6 +421,15 @@ class Applier(TorchDispatchMode):
             if self.checking and k < self.s.n_ops:
                 for ev in self.s.before.get(k, []):
                     self._fire(ev)
+        if self.checking and k < len(self.pace):
+            # A coordinated plan's pace: no op starts before its planned
+            # time in the iteration (outside the lock: autograd's threads
+            # may pack and free meanwhile).
+            due = self.iter_start_ns + self.pace[k]
+            now = time.monotonic_ns()
+            if due > now:
+                _sleep_until(due)
+                self.stats[-1].paced_ns += time.monotonic_ns() - now
         started = time.perf_counter_ns()
         out = func(*args, **kwargs)
         elapsed = time.perf_counter_ns() - started
@@ -440,18 +519,21 @@ class Applier(TorchDispatchMode):
         return f"op {k}: the plan expects {want}, the model ran {got}: the model is not the one the plan was made for"
 
     def _flush(self) -> None:
-        """Fires the events of the last op, settles copies, samples memory."""
+        """Fires the events of the last op, settles copies, starts the
+        prefetches the guard held back where there is room now, samples
+        memory."""
         if self.inflight:
             for res in list(self.inflight):
                 self._settle(res, wait=False)
-        if self.pending is None:
-            return
         k, self.pending = self.pending, None
-        for ev in self.after.get(k, []):
-            self._fire(ev)
-        if self.overdue:
-            self._swap_out_overdue()
-        if k < self.s.optimizer_start:
+        if k is not None:
+            for ev in self.after.get(k, []):
+                self._fire(ev)
+            if self.overdue:
+                self._swap_out_overdue()
+        if self.deferred:
+            self._retry_deferred()
+        if k is not None and k < self.s.optimizer_start:
             self.stats[-1].saved_curve.append(self.resident)
 
     # -- events ----------------------------------------------------------
@@ -482,11 +564,107 @@ class Applier(TorchDispatchMode):
             stats.swap_outs += 1
         elif ev.kind == "swap_in" and not res.on_device:
             self._settle(res, wait=True)
+            if not self._fits(res):
+                # The guard: held back until there is room, or its consumer fetches it.
+                self.deferred.append(ev)
+                self.guarded.add(res.id)
+                stats.held_back += 1
+                return
             self.engine.swap_in(res)
             self._after_copy(res)
             stats.swap_ins += 1
         else:
             stats.skipped += 1
+
+    # -- the memory guard (budget_bytes) ----------------------------------
+
+    def _fits(self, res: Residence) -> bool:
+        """Whether holding ``res`` on the device keeps the resident saved
+        bytes within the budget."""
+        return self.budget_bytes is None or res.counted or self.resident + res.nbytes <= self.budget_bytes
+
+    def _retry_deferred(self) -> None:
+        """Starts the prefetches the guard held back, in the order they
+        fired, where there is room now; drops those whose storage is back
+        (its consumer fetched it) or no longer saved."""
+        held, self.deferred = self.deferred, []
+        for ev in held:
+            res = self.acts.get(ev.storage)
+            if res is None or res.live == 0 or res.on_device or ev.storage in self.planned_host:
+                continue
+            if not self._fits(res):
+                self.deferred.append(ev)
+                continue
+            self.engine.swap_in(res)
+            self._after_copy(res)
+            self.stats[-1].swap_ins += 1
+
+    def _make_room(self, res: Residence, what: str) -> None:
+        """Before ``res`` becomes resident (saved, or fetched on demand):
+        when that would take the resident saved bytes over the budget,
+        finishes the copies in flight (a swap-out frees its bytes once
+        done), then moves resident saved storages to the host, the one
+        used again last first, synchronously, never one the op at hand or
+        its autograd node uses. Raises :class:`BudgetError` when nothing
+        more can move."""
+        budget = self.budget_bytes
+        if budget is None or res.counted or self.resident + res.nbytes <= budget:
+            return
+        for other in [r for r in self.inflight if r.obj is None and r is not res]:
+            self._settle(other, wait=True)
+        in_use = self._in_use() | {res.id}
+        victims = sorted(
+            (r for r in self.acts.values() if r.counted and r.copy is None and r.id not in in_use),
+            key=lambda r: (self._next_use(r.id), r.id),
+            reverse=True,
+        )
+        for victim in victims:
+            if self.resident + res.nbytes <= budget:
+                break
+            self.engine.swap_out(victim)
+            self._after_copy(victim)
+            self._settle(victim, wait=True)
+            self.guarded.add(victim.id)
+            if self.stats:
+                self.stats[-1].guard_evictions += 1
+        if self.resident + res.nbytes > budget:
+            k = self.k
+            where = f"before op {k} ({self.plan.op_label(k)})" if k < self.s.n_ops else "after the last op"
+            message = (
+                f"{where}: {what} {res.name!r} needs {res.nbytes} bytes, and {self.resident} bytes of saved "
+                f"activations stay resident with every other one moved to the host (this op and its autograd "
+                f"node use them): {self.resident + res.nbytes} bytes is over the budget of {budget} bytes "
+                f"(budget_mb={budget / 1e6:g}), below what one op needs"
+            )
+            self.in_iter = False
+            self.broken = message
+            raise BudgetError(message)
+
+    def _next_use(self, sid: int) -> int:
+        """The next backward op from the current one that reads ``sid``
+        (past the last op when none does)."""
+        reads = self.s.backward_reads.get(sid, [])
+        i = bisect.bisect_left(reads, self.k)
+        return reads[i] if i < len(reads) else self.s.n_ops
+
+    def _in_use(self) -> set[int]:
+        """The saved storages the guard must not move now: those of the op
+        that ran last and the op about to run (in the backward pass, of
+        their whole autograd nodes, whose saved tensors autograd unpacks
+        before the node's first op), and in the backward pass those no
+        backward op reads any more (their node is running)."""
+        k, s = self.k, self.s
+        ops: set[int] = set()
+        for i in (k - 1, k):
+            if 0 <= i < s.backward_start:
+                ops.add(i)
+            elif s.backward_start <= i < s.optimizer_start:
+                first, last = s.node_span(i)
+                ops.update(range(first, last + 1))
+        used = set().union(*(s.op_roots[i] for i in ops)) if ops else set()
+        if k >= s.backward_start:
+            used.update(sid for sid in self.acts if self._next_use(sid) >= s.n_ops)
+        return used
 
     def _swap_out_overdue(self) -> None:
         """Swaps out the storages autograd saved while the plan had them on
@@ -557,15 +735,19 @@ class Applier(TorchDispatchMode):
                 return _Saved(self, None, held, None)
             storage = t.untyped_storage()
             res = self.acts.get(sid)
+            if res is not None and res.dev is not None and not _same_storage(res.dev, storage):
+                return _Saved(self, None, held, None)  # eager and traced storages disagree: not managed
             if res is None:
                 res = Residence(sid, self.s.names[sid], t.device, storage.nbytes())
+                self._make_room(res, "saving")
                 res.dev = storage
                 self.acts[sid] = res
             elif res.dev is None and res.copy is None:
+                self._make_room(res, "saving")
                 res.dev = storage  # saved again after a swap-out: it is still on the device
                 self.engine.drop_host(res)
-            elif res.dev is not None and not _same_storage(res.dev, storage):
-                return _Saved(self, None, held, None)  # eager and traced storages disagree: not managed
+            elif res.live == 0:
+                self._make_room(res, "saving")
             res.live += 1
             self._recount(res)
             if sid in self.planned_host and self.in_iter:
@@ -583,12 +765,13 @@ class Applier(TorchDispatchMode):
                 self._settle(res, wait=True)
             if not res.on_device:
                 started = time.perf_counter_ns()
+                self._make_room(res, "fetching")
                 self.engine.swap_in(res)
                 self._after_copy(res)
                 self._settle(res, wait=True)
                 if self.stats:
                     self._count_late(res, time.perf_counter_ns() - started)
-                    if self.in_iter and self.checking:
+                    if self.in_iter and self.checking and res.id not in self.guarded:
                         self._retime(res.id)
             self.engine.before_use(res)
             assert res.dev is not None
@@ -599,9 +782,11 @@ class Applier(TorchDispatchMode):
         stats.late += 1
         stats.late_storages.append(res.name)
         stats.stall_ns += waited_ns
-        if res.id in self.s.prefetched:
+        if res.id in self.s.prefetched and res.id not in self.guarded:
             stats.late_prefetches.append(res.id)
         else:
+            # No prefetch planned, or the guard moved it or held its
+            # prefetch back (as the Rust executor counts it: a passive swap).
             stats.passive_swaps += 1
 
     def measurements(self, index: int = -1) -> dict[str, Any]:
@@ -659,6 +844,9 @@ class Applier(TorchDispatchMode):
             res.counted = should
             if self.acts.get(res.id) is res:  # a storage of an earlier iteration counts no more
                 self.resident += res.nbytes if should else -res.nbytes
+                if should and self.in_iter and self.stats:
+                    stats = self.stats[-1]
+                    stats.max_saved_bytes = max(stats.max_saved_bytes, self.resident)
 
 
 _KINDS: dict[Any, tuple[bool, bool]] = {}
@@ -703,6 +891,20 @@ def _check_per_tensor(optimizer: torch.optim.Optimizer, device: torch.device) ->
                 f"optimizer group {i} runs {flag} (multi-tensor) updates on {device.type}, the plan per-tensor "
                 f"ones: construct {type(optimizer).__name__} with foreach=False"
             )
+
+
+def _timing_of(plan: Plan, n_ops: int, what: str = "the plan") -> tuple[Gate | None, list[int]]:
+    """A plan's gate and pace (``tensile.hook.gate``), checked."""
+    try:
+        return gate_of(plan.plan), pace_of(plan.plan, n_ops)
+    except ValueError as e:
+        raise PlanApplyError(f"{what}'s {e}") from None
+
+
+def _sleep_until(deadline_ns: int) -> None:
+    """Sleeps until ``time.monotonic_ns()`` reaches ``deadline_ns``."""
+    while (left := deadline_ns - time.monotonic_ns()) > 0:
+        time.sleep(left / 1e9)
 
 
 def _graph_difference(a: Plan, b: Plan) -> str | None:

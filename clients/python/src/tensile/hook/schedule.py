@@ -62,6 +62,31 @@ class Schedule:
         self.prefetched = {e["tensor"] for e in plan.events if e["kind"] == "swap_in"}
         self.start_on_host = plan.start_on_host
         self.has_optimizer_state = "optimizer_state" in self.kind
+        #: For the memory guard (``Applier(budget_bytes=)``): the storage
+        #: roots each op reads or writes, the backward ops that read each
+        #: root (in order), and each backward op's autograd node as the
+        #: span of ops ``(first, last)`` that run it.
+        self.op_roots = [{self.root[t] for t in (*op["inputs"], *op["outputs"])} for op in ops]
+        self.backward_reads: dict[int, list[int]] = {}
+        spans: dict[Any, list[int]] = {}
+        for i in range(self.backward_start, self.optimizer_start):
+            op = ops[i]
+            for t in dict.fromkeys(self.root[t] for t in op["inputs"]):
+                self.backward_reads.setdefault(t, []).append(i)
+            node = op.get("attrs", {}).get(NODE_ATTR)
+            if node is not None:
+                span = spans.setdefault(node, [i, i])
+                span[1] = i
+        self._node_span = {
+            i: (span[0], span[1])
+            for i, op in enumerate(ops)
+            if (node := op.get("attrs", {}).get(NODE_ATTR)) is not None and (span := spans.get(node))
+        }
+
+    def node_span(self, k: int) -> tuple[int, int]:
+        """The ops ``(first, last)`` of the autograd node that runs backward
+        op ``k``; ``(k, k)`` for an op without a recorded node."""
+        return self._node_span.get(k, (k, k))
 
     @staticmethod
     def op_keys_of(plan: Plan) -> list[tuple[str, str]]:
