@@ -166,7 +166,7 @@ def test_a_new_epoch_keeps_the_cycle_of_the_gates_in_use():
 
 def test_an_early_job_waits_for_its_slot_and_a_late_one_does_not():
     c = GateClock(gate(100, 40, 0))
-    # First start: the nearest slot, here ahead of now.
+    # First start: the next slot (the one before passed too long ago).
     assert c.start_at(10) == 40
     # Early for the next slot: waits.
     assert c.start_at(120) == 140
@@ -190,9 +190,13 @@ def test_a_new_gate_replaces_the_slots_and_the_same_gate_keeps_them():
     c.set_gate(gate(100, 0, 0))
     assert c.start_at(90) == 100
     c.set_gate(gate(100, 50, 0))
-    # The nearest slot of the new grid to 180 is 150: late, no wait.
-    assert c.start_at(180) == 180
-    assert c.start_at(200) == 250
+    # The new grid's slot 150 passed 30 ago, over a tenth of the period:
+    # the job waits for 250.
+    assert c.start_at(180) == 250
+    c.set_gate(gate(100, 70, 0))
+    # 370 passed 5 ago: taken, late, no wait; then 470.
+    assert c.start_at(375) == 375
+    assert c.start_at(400) == 470
 
 
 @pytest.mark.parametrize(

@@ -112,8 +112,8 @@ class GateClock:
 
     def set_gate(self, gate: Gate) -> None:
         """Takes a new plan's gate. The same gate keeps the slots; another
-        one places them afresh at the next start, on the slot nearest to
-        that moment."""
+        one places them afresh at the next start: on the slot just passed if
+        it passed within a tenth of a period, else on the next one."""
         if gate != self._gate:
             self._gate = gate
             self.next_ns = None
@@ -123,7 +123,17 @@ class GateClock:
         (``now`` itself when its slot has passed). Call once per iteration."""
         period = self._gate.period_ns
         if self.next_ns is None:
-            slot = self._gate.nearest_slot(now)
+            # A gate adopted anew: the slot just passed if it passed less
+            # than a tenth of a period ago (a grid that did not move costs
+            # no wait), else the next one (on phase from the start rather
+            # than late for several iterations).
+            nearest = self._gate.nearest_slot(now)
+            if nearest <= now:
+                last, upcoming = nearest, min(nearest + period, _U64_MAX)
+            else:
+                last = nearest - period if nearest >= period else None
+                upcoming = nearest
+            slot = last if last is not None and now - last <= period // 10 else upcoming
         elif now > min(self.next_ns + period, _U64_MAX):
             # More than a period behind: skip the slots missed rather than
             # run iterations back to back to make them up.
