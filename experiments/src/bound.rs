@@ -52,9 +52,12 @@ use std::time::Instant;
 
 use serde::Serialize;
 use tensile_graph::Graph;
+use tensile_latency_model::{DeviceProfile, true_latencies};
 use tensile_planner::CopyModel;
 
 use crate::ExperimentError;
+use crate::device::copy_model;
+use crate::run::Run;
 use lp::Program;
 use model::{Candidate, JobModel};
 
@@ -259,4 +262,39 @@ pub fn swap_bound(
         lp_solves,
         solve_ms: started.elapsed().as_secs_f64() * 1e3,
     })
+}
+
+/// The lowest peak a time-free swap plan could reach for these jobs on the
+/// device, at the phases of ours' first plan (all at 0 when it runs them
+/// free), from the jobs' true latencies slowed by their sharing the GPU.
+pub fn bound_peak(
+    graphs: &[Graph],
+    device: &DeviceProfile,
+    seed: u64,
+    ours: Option<&Run>,
+) -> Result<u64, ExperimentError> {
+    let k = graphs.len();
+    let slow = 1.0 + device.sharing_slowdown * k.saturating_sub(1) as f64;
+    let jobs: Vec<BoundJob<'_>> = graphs
+        .iter()
+        .enumerate()
+        .map(|(j, g)| BoundJob {
+            graph: g,
+            latency_ns: true_latencies(g, device, seed.wrapping_add(j as u64))
+                .iter()
+                .map(|&x| (x as f64 * slow).round() as u64)
+                .collect(),
+            base_bytes: device.base_bytes,
+            phase_ns: ours
+                .and_then(|r| r.gates.get(j).copied().flatten())
+                .map_or(0, |g| g.phase_ns),
+        })
+        .collect();
+    let longest = jobs.iter().map(|j| j.latency_ns.iter().sum::<u64>()).max();
+    let gate = ours.and_then(|r| r.gates.iter().flatten().next().copied());
+    let period = match (gate, longest) {
+        (Some(g), Some(l)) => Some(g.period_ns.max(l)),
+        _ => None,
+    };
+    Ok(swap_bound(&jobs, period, &copy_model(device), 64)?.lowest_peak_bytes)
 }

@@ -21,11 +21,10 @@ use tensile_executor::sim::SimResult;
 use tensile_graph::builder::Optimizer;
 use tensile_graph::zoo::{self, ZooConfig};
 use tensile_graph::{Graph, Liveness};
-use tensile_latency_model::{DeviceProfile, true_latencies};
+use tensile_latency_model::DeviceProfile;
 
-use crate::bound::{BoundJob, swap_bound};
-use crate::device::copy_model;
-use crate::run::{Run, SimOptions, run_policy};
+use crate::bound::bound_peak;
+use crate::run::{SimOptions, run_policy};
 use crate::{ColdStart, ExperimentError, error_chain};
 
 /// The cost at which capacity counts.
@@ -368,39 +367,4 @@ pub fn steady_eor(vanilla: &SimResult, ours: &SimResult, warmup: usize) -> f64 {
     };
     let (v, o) = (rate(vanilla), rate(ours));
     if o <= 0.0 { f64::INFINITY } else { v / o - 1.0 }
-}
-
-/// The lowest peak a time-free swap plan could reach for these jobs on the
-/// device, at the phases of ours' first plan (all at 0 when it runs them
-/// free), from the jobs' true latencies slowed by their sharing the GPU.
-fn bound_peak(
-    graphs: &[Graph],
-    device: &DeviceProfile,
-    seed: u64,
-    ours: Option<&Run>,
-) -> Result<u64, ExperimentError> {
-    let k = graphs.len();
-    let slow = 1.0 + device.sharing_slowdown * k.saturating_sub(1) as f64;
-    let jobs: Vec<BoundJob<'_>> = graphs
-        .iter()
-        .enumerate()
-        .map(|(j, g)| BoundJob {
-            graph: g,
-            latency_ns: true_latencies(g, device, seed.wrapping_add(j as u64))
-                .iter()
-                .map(|&x| (x as f64 * slow).round() as u64)
-                .collect(),
-            base_bytes: device.base_bytes,
-            phase_ns: ours
-                .and_then(|r| r.gates.get(j).copied().flatten())
-                .map_or(0, |g| g.phase_ns),
-        })
-        .collect();
-    let longest = jobs.iter().map(|j| j.latency_ns.iter().sum::<u64>()).max();
-    let gate = ours.and_then(|r| r.gates.iter().flatten().next().copied());
-    let period = match (gate, longest) {
-        (Some(g), Some(l)) => Some(g.period_ns.max(l)),
-        _ => None,
-    };
-    Ok(swap_bound(&jobs, period, &copy_model(device), 64)?.lowest_peak_bytes)
 }

@@ -86,6 +86,12 @@ pub struct SimReport {
     /// the simulated device's true latencies (Σ|p − t| / Σ t).
     pub cold_start_latencies: String,
     pub cold_start_error: f64,
+    /// The lowest system peak any swap plan that adds no time could reach
+    /// on this link, at the run's phases (a linear relaxation: no plan goes
+    /// under it), and the saving it stands for; `None` where it was not
+    /// computed (built without the `bound` feature).
+    pub bound_peak_bytes: Option<u64>,
+    pub msr_bound: Option<f64>,
 }
 
 /// Mean iteration time after the first (cold-start) iteration.
@@ -186,6 +192,8 @@ pub fn report(
         replan_max_ms: replans.iter().copied().fold(0.0, f64::max),
         cold_start_latencies: run.predicted_from.clone(),
         cold_start_error: run.cold_start_error,
+        bound_peak_bytes: None,
+        msr_bound: None,
     }
 }
 

@@ -314,6 +314,8 @@ pub enum SimStage {
     /// Ours, whose peaks are Capuchin's budgets.
     OursForCapuchinBudgets,
     Policy(Policy),
+    /// The bound no swap plan goes under (a linear program).
+    Bound,
 }
 
 /// A `sim`: vanilla and the policy, and the report of one against the other.
@@ -353,7 +355,16 @@ pub fn simulate_workload(
     stage(SimStage::Policy(policy));
     let run = run_policy(graphs, &lives, policy, profile, opts, budgets.as_deref())?;
     warnings.extend(run.warnings.iter().cloned());
-    let report = report(graphs, &lives, profile, opts, policy, &vanilla, &run);
+    #[allow(unused_mut)]
+    let mut report = report(graphs, &lives, profile, opts, policy, &vanilla, &run);
+    #[cfg(feature = "bound")]
+    {
+        stage(SimStage::Bound);
+        let bound = crate::bound::bound_peak(graphs, profile, opts.seed, Some(&run))?;
+        report.bound_peak_bytes = Some(bound);
+        report.msr_bound =
+            Some(1.0 - bound as f64 / report.system.peak_vanilla_bytes.max(1) as f64);
+    }
     Ok(SimOutcome {
         vanilla,
         run,

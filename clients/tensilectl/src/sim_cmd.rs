@@ -21,6 +21,7 @@ pub(crate) fn run(c: &SimCommand) -> Result<()> {
             eprintln!("simulating {n} jobs: tensile, for capuchin's budgets ...");
         }
         SimStage::Policy(p) => eprintln!("simulating {n} jobs: {} ...", p.name()),
+        SimStage::Bound => eprintln!("the bound: a linear program over the link ..."),
     };
     let outcome = simulate_workload(&c.graphs, c.policy, &c.profile, &c.options, &mut stage)?;
     for w in &outcome.warnings {
@@ -107,6 +108,13 @@ fn print_table(r: &SimReport) {
         );
     }
     println!("msr max: the saving at the lower bound (largest working set of one op + base)");
+    if let (Some(peak), Some(msr)) = (r.bound_peak_bytes, r.msr_bound) {
+        println!(
+            "bound: no swap plan that adds no time goes under {} on this link (msr {msr:.3}, ours {:.3})",
+            bytes(peak),
+            r.system.msr
+        );
+    }
     if ours {
         println!(
             "predicted global peak: sum of peaks {}, aligned {}",

@@ -62,13 +62,30 @@ fn exact_latencies_without_sharing_meet_the_prediction_and_never_stall() {
     .unwrap();
     assert_eq!(
         stages,
-        [SimStage::Vanilla, SimStage::Policy(Policy::Tensile)]
+        [
+            SimStage::Vanilla,
+            SimStage::Policy(Policy::Tensile),
+            SimStage::Bound
+        ]
     );
     let r = &out.report;
     assert_eq!(r.policy, Policy::Tensile);
     assert_eq!(r.system.stall_s, 0.0);
     assert_eq!(r.jobs[0].peak_bytes, r.jobs[0].predicted_peak_bytes);
     assert!(r.system.msr > 0.0 && r.system.msr <= r.system.msr_max);
+    // A run without stalls is a plan that adds no time: the bound is below
+    // it, and above the lower bound of the largest working set.
+    let bound = r.bound_peak_bytes.unwrap();
+    assert!(
+        bound <= r.system.peak_bytes,
+        "{bound} > {}",
+        r.system.peak_bytes
+    );
+    assert!(bound >= r.system.lower_bound_bytes, "{bound}");
+    assert_eq!(
+        r.msr_bound.unwrap(),
+        1.0 - bound as f64 / r.system.peak_vanilla_bytes as f64
+    );
     assert_eq!(r.cold_start_latencies, "the true latencies (--exact)");
     let json = serde_json::to_value(r).unwrap();
     assert_eq!(json["policy"], "tensile");
@@ -88,7 +105,8 @@ fn capuchin_gets_ours_peaks_as_its_budgets() {
         [
             SimStage::Vanilla,
             SimStage::OursForCapuchinBudgets,
-            SimStage::Policy(Policy::Capuchin)
+            SimStage::Policy(Policy::Capuchin),
+            SimStage::Bound
         ]
     );
     assert!(out.report.system.peak_bytes < out.report.system.peak_vanilla_bytes);

@@ -53,6 +53,8 @@ pub(crate) fn outcome(policy: RunPolicy, msr: f64, eor: f64) -> PolicyOutcome {
             replan_mean_ms: 0.0,
             replan_max_ms: 0.0,
             cold_start_latencies: String::new(),
+            bound_peak_bytes: None,
+            msr_bound: None,
             cold_start_error: 0.0,
         }),
         error: None,
