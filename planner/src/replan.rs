@@ -130,6 +130,9 @@ struct ReplanJob {
     settling: usize,
     /// Iterations in a row that overran the gate's period.
     overruns: usize,
+    /// Iterations in a row whose ops took less than [`UNDERRUN`] of the
+    /// estimates the plan was made from.
+    underruns: usize,
 }
 
 /// Iterations a coordinated job leaves out after a switch of plans: the
@@ -137,6 +140,11 @@ struct ReplanJob {
 const SETTLE: usize = 2;
 /// Overruns in a row that re-plan a coordinated job.
 const OVERRUNS: usize = 3;
+/// What share of its estimated op time a coordinated job's ops may take,
+/// [`OVERRUNS`] iterations in a row, before its measurements replace the
+/// estimates: ops run a little faster while the other jobs wait at their
+/// gates, so only a clear gap counts.
+const UNDERRUN: f64 = 0.8;
 
 /// Our re-planner: EWMA latencies, feedback of late prefetches, all jobs
 /// planned together.
@@ -210,6 +218,7 @@ impl Replanner {
                 gate: None,
                 settling: 1,
                 overruns: 0,
+                underruns: 0,
             },
         );
         Ok(())
@@ -279,7 +288,25 @@ impl Replanner {
                 job.overruns = 0;
                 return Ok(None);
             }
-            return Ok(self.keep_pace(id, m));
+            // Its first measurements still replace the predictions the
+            // plan came from, and ops that run well under their estimates
+            // iteration after iteration shorten the period: the pace holds
+            // a job to its plan, so a plan from estimates that are too slow
+            // would otherwise never end.
+            if job.measured {
+                let planned: f64 = job.estimates.iter().sum();
+                let ran: u64 = m.op_ns.iter().sum();
+                if (ran as f64) < planned * UNDERRUN {
+                    job.underruns += 1;
+                } else {
+                    job.underruns = 0;
+                }
+                if job.underruns < OVERRUNS {
+                    return Ok(self.keep_pace(id, m));
+                }
+            }
+            job.underruns = 0;
+            job.overruns = 0;
         }
         for (e, &x) in job.estimates.iter_mut().zip(&m.op_ns) {
             *e = weight * x as f64 + (1.0 - weight) * *e;
@@ -523,5 +550,54 @@ mod tests {
         assert_eq!(r.observe(JobId(7), &measured(slower)).unwrap(), None);
         let est = r.estimates(JobId(7)).unwrap();
         assert!(est.iter().zip(&lat).all(|(e, l)| e > l));
+    }
+
+    #[test]
+    fn a_gated_job_learns_its_latencies_and_a_clearly_faster_one_replans() {
+        let (mut r, _, lat) = replanner();
+        let id = JobId(7);
+        let period: u64 = lat.iter().sum();
+        r.jobs.get_mut(&id).unwrap().gate = Some(Gate {
+            period_ns: period,
+            phase_ns: 0,
+            epoch_ns: 0,
+        });
+        // Ops at half their predictions, the iteration held to the period
+        // by the pace: the first measurements still come in once settled.
+        let half: Vec<u64> = lat.iter().map(|x| x / 2).collect();
+        let paced = |op_ns: Vec<u64>| Measurements {
+            iteration_ns: period,
+            ..measured(op_ns)
+        };
+        let mut asked = Vec::new();
+        for _ in 0..=SETTLE {
+            asked.push(r.observe(id, &paced(half.clone())).unwrap());
+        }
+        assert_eq!(
+            asked.iter().flatten().collect::<Vec<_>>(),
+            [&ReplanReason::FirstMeasurements],
+            "{asked:?}"
+        );
+        let learned: u64 = r.estimates(id).unwrap().iter().sum();
+        assert!(learned * 10 < period * 9, "{learned}");
+        // Ops within UNDERRUN of the estimates keep the plan.
+        let est: Vec<u64> = r
+            .estimates(id)
+            .unwrap()
+            .iter()
+            .map(|&e| e * 9 / 10)
+            .collect();
+        for _ in 0..2 * OVERRUNS {
+            assert_eq!(r.observe(id, &paced(est.clone())).unwrap(), None);
+        }
+        // Clearly faster, OVERRUNS times in a row: a re-plan.
+        let fast: Vec<u64> = est.iter().map(|x| x / 2).collect();
+        for _ in 1..OVERRUNS {
+            assert_eq!(r.observe(id, &paced(fast.clone())).unwrap(), None);
+        }
+        assert_eq!(
+            r.observe(id, &paced(fast)).unwrap(),
+            Some(ReplanReason::Drift)
+        );
     }
 }
