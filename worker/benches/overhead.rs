@@ -108,6 +108,7 @@ fn main() {
             host: HostConfig::default(),
             engine: tensile_worker::Engine::Host,
             guard: false,
+            ledger: None,
         };
         let mut w = Worker::new(&g, &live, &plan, program, initial_of(&g, &values), config)
             .expect("worker");

@@ -12,7 +12,10 @@
 //!   engine, or the CUDA engine (one stream, a pinned pool) on a GPU.
 //! - `runtime`: [`Worker`], the driver of the executor over the copy
 //!   engine; the [`Kernels`] trait it runs ops through; out-of-memory under
-//!   a device budget.
+//!   a device budget, its own or one shared through a ledger.
+//! - `ledger`: [`Ledger`], the device bytes each worker of one device holds,
+//!   in slot files of a shared directory, so that workers sharing one
+//!   budget hold its sum.
 //! - `real`: the real kernels (`tensile-kernels`) as [`Kernels`], their
 //!   initial values, saving parameters.
 //! - `session`: [`Session`], the job's connection to the scheduler (register,
@@ -21,13 +24,18 @@
 //! - `main.rs`: the `tensile-worker` binary.
 
 mod copies;
+mod ledger;
 mod payload;
 mod real;
 mod runtime;
 mod session;
 
 pub use copies::{Copies, Engine, cuda_ordinal};
+pub use ledger::{Claim, Ledger, LedgerError, Others, REFRESH, SlotState};
 pub use payload::{Flat, FlatMeta, Layout};
 pub use real::{initial_of, save_params};
-pub use runtime::{IterationReport, Kernels, Worker, WorkerConfig, WorkerError, vanilla_plan};
+pub use runtime::{
+    ALL_WAIT_GRACE, BREAK_AFTER, IterationReport, Kernels, POLL, STUCK_AFTER, Worker, WorkerConfig,
+    WorkerError, vanilla_plan,
+};
 pub use session::{PushedPlan, Session, SessionConfig};

@@ -89,9 +89,23 @@ struct Args {
     /// waits for the job's own frees, then moves what the job uses last to
     /// the host; it fails only when even that cannot make room. With
     /// --vanilla an allocation past it fails, as a GPU's out-of-memory
-    /// would.
+    /// would. With --ledger, the budget of all the workers on the ledger
+    /// together.
     #[arg(long)]
     memory_mb: Option<u64>,
+    /// A memory ledger shared with the other workers of the device: a
+    /// directory (created if missing; e.g. /dev/shm/tensile-gpu0) where
+    /// each worker publishes the device bytes it holds. --memory-mb (then
+    /// required) becomes the budget that all the workers on the same ledger
+    /// share, the same number for all of them: each holds at most what the
+    /// others leave. Under a plan an op past that waits for the others to
+    /// free memory, and moves what its job uses last to the host when
+    /// every worker waits (or after 100 ms); it fails only when even that
+    /// cannot make room. With --vanilla an allocation past what the others
+    /// leave fails, as on a shared GPU. A worker that dies stops counting
+    /// within 50 ms.
+    #[arg(long, value_name = "DIR", requires = "memory_mb")]
+    ledger: Option<PathBuf>,
     /// Seed of the initial tensors not read from files.
     #[arg(long, default_value_t = 0)]
     seed: i64,
@@ -257,6 +271,13 @@ fn main() -> Result<()> {
         tch::set_num_threads(n);
     }
     let host = host_config(&args)?;
+    if let Some(dir) = &args.ledger {
+        // Before the graph and the kernels load: a directory that cannot be
+        // made or listed fails at once.
+        std::fs::create_dir_all(dir)
+            .and_then(|()| std::fs::read_dir(dir).map(drop))
+            .with_context(|| format!("--ledger {}: cannot use the directory", dir.display()))?;
+    }
     let g = graph(&args)?;
     let live = Liveness::analyze(&g);
     let session = if args.plan.is_none() && !args.vanilla {
@@ -304,6 +325,7 @@ fn main() -> Result<()> {
         // A plan's run holds --memory-mb with the executor's guard;
         // vanilla runs out of memory past it, as a GPU would.
         guard: !args.vanilla,
+        ledger: args.ledger.clone(),
     };
     let mut worker = Worker::new(&g, &live, &plan, program, initial, config)?;
     let bar = ProgressBar::new(args.iterations as u64).with_style(

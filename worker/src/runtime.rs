@@ -7,8 +7,18 @@
 //! when it is freed, runs recomputations through the kernels, and counts
 //! resident device bytes against the `--memory-mb` budget: an allocation
 //! past it is an out-of-memory error naming the op, as a GPU's would be.
+//!
+//! Workers that share one device share its budget through a ledger
+//! (`ledger`, [`WorkerConfig::ledger`]): each publishes what it holds, and
+//! before every executor call that may allocate it claims the room the
+//! others leave and gives it to the executor's guard as its limit, as the
+//! simulator does for its jobs. An op over that limit waits for the others
+//! to free memory, and evicts its own storages only when waiting does not
+//! help (the deadlock breaker, [`BREAK_AFTER`]).
 
-use std::time::{Duration, Instant};
+use std::path::PathBuf;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 use tch::Tensor;
@@ -19,6 +29,7 @@ use tensile_proto::clock::monotonic_ns;
 use tensile_swap_executor::{CudaUnavailable, HostConfig, Payload};
 
 use crate::copies::{Copies, Engine};
+use crate::ledger::{Ledger, LedgerError, SlotState};
 
 use crate::payload::{Flat, Layout};
 
@@ -38,10 +49,37 @@ pub trait Kernels {
     fn run(&mut self, op: OpId, inputs: &[&Tensor]) -> Result<Vec<Tensor>, String>;
 }
 
+/// How long a worker on a ledger sleeps before it looks again for memory
+/// that the others free: short next to an op, long next to reading the
+/// ledger (a few `pread`s).
+pub const POLL: Duration = Duration::from_millis(1);
+
+/// The deadlock breaker: how long a worker on a ledger waits for the others
+/// to free memory before its guard evicts its own storages instead (they
+/// may be waiting for it). Waiting first costs no copies the plans did not
+/// count, and a running job frees memory within milliseconds (a release
+/// after an op, a swap-out ending); 100 ms is past that, and short next to
+/// an iteration.
+pub const BREAK_AFTER: Duration = Duration::from_millis(100);
+
+/// When every other worker on the ledger waits too, the youngest waiting
+/// worker evicts after this instead of [`BREAK_AFTER`]: the states are as of
+/// each worker's last look (every [`POLL`]), and a claim in flight makes a
+/// worker look full for microseconds, so a few polls tell a wait of all
+/// for all from a moment's.
+pub const ALL_WAIT_GRACE: Duration = Duration::from_millis(5);
+
+/// When every worker on the ledger has evicted all it can and still waits
+/// (each op's own working set no longer fits beside the others'), the
+/// youngest fails with the executor's no-memory error after this, so that
+/// the others go on; a few polls, as for [`ALL_WAIT_GRACE`].
+pub const STUCK_AFTER: Duration = Duration::from_millis(200);
+
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {
     #[error(
-        "out of device memory at op {op} ({name}): {bytes} B for tensor {tensor} with {in_use} B of the {budget} B budget in use"
+        "out of device memory at op {op} ({name}): {bytes} B for tensor {tensor} with {in_use} B of the {budget} B budget in use{}",
+        shared_note(*others)
     )]
     OutOfMemory {
         op: u32,
@@ -50,7 +88,13 @@ pub enum WorkerError {
         bytes: u64,
         in_use: u64,
         budget: u64,
+        /// What the other workers on the ledger held (0 without one).
+        others: u64,
     },
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+    #[error("a memory ledger ({}) shares a budget: give the budget (--memory-mb)", .0.display())]
+    LedgerWithoutBudget(PathBuf),
     #[error(transparent)]
     Exec(#[from] ExecError),
     #[error("the CUDA copy engine cannot run: {0}")]
@@ -65,8 +109,16 @@ pub enum WorkerError {
     },
 }
 
+fn shared_note(others: u64) -> String {
+    if others == 0 {
+        String::new()
+    } else {
+        format!(" and {others} B held by the other jobs on the memory ledger")
+    }
+}
+
 /// How the worker runs.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct WorkerConfig {
     pub iterations: usize,
     /// Device memory the job may use; `None`: no limit.
@@ -80,6 +132,14 @@ pub struct WorkerConfig {
     /// the job uses last instead of failing, as a GPU's out-of-memory
     /// would (vanilla's behaviour, without the guard).
     pub guard: bool,
+    /// A memory ledger directory shared with the other workers of the
+    /// device: `memory_budget_bytes` (required) is then the budget of all
+    /// of them together, each holding at most what the others leave. Under
+    /// the guard an op waits for the others to free memory (evicting its
+    /// own only to break a wait of all for all, see [`BREAK_AFTER`]);
+    /// without it an allocation past what the others leave is out of
+    /// memory, as on a shared GPU.
+    pub ledger: Option<PathBuf>,
 }
 
 /// What one iteration measured.
@@ -195,6 +255,27 @@ pub struct Worker<'g, K> {
     at_op: OpId,
     /// Time inside the kernels this iteration.
     kernel_ns: u64,
+    /// Hold `budget` with the executor's guard.
+    guard: bool,
+    /// The memory ledger shared with the other workers of the device.
+    ledger: Option<Ledger>,
+    /// The most bytes the job may hold now: the budget, or with a ledger
+    /// the room claimed last.
+    room: Option<u64>,
+    /// What the others on the ledger held at the last claim.
+    others_bytes: u64,
+    /// Whether the executor's limit may rise (others on the ledger run) at
+    /// the last claim.
+    may_rise: bool,
+    /// The deadlock breaker is on: the guard evicts rather than waits.
+    breaking: bool,
+    /// What the job told the ledger it does, last.
+    state: SlotState,
+    /// Since when the job waits for memory others hold; since when all the
+    /// others wait too; since when all are stuck.
+    memory_wait_since: Option<Instant>,
+    all_wait_since: Option<Instant>,
+    stuck_since: Option<Instant>,
     /// The slots of the plan's gate, for a coordinated job.
     gate: Option<GateClock>,
     /// The next iteration has not waited for its gate yet.
@@ -227,6 +308,11 @@ impl<'g, K: Kernels> Worker<'g, K> {
         config: WorkerConfig,
     ) -> Result<Worker<'g, K>, WorkerError> {
         let epoch = Instant::now();
+        let ledger = match (&config.ledger, config.memory_budget_bytes) {
+            (Some(dir), Some(_)) => Some(Ledger::open(dir)?),
+            (Some(dir), None) => return Err(WorkerError::LedgerWithoutBudget(dir.clone())),
+            (None, _) => None,
+        };
         let engine = Copies::new(config.engine, config.host, epoch)?;
         let mut exec = Executor::new(graph, live, plan, engine, config.iterations);
         if config.guard {
@@ -249,9 +335,7 @@ impl<'g, K: Kernels> Worker<'g, K> {
             exec,
             kernels,
             epoch,
-            epoch_unix_ns: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos() as u64),
+            epoch_unix_ns: unix_ns_at(epoch),
             memory_log: None,
             budget: config.memory_budget_bytes,
             table: (0..n).map(|_| None).collect(),
@@ -266,6 +350,16 @@ impl<'g, K: Kernels> Worker<'g, K> {
             peak: 0,
             at_op: OpId(0),
             kernel_ns: 0,
+            guard: config.guard,
+            ledger,
+            room: config.memory_budget_bytes,
+            others_bytes: 0,
+            may_rise: false,
+            breaking: false,
+            state: SlotState::Running,
+            memory_wait_since: None,
+            all_wait_since: None,
+            stuck_since: None,
             gate: plan.gate.map(GateClock::new),
             before_iteration: true,
             gate_wait_ns: 0,
@@ -383,8 +477,24 @@ impl<'g, K: Kernels> Worker<'g, K> {
     fn alloc(&mut self, s: StorageId) -> Result<(), WorkerError> {
         let st = &self.live.storages[s.index()];
         let bytes = self.measured[s.index()].unwrap_or(st.bytes);
-        if let Some(budget) = self.budget
-            && self.mem + bytes > budget
+        // Under the guard the executor keeps to its limit (the room, less
+        // what measured sizes exceed the graph's): only the whole budget is
+        // checked here, as without a ledger. Without it, the room is the
+        // check; a claim made at the same moment as another's may have
+        // found none for a moment, so a few more are tried first.
+        let mut tries = 0;
+        while !self.guard
+            && self.ledger.is_some()
+            && self.room.is_some_and(|r| self.mem + bytes > r)
+            && tries < 5
+        {
+            std::thread::sleep(POLL);
+            self.claim()?;
+            tries += 1;
+        }
+        let limit = if self.guard { self.budget } else { self.room };
+        if let (Some(limit), Some(budget)) = (limit, self.budget)
+            && self.mem + bytes > limit
         {
             let op = self.graph.op(self.at_op);
             return Err(WorkerError::OutOfMemory {
@@ -394,6 +504,7 @@ impl<'g, K: Kernels> Worker<'g, K> {
                 bytes,
                 in_use: self.mem,
                 budget,
+                others: self.others_bytes,
             });
         }
         // Initial storage already holds its values (see `preinstall`); any
@@ -517,18 +628,35 @@ impl<'g, K: Kernels> Worker<'g, K> {
             if std::mem::take(&mut self.before_iteration) {
                 self.wait_for_gate();
             }
+            self.claim()?;
             let now = self.now();
             let next = self.exec.step(now)?;
             if let Next::Kernel { op } = next {
                 self.at_op = op;
             }
             self.apply_effects()?;
+            let state = match next {
+                // The guard could evict and still found no room.
+                Next::WaitForMemory if !self.may_rise => SlotState::Stuck,
+                Next::WaitForMemory => SlotState::Waiting,
+                _ => SlotState::Running,
+            };
+            self.settle(state)?;
             match next {
                 Next::Kernel { op } => {
+                    self.memory_wait_since = None;
+                    self.all_wait_since = None;
+                    self.stuck_since = None;
+                    self.breaking = false;
                     self.run_kernel(op)?;
+                    // Its end may start prefetches: room for them first.
+                    self.claim()?;
                     let now = self.now();
                     self.exec.kernel_done(now);
                     self.apply_effects()?;
+                    // No settling here: the next step's claim comes at once
+                    // (a claim standing over what the job holds only makes
+                    // the others more careful), and settles after the step.
                 }
                 Next::WaitUntil(t) => {
                     let now = self.now();
@@ -542,18 +670,10 @@ impl<'g, K: Kernels> Worker<'g, K> {
                 Next::WaitForCopy => {
                     self.exec.engine_mut().wait(Duration::from_millis(100));
                 }
-                // Its limit does not rise: nothing else will free memory.
-                Next::WaitForMemory => {
-                    return Err(match self.exec.no_memory() {
-                        Some(e) => e.into(),
-                        None => WorkerError::Exec(ExecError::NoMemory {
-                            op: self.at_op.0,
-                            name: self.graph.op(self.at_op).name.clone(),
-                            need: 0,
-                            limit: 0,
-                        }),
-                    });
-                }
+                // Others on the ledger free memory; without one, nothing
+                // else will.
+                Next::WaitForMemory if self.ledger.is_some() => self.wait_for_others(state)?,
+                Next::WaitForMemory => return Err(self.no_memory()),
                 Next::IterationDone => {
                     let i = reports.len();
                     let Some(stats) = self.exec.iterations_done().last() else {
@@ -596,6 +716,97 @@ impl<'g, K: Kernels> Worker<'g, K> {
             }
         }
         Ok(reports)
+    }
+
+    /// Why the job cannot go on: the executor's no-memory error.
+    fn no_memory(&self) -> WorkerError {
+        match self.exec.no_memory() {
+            Some(e) => e.into(),
+            None => WorkerError::Exec(ExecError::NoMemory {
+                op: self.at_op.0,
+                name: self.graph.op(self.at_op).name.clone(),
+                need: 0,
+                limit: 0,
+            }),
+        }
+    }
+
+    /// With a ledger, before an executor call that may allocate: claims the
+    /// room the others leave under the shared budget and makes it the
+    /// executor's limit (less what the job's measured sizes exceed the
+    /// graph's, which the executor counts), rising while others run unless
+    /// the deadlock breaker is on.
+    fn claim(&mut self) -> Result<(), WorkerError> {
+        let (Some(ledger), Some(budget)) = (&mut self.ledger, self.budget) else {
+            return Ok(());
+        };
+        let c = ledger.claim(budget, self.state)?;
+        self.room = Some(c.room);
+        self.others_bytes = c.others.bytes;
+        self.may_rise = c.others.live > 0 && !self.breaking;
+        if self.guard {
+            let excess = self.mem.saturating_sub(self.exec.memory_bytes());
+            self.exec.set_limit(Some(c.room.saturating_sub(excess)));
+            self.exec.set_limit_may_rise(self.may_rise);
+        }
+        Ok(())
+    }
+
+    /// With a ledger, after the effects of an executor call: publishes what
+    /// the job holds now (giving back the rest of its claim) and its state.
+    fn settle(&mut self, state: SlotState) -> Result<(), WorkerError> {
+        self.state = state;
+        if let Some(ledger) = &mut self.ledger {
+            ledger.publish(self.mem, state)?;
+        }
+        Ok(())
+    }
+
+    /// The job waits for memory that the others on the ledger hold: it
+    /// looks again after [`POLL`]. Its guard evicts its own storages
+    /// instead (the breaker) once it has waited [`BREAK_AFTER`], or
+    /// [`ALL_WAIT_GRACE`] if it is the youngest of workers that all wait.
+    /// It fails with the executor's no-memory error when even evicting left
+    /// no room and nothing else will free any: the others hold nothing (the
+    /// whole budget is too small for the op), or they are all stuck too and
+    /// it is the youngest (one job fails rather than all waiting forever).
+    fn wait_for_others(&mut self, state: SlotState) -> Result<(), WorkerError> {
+        let now = Instant::now();
+        let since = *self.memory_wait_since.get_or_insert(now);
+        if state == SlotState::Stuck && self.others_bytes == 0 {
+            return Err(self.no_memory());
+        }
+        let Some(ledger) = &mut self.ledger else {
+            return Err(self.no_memory());
+        };
+        let o = ledger.others()?;
+        match state {
+            SlotState::Waiting => {
+                let all_wait = o.running == 0 && o.younger_waiting == 0;
+                let all_since = if all_wait {
+                    *self.all_wait_since.get_or_insert(now)
+                } else {
+                    self.all_wait_since = None;
+                    now
+                };
+                if now - since >= BREAK_AFTER || (all_wait && now - all_since >= ALL_WAIT_GRACE) {
+                    self.breaking = true;
+                }
+            }
+            SlotState::Stuck => {
+                if o.live > 0 && o.stuck == o.live && o.younger == 0 {
+                    let stuck = *self.stuck_since.get_or_insert(now);
+                    if now - stuck >= STUCK_AFTER {
+                        return Err(self.no_memory());
+                    }
+                } else {
+                    self.stuck_since = None;
+                }
+            }
+            SlotState::Running => {}
+        }
+        std::thread::sleep(POLL);
+        Ok(())
     }
 
     /// Holds the next iteration until its gate's slot, on the host's
@@ -642,5 +853,29 @@ impl<'g, K: Kernels> Worker<'g, K> {
     /// Device bytes held now.
     pub fn memory_bytes(&self) -> u64 {
         self.mem
+    }
+
+    /// Now, on the clock of the memory log (ns since the Unix epoch): when
+    /// the worker is dropped its memory (and its ledger slot) goes.
+    pub fn now_unix_ns(&self) -> u64 {
+        self.epoch_unix_ns + self.now()
+    }
+}
+
+/// `t` as ns since the Unix epoch, through one reading of both clocks per
+/// process, so that the memory logs of workers in one process (threads)
+/// are on one clock and merge in the order things happened.
+fn unix_ns_at(t: Instant) -> u64 {
+    static ANCHOR: OnceLock<(Instant, u64)> = OnceLock::new();
+    let (at, unix) = *ANCHOR.get_or_init(|| {
+        let unix = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        (Instant::now(), unix)
+    });
+    if t >= at {
+        unix.saturating_add((t - at).as_nanos() as u64)
+    } else {
+        unix.saturating_sub((at - t).as_nanos() as u64)
     }
 }

@@ -25,6 +25,7 @@ fn run_guarded(
         host,
         engine: tensile_worker::Engine::Host,
         guard: true,
+        ledger: None,
     };
     let kernels = mock::Mock::new(g, Duration::from_micros(300));
     let mut w = Worker::new(g, &live, plan, kernels, mock::initial(g), config)?;
@@ -39,6 +40,7 @@ fn run_guarded(
 /// every iteration, the guard having acted, and trains exactly as vanilla.
 #[test]
 fn a_plan_holds_memory_mb_with_the_guard_whatever_it_got_wrong() {
+    let _timing = crate::timing();
     let g = mlp(256, 512, 4, Optimizer::adam());
     let believed: Vec<u64> = latencies(&g).iter().map(|l| l / 10).collect();
     let p = planned(
@@ -50,8 +52,12 @@ fn a_plan_holds_memory_mb_with_the_guard_whatever_it_got_wrong() {
     );
     let budget = p.prediction.planned_peak_bytes;
     assert!(budget < p.prediction.vanilla_peak_bytes);
+    // Every copy also waits 20 ms before it moves a byte, so that the copies
+    // come late however loaded the machine is (slow kernels give slow
+    // copies time to end).
     let slow_link = HostConfig {
         bytes_per_s: Some(0.2e9),
+        fault_delay: Duration::from_millis(20),
         ..HostConfig::default()
     };
     let unguarded = {
@@ -62,6 +68,7 @@ fn a_plan_holds_memory_mb_with_the_guard_whatever_it_got_wrong() {
             host: slow_link,
             engine: tensile_worker::Engine::Host,
             guard: false,
+            ledger: None,
         };
         let kernels = mock::Mock::new(&g, Duration::from_micros(300));
         Worker::new(&g, &live, &p, kernels, mock::initial(&g), config)
@@ -110,6 +117,7 @@ fn a_plan_holds_memory_mb_with_the_guard_whatever_it_got_wrong() {
 /// running them together ungated gives.
 #[test]
 fn two_gated_workers_interleave_their_memory_as_planned() {
+    let _timing = crate::timing();
     let g = mlp(512, 1024, 6, Optimizer::adam());
     let floor = Duration::from_millis(4);
     let lat = vec![4_500_000u64; g.ops().len()];
@@ -170,6 +178,7 @@ fn two_gated_workers_interleave_their_memory_as_planned() {
                         host,
                         engine: tensile_worker::Engine::Host,
                         guard: false,
+                        ledger: None,
                     };
                     let kernels = mock::Mock::new(g, floor);
                     let mut w =

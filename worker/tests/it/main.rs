@@ -8,10 +8,12 @@
 
 mod cuda;
 mod gates;
+mod ledger;
 mod mock;
 mod plans;
 mod real;
 
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use tch::Tensor;
@@ -20,6 +22,14 @@ use tensile_graph::{DType, Graph, Liveness, TensorId};
 use tensile_planner::{CopyModel, JobInput, JobSettings, Plan, PlannerConfig, plan};
 use tensile_swap_executor::HostConfig;
 use tensile_worker::{IterationReport, Worker, WorkerConfig, WorkerError};
+
+/// Tests whose figures depend on timing (gates, a measured peak against
+/// its prediction, several workers at once) hold this while they run, so
+/// that on a small machine they do not run beside each other.
+pub(crate) fn timing() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 /// A small MLP training iteration.
 pub(crate) fn mlp(batch: u64, width: u64, depth: usize, optimizer: Optimizer) -> Graph {
@@ -94,6 +104,7 @@ pub(crate) fn run(
         host,
         engine: tensile_worker::Engine::Host,
         guard: false,
+        ledger: None,
     };
     let mut w = Worker::new(g, &live, plan, kernels, mock::initial(g), config)?;
     let reports = w.run(|_| None)?;

@@ -159,6 +159,7 @@ fn a_full_host_pool_loses_nothing() {
 
 #[test]
 fn the_measured_peak_is_the_predicted_one_and_vanilla_runs_out_of_memory() {
+    let _timing = crate::timing();
     let g = graph();
     let live = Liveness::analyze(&g);
     let settings = JobSettings {
@@ -256,6 +257,7 @@ fn plans_switched_at_iteration_boundaries_lose_nothing() {
         host: HostConfig::default(),
         engine: tensile_worker::Engine::Host,
         guard: false,
+        ledger: None,
     };
     let first = vanilla(&g);
     let mut w =

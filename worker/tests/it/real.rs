@@ -56,6 +56,7 @@ fn worker_run_on(
         host,
         engine,
         guard: false,
+        ledger: None,
     };
     let mut w =
         Worker::new(g, &live, plan, program, initial_of(g, &values), config).expect("worker");
@@ -166,6 +167,7 @@ fn without_a_gpu_the_cuda_engine_is_a_clear_error() {
         host: HostConfig::default(),
         engine: Engine::Cuda { ordinal: 0 },
         guard: false,
+        ledger: None,
     };
     let program = Program::new(&g, Device::Cpu).expect("every op runs");
     let values = initial_values(&g, Device::Cpu, 7, None, None).expect("values");
