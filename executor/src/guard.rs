@@ -8,7 +8,8 @@
 use tensile_graph::{OpId, StorageId};
 use tensile_swap_executor::CopyEngine;
 
-use crate::machine::{ExecError, Executor, Next};
+use crate::interface::{ExecError, Next};
+use crate::machine::Executor;
 use crate::state::{Device, Host, Wake};
 
 /// Whether an allocation may go ahead.

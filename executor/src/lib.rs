@@ -4,6 +4,7 @@
 //! virtual-time copy engine, the worker with real kernels and real copies.
 //!
 //! # Layout
+//! - `interface`: what the machine and its driver exchange.
 //! - `machine`: the executor state machine, generic over a
 //!   [`CopyEngine`]; allocations and frees leave it as [`Effect`]s.
 //! - `state`: what it knows of one storage (device side, host side, copies
@@ -15,10 +16,12 @@
 
 mod evict;
 mod guard;
+mod interface;
 mod machine;
 pub mod replan;
 pub mod sim;
 mod state;
 
-pub use machine::{Effect, ExecError, ExecOptions, Executor, IterationStats, Next};
+pub use interface::{Effect, ExecError, ExecOptions, IterationStats, Next};
+pub use machine::Executor;
 pub use tensile_swap_executor::{CopyEngine, Dir, VirtualCopies};

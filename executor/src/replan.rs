@@ -11,7 +11,7 @@ use tensile_planner::{
     Replanner,
 };
 
-use crate::machine::IterationStats;
+use crate::interface::IterationStats;
 
 impl IterationStats {
     /// What the planners need of this iteration.

@@ -16,7 +16,8 @@ use tensile_planner::{CopyModel, Gate, GateClock, JobId, Plan, ReplanError};
 pub use tensile_planner::{FixedPlans, Replan};
 use tensile_swap_executor::VirtualCopies;
 
-use crate::machine::{Effect, ExecError, ExecOptions, Executor, IterationStats, Next};
+use crate::interface::{Effect, ExecError, ExecOptions, IterationStats, Next};
+use crate::machine::Executor;
 
 #[derive(Debug)]
 pub struct SimJob<'g> {
