@@ -363,14 +363,21 @@ fn main() -> Result<()> {
         Some(pushed.plan)
     })?;
     bar.finish_and_clear();
-    if let Some(session) = session {
-        session.finish(Duration::from_secs(5));
-    }
     printed?;
     if let Some(path) = &args.save_params {
         let values = worker.persistent_values()?;
         tensile_worker::save_params(&g, values, path)?;
         eprintln!("parameters written to {}", path.display());
+    }
+    // The device memory goes before the scheduler hears the job is done
+    // (which may take seconds): the other jobs of the device get it now,
+    // and the trace says when it went.
+    let rest = worker.close();
+    if let Some(mut out) = trace {
+        write_trace(&mut out, &rest)?;
+    }
+    if let Some(session) = session {
+        session.finish(Duration::from_secs(5));
     }
     Ok(())
 }

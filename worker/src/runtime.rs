@@ -855,10 +855,21 @@ impl<'g, K: Kernels> Worker<'g, K> {
         self.mem
     }
 
-    /// Now, on the clock of the memory log (ns since the Unix epoch): when
-    /// the worker is dropped its memory (and its ledger slot) goes.
-    pub fn now_unix_ns(&self) -> u64 {
-        self.epoch_unix_ns + self.now()
+    /// Ends the job: lets go of all its device memory, then of its ledger
+    /// slot, in that order (the others on the ledger never grow into
+    /// memory it still holds). Returns what the memory log recorded since
+    /// the last report, ending with the moment the memory went (0 bytes),
+    /// stamped before the slot goes; empty when nothing was recorded.
+    pub fn close(mut self) -> Vec<(u64, u64)> {
+        let ledger = self.ledger.take();
+        let recording = self.memory_log.is_some();
+        let mut log = self.take_memory_log();
+        drop(self);
+        if recording {
+            log.push((unix_ns_at(Instant::now()), 0));
+        }
+        drop(ledger);
+        log
     }
 }
 

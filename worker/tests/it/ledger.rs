@@ -255,9 +255,9 @@ fn together(
                 w.record_memory();
                 let mut reports = w.run(|_| None)?;
                 let values = w.persistent_values()?;
-                let gone = w.now_unix_ns();
+                let rest = w.close();
                 if let Some(last) = reports.last_mut() {
-                    last.memory.push((gone, 0));
+                    last.memory.extend(rest);
                 }
                 Ok((values, reports))
             })();
