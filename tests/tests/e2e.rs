@@ -10,6 +10,10 @@
 //! - `kill -9` of the scheduler mid-run and a restart on the same socket
 //!   and store: the worker keeps training, registers again, and finishes
 //!   with bit-identical parameters.
+//! - `tensilectl demo`, the main command, on small jobs: the planned jobs
+//!   together (on one memory ledger) stay within the budget at every
+//!   moment, vanilla capped at the planned runs' memory runs out, and the
+//!   summary and plot come out.
 //!
 //! The binaries are the workspace's own (`cargo test --workspace` builds
 //! them, since their packages have tests of their own); a missing one is a
@@ -414,5 +418,46 @@ fn a_restarted_scheduler_gets_the_worker_back_and_nothing_is_lost() {
     );
     same_params(&dir, "restart", "vanilla", &job);
     drop(sched);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_demo_keeps_its_jobs_within_the_budget_they_share() {
+    let _serial = one_at_a_time();
+    let dir = tempdir();
+    let plot = dir.join("demo.svg");
+    let tensilectl = bin("tensilectl");
+    let bins = tensilectl.parent().expect("bin folder").to_path_buf();
+    let out = Command::new(&tensilectl)
+        .args(["demo", "--jobs", "resnet50:2:32,resnet50:2:32"])
+        .args(["--iterations", "12", "--budget-fraction", "0.75"])
+        .arg("--plot")
+        .arg(&plot)
+        .arg("--bin-dir")
+        .arg(&bins)
+        .stdin(Stdio::null())
+        .output()
+        .expect("tensilectl demo runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "demo failed: {text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let held = text
+        .lines()
+        .find(|l| l.starts_with("planned, the jobs together held at most"))
+        .unwrap_or_else(|| panic!("no measured total in:\n{text}"));
+    assert!(held.ends_with("within the budget"), "{held}");
+    assert!(
+        text.contains("out of device memory"),
+        "vanilla at the planned runs' memory should run out:\n{text}"
+    );
+    assert!(
+        text.contains("one after another without plans"),
+        "no wall-time comparison:\n{text}"
+    );
+    let svg = std::fs::read_to_string(&plot).expect("the plot is written");
+    assert!(svg.contains("<svg"), "not an SVG");
     let _ = std::fs::remove_dir_all(&dir);
 }

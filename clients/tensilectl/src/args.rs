@@ -51,7 +51,7 @@ pub(crate) struct DemoArgs {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "resnet50:4:96,densenet121:4:96,densenet121:2:128"
+        default_value = "resnet50:4:96,resnet50:4:96,densenet121:4:96"
     )]
     pub(crate) jobs: Vec<String>,
     /// Training iterations per job.
@@ -64,12 +64,19 @@ pub(crate) struct DemoArgs {
     #[arg(long, default_value_t = 0.8)]
     pub(crate) budget_fraction: f64,
     /// The host copy engine's bandwidth per direction, GB/s: scaled so that
-    /// copy time against compute time resembles a GPU's (README).
+    /// copy time against compute time resembles a GPU's (docs/usage.md).
     #[arg(long, default_value_t = 1.0)]
     pub(crate) link_gbps: f64,
     /// Kernel threads per worker.
     #[arg(long, default_value_t = 1)]
     pub(crate) threads: u32,
+    /// The scheduler's gate slack (its --gate-slack): a CPU shared by the
+    /// workers' kernels and copies jitters by a few percent.
+    #[arg(long, default_value_t = 0.1)]
+    pub(crate) gate_slack: f64,
+    /// Plan the jobs free-running (the scheduler's --no-gates).
+    #[arg(long)]
+    pub(crate) no_gates: bool,
     /// Where the memory plot goes (SVG).
     #[arg(long, default_value = "target/tensile-demo.svg")]
     pub(crate) plot: PathBuf,

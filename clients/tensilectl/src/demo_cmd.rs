@@ -37,11 +37,19 @@ struct Job {
     resolution: u64,
     /// The vanilla peak the graph predicts (free after last use).
     predicted_vanilla: u64,
+    /// Which copy of the same model, batch and resolution this is (0: the
+    /// only or the first).
+    copy: usize,
 }
 
 impl Job {
     fn label(&self) -> String {
-        format!("{} b{} r{}", self.model, self.batch, self.resolution)
+        let copy = if self.copy > 0 {
+            format!(" #{}", self.copy + 1)
+        } else {
+            String::new()
+        };
+        format!("{} b{} r{}{copy}", self.model, self.batch, self.resolution)
     }
 }
 
@@ -50,6 +58,13 @@ impl Job {
 struct Run {
     /// Per iteration: (time ns, measured peak bytes, stall ns).
     iterations: Vec<(u64, u64, u64)>,
+    /// The gate of the last gated iteration: (period ns, phase ns), and the
+    /// time all iterations waited for their slots.
+    gate: Option<(u64, u64)>,
+    gate_wait_ns: u64,
+    /// When its gated iterations ran: (start of the first, end of the
+    /// last), seconds since the pass started.
+    gated: Option<(f64, f64)>,
     /// (seconds since the pass started, resident bytes).
     memory: Vec<(f64, f64)>,
     /// Why the worker failed (its last line on stderr), if it did.
@@ -181,6 +196,9 @@ fn demo(
             .arg((budget / 1_000_000).max(1).to_string())
             .arg("--state")
             .arg(dir.join("state"))
+            .arg("--gate-slack")
+            .arg(a.gate_slack.to_string())
+            .args(if a.no_gates { &["--no-gates"][..] } else { &[] })
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(log),
@@ -203,21 +221,32 @@ fn demo(
     println!("scheduler listening on {server}");
 
     // 2. The planned pass, with a live table.
-    let planned = pass(
+    let (planned, planned_wall) = pass(
         a,
         interrupted,
         bins,
         jobs,
         dir,
         "planned",
-        &|_| vec!["--scheduler".into(), server.clone()],
+        &|_| {
+            // One ledger for all the jobs: each worker's guard holds the
+            // budget less what the others hold now.
+            vec![
+                "--scheduler".into(),
+                server.clone(),
+                "--ledger".into(),
+                dir.join("ledger").display().to_string(),
+                "--memory-mb".into(),
+                (budget >> 20).max(1).to_string(),
+            ]
+        },
         Some((runtime, server.as_str())),
     )?;
 
     // 3. The same jobs without plans: unconstrained, then each under the
     // memory its planned run needed.
     println!("\nthe same jobs without plans (vanilla: free after last use), unconstrained:");
-    let vanilla = pass(
+    let (vanilla, _) = pass(
         a,
         interrupted,
         bins,
@@ -232,7 +261,7 @@ fn demo(
         .iter()
         .map(|r| r.max_peak().div_ceil(1 << 20).max(1))
         .collect();
-    let capped = pass(
+    let (capped, _) = pass(
         &DemoArgs {
             iterations: 1,
             ..a.clone()
@@ -253,10 +282,32 @@ fn demo(
     )?;
     stop_scheduler(&mut procs, scheduler);
 
-    // 4. Figures and the plot.
+    // 4. What a user without the scheduler would do to stay in the budget:
+    // run the jobs one after another, each alone, without plans.
+    println!("\nthe user's alternative: the same jobs one after another, each alone, no plans:");
+    let mut one_by_one = 0.0;
+    for (i, j) in jobs.iter().enumerate() {
+        let (_, wall) = pass(
+            a,
+            interrupted,
+            bins,
+            std::slice::from_ref(j),
+            dir,
+            &format!("alone{i}"),
+            &|_| vec!["--vanilla".into()],
+            None,
+        )?;
+        one_by_one += wall;
+    }
+
+    // 5. Figures and the plot.
     print!(
         "{}",
         summary(jobs, budget, &planned, &vanilla, &capped, &caps)
+    );
+    print!(
+        "{}",
+        together(jobs, budget, &planned, planned_wall, one_by_one)
     );
     let chart = Chart {
         title: format!(
@@ -294,11 +345,12 @@ fn pass(
     tag: &str,
     extra: &dyn Fn(usize) -> Vec<String>,
     status: Option<(&tokio::runtime::Runtime, &str)>,
-) -> Result<Vec<Run>> {
+) -> Result<(Vec<Run>, f64)> {
     let mut procs = Processes {
         children: Vec::new(),
     };
     let start_unix = unix_now();
+    let start_mono = tensile_proto::clock::monotonic_ns();
     let started = Instant::now();
     for (i, j) in jobs.iter().enumerate() {
         let base = dir.join(format!("{tag}-{i}"));
@@ -324,10 +376,13 @@ fn pass(
     let mut shown_lines = 0;
     let mut last_shown = Instant::now() - Duration::from_secs(60);
     let mut done = vec![None; jobs.len()];
+    // When each worker was seen to have exited, seconds since the start.
+    let mut ended = vec![0.0; jobs.len()];
     loop {
         for (i, (_, c)) in procs.children.iter_mut().enumerate() {
             if done[i].is_none() {
                 done[i] = c.try_wait()?;
+                ended[i] = started.elapsed().as_secs_f64();
             }
         }
         let all_done = done.iter().all(Option::is_some);
@@ -337,7 +392,7 @@ fn pass(
             // grow with every allocation, are read once at the end.
             let runs: Vec<Run> = (0..jobs.len())
                 .map(|i| Run {
-                    iterations: read_iterations(dir, tag, i),
+                    iterations: read_iterations(dir, tag, i, start_mono).iterations,
                     ..Run::default()
                 })
                 .collect();
@@ -358,9 +413,13 @@ fn pass(
     }
     let runs = (0..jobs.len())
         .map(|i| {
+            let read = read_iterations(dir, tag, i, start_mono);
             let mut r = Run {
-                iterations: read_iterations(dir, tag, i),
-                memory: read_memory(dir, tag, i, start_unix),
+                iterations: read.iterations,
+                gate: read.gate,
+                gate_wait_ns: read.gate_wait_ns,
+                gated: read.gated,
+                memory: read_memory(dir, tag, i, start_unix, ended[i]),
                 failed: None,
             };
             if done[i].is_some_and(|s| !s.success()) {
@@ -369,7 +428,7 @@ fn pass(
             r
         })
         .collect();
-    Ok(runs)
+    Ok((runs, started.elapsed().as_secs_f64()))
 }
 
 /// The table shown while a pass runs: each job's own figures, and the
@@ -482,13 +541,25 @@ fn summary(
     let p: u64 = planned.iter().map(Run::peak).sum();
     let _ = writeln!(
         out,
-        "{:<22} {:>12.0} {:>12.0}   (budget {:.0} MB: vanilla {} it, the plans {} it)",
+        "{:<22} {:>12.0} {:>12.0}   (budget {:.0} MB: vanilla {} it)",
         "total (sum of peaks)",
         v as f64 / MB,
         p as f64 / MB,
         budget as f64 / MB,
         if v > budget { "exceeds" } else { "fits" },
-        if p > budget { "exceed" } else { "fit" },
+    );
+    // What counts is the jobs' memory added up at each moment, over the
+    // whole planned pass (the first iterations too).
+    let held = total(planned).iter().map(|t| t.1).fold(0.0, f64::max);
+    let _ = writeln!(
+        out,
+        "planned, the jobs together held at most {:.0} MB at any moment (measured): {}",
+        held / MB,
+        if held <= budget as f64 {
+            "within the budget"
+        } else {
+            "OVER the budget"
+        }
     );
     let _ = writeln!(
         out,
@@ -502,6 +573,107 @@ fn summary(
         let _ = writeln!(out, "  {} with {} MiB: {what}", j.label(), caps[i]);
     }
     out
+}
+
+/// What the gates did and what running together saved: the measured peak
+/// of the jobs' memory added up against the sum of their peaks (what it
+/// would be had their peaks met), and the wall time against one after
+/// another.
+fn together(jobs: &[Job], budget: u64, planned: &[Run], wall: f64, one_by_one: f64) -> String {
+    let mut out = String::new();
+    let gated: Vec<(String, (u64, u64))> = jobs
+        .iter()
+        .zip(planned)
+        .filter_map(|(j, r)| Some((j.label(), r.gate?)))
+        .collect();
+    // While every job ran gated, or else after the first iteration of every
+    // job (the plans taking hold).
+    let all_gated = planned
+        .iter()
+        .map(|r| r.gated)
+        .collect::<Option<Vec<_>>>()
+        .map(|w| {
+            let from = w.iter().map(|g| g.0).fold(0.0, f64::max);
+            let to = w.iter().map(|g| g.1).fold(f64::INFINITY, f64::min);
+            (from, to)
+        })
+        .filter(|(from, to)| from < to);
+    let after_first = planned
+        .iter()
+        .filter_map(|r| {
+            let first = r.iterations.first()?.0 as f64 * 1e-9;
+            r.memory.first().map(|m| m.0 + first)
+        })
+        .fold(0.0, f64::max);
+    let (from, to) = all_gated.unwrap_or((after_first, f64::INFINITY));
+    let window: Vec<Run> = planned
+        .iter()
+        .map(|r| Run {
+            memory: clip(&r.memory, from, to),
+            ..Run::default()
+        })
+        .collect();
+    let at_once = total(&window).iter().map(|p| p.1).fold(0.0, f64::max);
+    let peaks: f64 = window
+        .iter()
+        .map(|r| r.memory.iter().map(|m| m.1).fold(0.0, f64::max))
+        .sum();
+    let _ = writeln!(out);
+    if gated.is_empty() {
+        let _ = writeln!(
+            out,
+            "no gates: the scheduler planned the jobs free-running (their plans fit the budget without them, or their iterations differ by more than 15%)"
+        );
+    } else {
+        let period = gated[0].1.0;
+        let phases: Vec<String> = gated
+            .iter()
+            .map(|(l, (_, p))| format!("{l} at {:.0} ms", *p as f64 * 1e-6))
+            .collect();
+        let waits: f64 = planned.iter().map(|r| r.gate_wait_ns as f64 * 1e-9).sum();
+        let _ = writeln!(
+            out,
+            "gates: a period of {:.0} ms, {}; {:.2} s waited at gates in all",
+            period as f64 * 1e-6,
+            phases.join(", "),
+            waits
+        );
+    }
+    let when = match all_gated {
+        Some((from, to)) => format!("from {from:.1} s to {to:.1} s, while all ran gated,"),
+        None if gated.is_empty() => "after their first iterations".to_string(),
+        None => "after their first iterations (never all gated at once)".to_string(),
+    };
+    let _ = writeln!(
+        out,
+        "{when} the jobs together peaked at {:.0} MB (measured, all at once); their own peaks add up to {:.0} MB: {:.0} MB saved by their peaks not coinciding (budget {:.0} MB)",
+        at_once / MB,
+        peaks / MB,
+        (peaks - at_once).max(0.0) / MB,
+        budget as f64 / MB
+    );
+    let change = wall / one_by_one.max(1e-9) - 1.0;
+    let _ = writeln!(
+        out,
+        "wall time: {wall:.1} s together under the budget, {one_by_one:.1} s one after another without plans (together {:.0}% {})",
+        change.abs() * 100.0,
+        if change > 0.0 { "slower" } else { "faster" }
+    );
+    out
+}
+
+/// A memory trace between two times: the value in force at `from`, then
+/// the samples up to `to`.
+fn clip(memory: &[(f64, f64)], from: f64, to: f64) -> Vec<(f64, f64)> {
+    let before = memory
+        .iter()
+        .rev()
+        .find(|m| m.0 < from)
+        .map(|m| (from, m.1));
+    before
+        .into_iter()
+        .chain(memory.iter().copied().filter(|m| m.0 >= from && m.0 <= to))
+        .collect()
 }
 
 fn series(jobs: &[Job], budget: u64, planned: &[Run], vanilla: &[Run]) -> Vec<Series> {
@@ -549,28 +721,65 @@ fn total(runs: &[Run]) -> Vec<(f64, f64)> {
         .collect()
 }
 
-/// A worker's per-iteration JSON lines so far: (time ns, measured peak
-/// bytes, stall ns) each.
-fn read_iterations(dir: &Path, tag: &str, i: usize) -> Vec<(u64, u64, u64)> {
-    let text = fs::read_to_string(dir.join(format!("{tag}-{i}.jsonl"))).unwrap_or_default();
-    text.lines()
-        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-        .map(|v| {
-            let get = |k: &str| v.get(k).and_then(serde_json::Value::as_u64).unwrap_or(0);
-            (get("time_ns"), get("measured_peak_bytes"), get("stall_ns"))
-        })
-        .collect()
+/// What a worker's per-iteration JSON lines say so far.
+#[derive(Debug, Default)]
+struct Iterations {
+    /// (time ns, measured peak bytes, stall ns) per iteration.
+    iterations: Vec<(u64, u64, u64)>,
+    /// The gate of the last gated iteration: (period ns, phase ns).
+    gate: Option<(u64, u64)>,
+    /// The time all iterations waited for their gates.
+    gate_wait_ns: u64,
+    /// When the gated iterations ran, seconds since `start_mono` (the
+    /// host's monotonic clock, which the workers' `start_monotonic_ns`
+    /// reads too).
+    gated: Option<(f64, f64)>,
 }
 
-/// A worker's `--memory-trace` as (seconds since the pass started, bytes).
-fn read_memory(dir: &Path, tag: &str, i: usize, start_unix: f64) -> Vec<(f64, f64)> {
+fn read_iterations(dir: &Path, tag: &str, i: usize, start_mono: u64) -> Iterations {
+    let text = fs::read_to_string(dir.join(format!("{tag}-{i}.jsonl"))).unwrap_or_default();
+    let mut out = Iterations::default();
+    let since = |ns: u64| ns.saturating_sub(start_mono) as f64 * 1e-9;
+    for v in text
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+    {
+        let get = |k: &str| v.get(k).and_then(serde_json::Value::as_u64).unwrap_or(0);
+        out.iterations
+            .push((get("time_ns"), get("measured_peak_bytes"), get("stall_ns")));
+        let period = get("gate_period_ns");
+        out.gate_wait_ns += get("gate_wait_ns");
+        if period > 0 {
+            out.gate = Some((period, get("gate_phase_ns")));
+            // start_monotonic_ns is when the iteration began, past its gate.
+            let start = get("start_monotonic_ns");
+            let end = since(start + get("time_ns"));
+            let first = out.gated.map_or(since(start), |g| g.0);
+            out.gated = Some((first, end));
+        }
+    }
+    out
+}
+
+/// A worker's `--memory-trace` as (seconds since the pass started, bytes),
+/// read once it has exited (at `ended` or before). A worker that finished
+/// wrote when its memory went (0 bytes); one that failed did not, and
+/// counts what it held last until it was seen to exit.
+fn read_memory(dir: &Path, tag: &str, i: usize, start_unix: f64, ended: f64) -> Vec<(f64, f64)> {
     let text = fs::read_to_string(dir.join(format!("{tag}-{i}.mem"))).unwrap_or_default();
-    text.lines()
+    let mut out: Vec<(f64, f64)> = text
+        .lines()
         .filter_map(|line| {
             let (t, b) = line.split_once(',')?;
             Some((t.parse::<f64>().ok()? - start_unix, b.parse::<f64>().ok()?))
         })
-        .collect()
+        .collect();
+    if let Some(&(t, b)) = out.last()
+        && b > 0.0
+    {
+        out.push((t.max(ended), 0.0));
+    }
+    out
 }
 
 /// A failed worker's error, as one line: `Error: ...` and its causes.
@@ -656,7 +865,8 @@ fn bin_dir(a: &DemoArgs) -> Result<PathBuf> {
 }
 
 fn jobs(a: &DemoArgs) -> Result<Vec<Job>> {
-    a.jobs
+    let mut jobs: Vec<Job> = a
+        .jobs
         .iter()
         .map(|spec| {
             let parts: Vec<&str> = spec.split(':').collect();
@@ -680,9 +890,20 @@ fn jobs(a: &DemoArgs) -> Result<Vec<Job>> {
                 batch,
                 resolution,
                 predicted_vanilla,
+                copy: 0,
             })
         })
-        .collect()
+        .collect::<Result<_>>()?;
+    for i in 0..jobs.len() {
+        jobs[i].copy = jobs[..i]
+            .iter()
+            .filter(|j| {
+                (&j.model, j.batch, j.resolution)
+                    == (&jobs[i].model, jobs[i].batch, jobs[i].resolution)
+            })
+            .count();
+    }
+    Ok(jobs)
 }
 
 /// The device the scheduler plans for: this CPU's calibrated roofline (the
