@@ -19,7 +19,6 @@ import argparse
 import copy
 import statistics
 import sys
-import time
 from contextlib import nullcontext
 from typing import Any
 
@@ -28,6 +27,8 @@ import torchvision
 from torch import nn
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
+
+from train_steps import timed_steps
 
 import tensile
 from tensile.trace.models import TransformerClassifier
@@ -94,21 +95,8 @@ def main() -> int:
             hook = tensile.apply(plan, model, opt, server=args.server if mode == "tensile+server" else None)
         elif mode == "save_on_cpu":
             hook = torch.autograd.graph.save_on_cpu(pin_memory=dev.type == "cuda")
-        times = []
         with hook as h:
-            for i in range(args.steps + 2):
-                if i == 2 and dev.type == "cuda":
-                    torch.cuda.synchronize()
-                    torch.cuda.reset_peak_memory_stats()
-                start = time.perf_counter()
-                loss = F.cross_entropy(model(batch[0]), batch[1])
-                loss.backward()
-                opt.step()
-                opt.zero_grad()
-                if dev.type == "cuda":
-                    torch.cuda.synchronize()
-                if i >= 2:
-                    times.append(time.perf_counter() - start)
+            times = timed_steps(model, opt, batch, F.cross_entropy, warmup=2, steps=args.steps, cuda=dev.type == "cuda")
         peak = torch.cuda.max_memory_allocated() / 2**20 if dev.type == "cuda" else None
         extra = ""
         if mode.startswith("tensile"):

@@ -27,4 +27,12 @@ cargo build --locked -p tensilectl -p tensile-scheduler
 TENSILECTL="$PWD/target/debug/tensilectl" TENSILE_SCHEDULER="$PWD/target/debug/tensile-scheduler" \
   .venv/bin/python -m pytest -q tests/python
 
+step "gpu-check dry run (scripts/gpu-check.sh on the CPU: every step, then a rerun that resumes)"
+gpu_results=$(mktemp -d)
+scripts/gpu-check.sh --dry-run --bin-dir target/debug --results "$gpu_results"
+rerun=$(scripts/gpu-check.sh --dry-run --bin-dir target/debug --results "$gpu_results")
+[[ $(grep -c "done before" <<<"$rerun") == 6 ]] || { printf 'gpu-check did not resume:\n%s\n' "$rerun"; exit 1; }
+grep -q "^## 6. Latency models" "$gpu_results/gpu-results.md" || { echo "gpu-check wrote no report"; exit 1; }
+rm -rf "$gpu_results"
+
 step "all tests passed"

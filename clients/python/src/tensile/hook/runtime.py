@@ -54,6 +54,7 @@ from tensile.hook import forms
 from tensile.hook.gate import Gate, GateClock, gate_of, pace_of
 from tensile.hook.schedule import PERSISTENT, Event, Schedule
 from tensile.hook.store import Residence, engine_for, view_of
+from tensile.hook.timing import CudaOpTimer, Timed
 from tensile.planning import Plan
 
 if TYPE_CHECKING:
@@ -112,9 +113,11 @@ class IterationStats:
     untraced_ops: int = 0
     #: Resident saved bytes after each op of the forward and backward passes.
     saved_curve: list[int] = dataclasses.field(default_factory=list)
-    #: Measured latency of each graph op in ns, by op id (on the CPU, where
-    #: an op's call is its run; empty on CUDA, whose kernels run
-    #: asynchronously), for a scheduler's re-planning.
+    #: Measured latency of each graph op in ns, by op id, for a scheduler's
+    #: re-planning: on the CPU the call's own time (the call is the run); on
+    #: CUDA, whose kernels run asynchronously, the time between timing
+    #: events recorded around the call on the current stream, read at the
+    #: step's end (:mod:`tensile.hook.timing`).
     op_ns: dict[int, int] = dataclasses.field(default_factory=dict)
     #: The plan the iteration ran: its scheduler job id (0 for the plan
     #: given to ``tensile.apply``) and version.
@@ -183,6 +186,9 @@ class Applier(TorchDispatchMode):
         _check_per_tensor(optimizer, self.device)
         self.engine = engine_for(self.device, copies_complete_after)
         self.measure = self.device.type == "cpu"
+        #: Times ops on CUDA (None on the CPU, which times the call itself);
+        #: set it to None to time nothing (reports then carry no latencies).
+        self.timer: CudaOpTimer | None = CudaOpTimer(self.device) if self.device.type == "cuda" else None
         self.lock = threading.RLock()
         self.by_name = {
             t["name"]: t["id"] for t in plan.tensors if t["kind"] in PERSISTENT and self.s.root[t["id"]] == t["id"]
@@ -282,6 +288,8 @@ class Applier(TorchDispatchMode):
         if self.in_iter or not torch.is_grad_enabled() or not module.training:
             return  # evaluation passes are not training iterations
         waited = self._wait_for_gate()
+        if self.timer is not None:
+            self.timer.clear()  # what an iteration that did not finish kept
         self.iter_start_ns = time.monotonic_ns()
         self.in_iter, self.checking, self.k, self.pending, self.in_step = True, True, 0, None, False
         self.acts, self.resident = {}, 0
@@ -336,6 +344,8 @@ class Applier(TorchDispatchMode):
                     raise self._fail(self._mismatch(self.k, "nothing more (the step ended)"))
             self.register_optimizer_state()
             self._park_start_on_host()
+            if self.timer is not None:
+                self.stats[-1].op_ns.update(self.timer.resolve())  # one synchronize per step
         self.stats[-1].ops = self.k if self.checking else self.s.optimizer_start
         self.in_iter = False
         if self.session is not None:
@@ -430,22 +440,34 @@ class Applier(TorchDispatchMode):
             if due > now:
                 _sleep_until(due)
                 self.stats[-1].paced_ns += time.monotonic_ns() - now
+        timer = self.timer if self.checking else None
+        timed = timer.begin() if timer is not None else None
         started = time.perf_counter_ns()
         out = func(*args, **kwargs)
         elapsed = time.perf_counter_ns() - started
+        if timer is not None and timed is not None:
+            timer.end(timed)
         outs = _tensors(out, []) if isinstance(out, (torch.Tensor, list, tuple)) else []
         if not self.checking or not _counted(func, flat, outs):
+            self._untimed(timed)
             return out
         if (func._schema.name, func._overloadname) == _DETACH and not self._traced_detach(k, outs):
             # A detach the trace does not have (autograd's, around saved
             # tensors): a view, so it takes its input's storage and no index.
+            self._untimed(timed)
             tid = getattr(args[0], "_tensile_tid", None)
             if tid is not None:
                 out._tensile_tid = tid
             return out
-        self._check(k, func, outs)
+        try:
+            self._check(k, func, outs)
+        except PlanMismatchError:
+            self._untimed(timed)
+            raise
         if self.measure:
             self.stats[-1].op_ns[k] = elapsed
+        elif timer is not None and timed is not None:
+            timer.keep(k, timed)
         if k < self.s.backward_start:
             # Only the forward's tensors are ever saved for the backward. An
             # op run in another form may return a persistent tensor it
@@ -457,6 +479,11 @@ class Applier(TorchDispatchMode):
         self.k = k + 1
         self.pending = k
         return out
+
+    def _untimed(self, timed: Timed | None) -> None:
+        """A call that is not a graph op: its timing events go back."""
+        if timed is not None and self.timer is not None:
+            self.timer.drop(timed)
 
     def _traced_detach(self, k: int, outs: list[torch.Tensor]) -> bool:
         """Whether a detach eager ran is the graph's op ``k``: a detach of
@@ -480,7 +507,7 @@ class Applier(TorchDispatchMode):
         if name == "aten::detach" or name.startswith("profiler::") or name in _UNCOUNTED:
             return
         while self.k < self.s.n_ops and self.s.op_keys[self.k] == _DETACH:
-            if self.measure:
+            if self.measure or self.timer is not None:
                 self.stats[-1].op_ns[self.k] = 0  # not run at all
             self.pending = self.k
             self.k += 1
@@ -793,7 +820,7 @@ class Applier(TorchDispatchMode):
         """One iteration's measurements in the shape of the scheduler's
         ``ReportLatenciesRequest`` (``proto/tensile/v1/tensile.proto``):
         ``op_latency_s`` (by op id; empty unless every op was timed, which
-        needs the CPU and a checked optimizer step), ``stall_s``,
+        needs a checked optimizer step, and on CUDA the op timer), ``stall_s``,
         ``late_prefetches`` (storage ids whose planned prefetch came late),
         ``passive_swaps`` and ``peak_bytes`` (the resident saved bytes' peak:
         the hook does not see the rest of the memory)."""

@@ -1,0 +1,332 @@
+#!/usr/bin/env python3
+"""The worker on the device: each job alone (vanilla, then under its plan),
+and two jobs at once under one job's memory through a scheduler.
+
+    worker.py solo --results DIR --bin DIR --device cuda --profile h100 --jobs resnet50:32,bert_base:16
+    worker.py colocate --results DIR --bin DIR --device cuda --profile h100 --job resnet50:32
+
+A job is MODEL:BATCH[:RESOLUTION]. Every figure comes from the binaries'
+own output: ``tensilectl plan --json`` (the predicted peaks and times),
+``tensile-worker --json`` (per iteration: time, measured peak, stalls), and
+on a GPU nvidia-smi's device memory per process (CUDA context included).
+Iterations before ``--warmup`` are left out of the medians and peaks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import proc
+import results
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    model: str
+    batch: int
+    resolution: int | None
+
+    @staticmethod
+    def parse(text: str) -> Job:
+        parts = text.split(":")
+        if len(parts) not in (2, 3) or not all(p.isdigit() for p in parts[1:]):
+            raise SystemExit(f"job {text!r}: expected MODEL:BATCH[:RESOLUTION]")
+        return Job(parts[0], int(parts[1]), int(parts[2]) if len(parts) == 3 else None)
+
+    @property
+    def id(self) -> str:
+        return f"{self.model}-b{self.batch}" + (f"-r{self.resolution}" if self.resolution else "")
+
+    def args(self) -> list[str]:
+        out = ["--model", self.model, "--batch", str(self.batch)]
+        return out + (["--resolution", str(self.resolution)] if self.resolution else [])
+
+
+@dataclasses.dataclass
+class Ctx:
+    results: Path
+    bin: Path
+    device: str
+    profile: str
+    iterations: int
+    warmup: int
+    threads: int | None
+
+    def exe(self, name: str) -> str:
+        return str(self.bin / name)
+
+    def logs(self) -> Path:
+        return self.results / "logs"
+
+    def worker_args(self) -> list[str]:
+        out = ["--device", self.device, "--iterations", str(self.iterations), "--json"]
+        return out + (["--threads", str(self.threads)] if self.threads else [])
+
+
+def plan_summary(ctx: Ctx, job: Job, step: str) -> tuple[dict[str, Any] | None, Path, str]:
+    """``tensilectl plan --json -o FILE`` for the job (kept: a rerun reuses it)."""
+    folder = ctx.results / step
+    folder.mkdir(parents=True, exist_ok=True)
+    plan, summary = folder / f"{job.id}.plan.json", folder / f"{job.id}.plan-summary.json"
+    if plan.exists() and summary.exists():
+        return json.loads(summary.read_text()), plan, ""
+    cmd = [ctx.exe("tensilectl"), "plan", *job.args(), "--device", ctx.profile, "--json", "-o", str(plan)]
+    r = proc.run(cmd, ctx.logs() / f"{step}-{job.id}-plan.log", proc.tch_env())
+    r.check_time(f"planning {job.id}")
+    if r.rc != 0:
+        return None, plan, f"tensilectl plan: {r.error()}"
+    try:
+        data = json.loads(r.stdout[r.stdout.index("{") : r.stdout.rindex("}") + 1])
+    except ValueError:
+        return None, plan, "tensilectl plan printed no JSON"
+    summary.write_text(json.dumps(data, indent=1) + "\n")
+    return data, plan, ""
+
+
+def iterations(stdout: str) -> list[dict[str, Any]]:
+    out = []
+    for line in stdout.splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass
+    return [it for it in out if "time_ns" in it]
+
+
+def summarize(its: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
+    """Medians and maxima over the iterations after the warm-up (the last
+    one when there are no more)."""
+    steady = its[warmup:] or its[-1:]
+    if not steady:
+        return {}
+
+    def med(key: str) -> float:
+        return statistics.median(it.get(key, 0) for it in steady)
+
+    return {
+        "iterations_run": len(its),
+        "iterations_counted": len(steady),
+        "time_ms": round(med("time_ns") / 1e6, 2),
+        "first_time_ms": round(its[0]["time_ns"] / 1e6, 2),
+        "measured_peak_mb": round(max(it.get("measured_peak_bytes", 0) for it in steady) / 1e6, 1),
+        "executor_peak_mb": round(max(it.get("executor_peak_bytes", 0) for it in steady) / 1e6, 1),
+        "stall_ms": round(med("stall_ns") / 1e6, 2),
+        "late_prefetches": sum(it.get("late_prefetches", 0) for it in steady),
+        "passive_swaps": sum(it.get("passive_swaps", 0) for it in steady),
+        "failed_copies": sum(it.get("failed_copies", 0) for it in steady),
+        "guard_evictions": sum(it.get("guard_evictions", 0) for it in steady),
+    }
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 3) if a is not None and b else None
+
+
+def solo(ctx: Ctx, jobs: list[Job]) -> int:
+    step = "worker"
+    for job in jobs:
+        ids = {mode: f"{job.id}-{mode}" for mode in ("vanilla", "planned")}
+        if all(results.has_row(ctx.results, step, i) for i in ids.values()):
+            print(f"  {job.id}: done before")
+            continue
+        results.need_time(60, f"{job.id} on the worker")
+        summary, plan, plan_error = plan_summary(ctx, job, step)
+        for mode, row_id in ids.items():
+            if results.has_row(ctx.results, step, row_id):
+                continue
+            results.need_time(30, row_id)
+            row: dict[str, Any] = {
+                "id": row_id,
+                "model": job.model,
+                "batch": job.batch,
+                "resolution": job.resolution,
+                "mode": mode,
+                "device": ctx.device,
+                "profile": ctx.profile,
+            }
+            if summary is not None:
+                key = "vanilla" if mode == "vanilla" else "planned"
+                row["predicted_peak_mb"] = round(summary[f"{key}_peak_bytes"] / 1e6, 1)
+                row["predicted_time_ms"] = round(summary[f"{key}_time_s"] * 1e3, 2)
+            if mode == "planned" and summary is None:
+                row.update(status="failed", reason=plan_error)
+                results.add_row(ctx.results, step, row)
+                print(f"  {row_id}: failed: {plan_error}")
+                continue
+            how = ["--vanilla"] if mode == "vanilla" else ["--plan", str(plan)]
+            cmd = [ctx.exe("tensile-worker"), *job.args(), *how, *ctx.worker_args()]
+            r = proc.run(cmd, ctx.logs() / f"worker-{row_id}.log", proc.tch_env())
+            r.check_time(row_id)
+            its = iterations(r.stdout)
+            row.update(summarize(its, ctx.warmup))
+            row["smi_peak_mib"] = r.smi_peak_mib
+            row["peak_vs_predicted"] = ratio(row.get("measured_peak_mb"), row.get("predicted_peak_mb"))
+            row["time_vs_predicted"] = ratio(row.get("time_ms"), row.get("predicted_time_ms"))
+            if r.rc != 0 or not its:
+                row.update(status="failed", reason=r.error() if r.rc != 0 else "no iteration printed")
+            results.add_row(ctx.results, step, row)
+            if row.get("status") == "failed":
+                print(f"  {row_id}: failed: {row['reason']}")
+            else:
+                print(
+                    f"  {row_id}: {row['time_ms']} ms/iteration, peak {row['measured_peak_mb']} MB "
+                    f"(predicted {row.get('predicted_peak_mb')})"
+                )
+    return 0
+
+
+def ledger_supported(ctx: Ctx) -> bool:
+    r = subprocess.run([ctx.exe("tensile-worker"), "--help"], capture_output=True, text=True, env=proc.tch_env())
+    return "--ledger" in r.stdout
+
+
+def wait_for_socket(sock: Path, p: subprocess.Popen[str], seconds: float) -> str:
+    end = time.time() + seconds
+    while time.time() < end:
+        if sock.exists():
+            return ""
+        if p.poll() is not None:
+            return f"the scheduler exited with status {p.returncode}"
+        time.sleep(0.1)
+    return f"no socket {sock} after {seconds:.0f} s"
+
+
+def stop(p: subprocess.Popen[str]) -> None:
+    if p.poll() is None:
+        p.send_signal(signal.SIGTERM)
+        try:
+            p.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def pair(ctx: Ctx, job: Job, extra: list[str], tag: str) -> tuple[list[dict[str, Any]], list[str], int]:
+    """Two workers of ``job`` at once: their summaries, their errors and
+    the sum of their nvidia-smi peaks (0 when not sampled)."""
+    t0 = time.time()
+    started = []
+    with proc.SmiSampler() as smi:
+        for name in ("a", "b"):
+            log = ctx.logs() / f"colocate-{tag}-{name}.log"
+            cmd = [ctx.exe("tensile-worker"), *job.args(), *ctx.worker_args(), "--name", f"{job.model}-{name}", *extra]
+            p = proc.start(cmd, log, proc.tch_env())
+            smi.pids.add(p.pid)
+            started.append((name, p, log))
+        runs = [(name, p.pid, proc.finish(p, log, t0, results.time_left() - 15)) for name, p, log in started]
+    for name, _, r in runs:
+        r.check_time(f"worker {job.model}-{name} ({tag})")
+    jobs, errors = [], []
+    for name, pid, r in runs:
+        s = summarize(iterations(r.stdout), ctx.warmup)
+        s["name"] = f"{job.model}-{name}"
+        s["smi_peak_mib"] = smi.peak_mib.get(pid) if smi.enabled else None
+        jobs.append(s)
+        if r.rc != 0 or "time_ms" not in s:
+            errors.append(f"{s['name']}: {r.error() if r.rc != 0 else 'no iteration printed'}")
+    return jobs, errors, sum(smi.peak_mib.values())
+
+
+def colocate(ctx: Ctx, job: Job) -> int:
+    step = "colocate"
+    summary, _, plan_error = plan_summary(ctx, job, step)
+    solo_row = results.row_of(ctx.results, "worker", f"{job.id}-vanilla")
+    solo_ms = solo_row.get("time_ms") if solo_row and solo_row.get("status") == "ok" else None
+    base = {"model": job.model, "batch": job.batch, "resolution": job.resolution, "device": ctx.device, "solo_time_ms": solo_ms}
+    for tag in ("vanilla", "scheduler"):
+        row_id = f"{job.id}-x2-{tag}"
+        if results.has_row(ctx.results, step, row_id):
+            print(f"  {row_id}: done before")
+            continue
+        results.need_time(60, row_id)
+        row: dict[str, Any] = {"id": row_id, "mode": tag, **base}
+        tmp = Path(tempfile.mkdtemp(prefix="tensile-gpu-check-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
+        sched: subprocess.Popen[str] | None = None
+        try:
+            if tag == "vanilla":
+                jobs, errors, smi_sum = pair(ctx, job, ["--vanilla"], tag)
+            else:
+                if summary is None:
+                    row.update(status="failed", reason=plan_error)
+                    results.add_row(ctx.results, step, row)
+                    continue
+                budget_mb = math.ceil(summary["vanilla_peak_bytes"] / 1e6)
+                row["budget_mb"] = budget_mb
+                sock = tmp / "scheduler.sock"
+                sched_cmd = [
+                    ctx.exe("tensile-scheduler"), "--listen", f"unix:{sock}", "--device", ctx.profile,
+                    "--budget-mb", str(budget_mb), "--state", "none",
+                ]
+                sched = proc.start(sched_cmd, ctx.logs() / "colocate-scheduler.log", dict(os.environ))
+                err = wait_for_socket(sock, sched, 30)
+                if err:
+                    row.update(status="failed", reason=err)
+                    results.add_row(ctx.results, step, row)
+                    continue
+                extra = ["--scheduler", f"unix:{sock}", "--plan-timeout-s", str(max(30, int(results.time_left() - 30)))]
+                row["ledger"] = ledger_supported(ctx)
+                if row["ledger"]:
+                    extra += ["--ledger", str(tmp / "ledger"), "--memory-mb", str(budget_mb)]
+                jobs, errors, smi_sum = pair(ctx, job, extra, tag)
+        finally:
+            if sched is not None:
+                stop(sched)
+            shutil.rmtree(tmp, ignore_errors=True)
+        row["jobs"] = jobs
+        peaks = [j.get("measured_peak_mb") for j in jobs]
+        if all(p is not None for p in peaks):
+            row["sum_peak_mb"] = round(sum(peaks), 1)  # type: ignore[arg-type]
+            if "budget_mb" in row:
+                row["within_budget"] = row["sum_peak_mb"] <= row["budget_mb"]
+        times = [j["time_ms"] for j in jobs if "time_ms" in j]
+        if times and solo_ms:
+            row["slowdown_vs_solo"] = round(max(times) / solo_ms, 3)
+        row["smi_sum_peak_mib"] = smi_sum or None
+        if errors:
+            row.update(status="failed", reason="; ".join(errors))
+        results.add_row(ctx.results, step, row)
+        what = f"failed: {row['reason']}" if errors else f"times {times} ms, sum of peaks {row.get('sum_peak_mb')} MB"
+        print(f"  {row_id}: {what}")
+    return 0
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("what", choices=["solo", "colocate"])
+    p.add_argument("--results", type=Path, required=True)
+    p.add_argument("--bin", type=Path, required=True, help="folder of tensile-worker, tensilectl, tensile-scheduler")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--profile", default="h100", help="tensilectl's device profile for the plans")
+    p.add_argument("--jobs", default="resnet50:32,bert_base:16")
+    p.add_argument("--job", default="resnet50:32")
+    p.add_argument("--iterations", type=int, default=12)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--threads", type=int)
+    a = p.parse_args()
+    ctx = Ctx(a.results, a.bin, a.device, a.profile, a.iterations, a.warmup, a.threads)
+    try:
+        if a.what == "solo":
+            return solo(ctx, [Job.parse(j) for j in a.jobs.split(",") if j])
+        return colocate(ctx, Job.parse(a.job))
+    except results.OutOfTime as e:
+        print(f"  {e}")
+        return results.INCOMPLETE
+
+
+if __name__ == "__main__":
+    sys.exit(main())
