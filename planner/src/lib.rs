@@ -22,7 +22,7 @@
 //! - `coord`: coordinated jobs planned on one common time line (one cycle,
 //!   the link's channels shared by all jobs' copies).
 //!
-//! The loop (SPEC §4.5): swap at every job's peak while anything fits; when
+//! The loop: swap at every job's peak while anything fits; when
 //! nothing does and the sum of the jobs' peaks is over the budget, take the
 //! move that saves the most bytes at a peak per second it adds (a
 //! recomputation, or a swap that makes the job wait for its prefetch) and go
@@ -907,6 +907,10 @@ fn op_starts(job: &Job<'_>) -> Vec<u64> {
     starts
 }
 
+/// How many times a job's iteration may repeat within the longest one
+/// before [`aligned_peak`] counts it at its peak throughout.
+const MAX_REPEATS: u64 = 256;
+
 /// The peak of the jobs' memory curves on one time line, each job starting
 /// at 0 and repeating its iteration, over the longest iteration.
 fn aligned_peak(curves: &[(u64, &[(u64, u64)])]) -> u64 {
@@ -916,7 +920,10 @@ fn aligned_peak(curves: &[(u64, &[(u64, u64)])]) -> u64 {
         if line.is_empty() {
             continue;
         }
-        if period == 0 {
+        // A job whose iteration repeats very often within the longest one
+        // counts at its peak throughout: an upper bound, and the work
+        // stays bounded whatever the iterations' lengths.
+        if period == 0 || horizon / period > MAX_REPEATS {
             let peak = line.iter().map(|p| p.1).max().unwrap_or(0) as i64;
             changes.push((0, peak));
             continue;

@@ -6,7 +6,8 @@
 //! # Layout
 //! - [`server`]: [`run`] (listeners, shutdown passed in), [`Listener`], the
 //!   lease reaper.
-//! - [`service`]: the tonic service, one handler per RPC.
+//! - [`service`]: the tonic service, one handler per RPC; [`bounds`]: the
+//!   range of every number and string it takes off the wire.
 //! - [`planning`]: the planning task, sole owner of the re-planner and of
 //!   admission; commands in, plans out through watch channels.
 //! - [`state`]: the job table (graph, token hash, lease, newest plan).
@@ -17,6 +18,7 @@
 //!   `tonic::Status`. [`metrics`]: Prometheus. [`config`]: the validated
 //!   configuration; [`cli`]: flags, environment and TOML file into it.
 
+pub mod bounds;
 pub mod cli;
 pub mod coldstart;
 pub mod config;

@@ -25,6 +25,7 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tonic::{Request, Response, Status};
 use tracing::{info, info_span};
 
+use crate::bounds;
 use crate::coldstart::{ColdStart, SOURCE_MEASURED, SOURCE_STORE};
 use crate::config::Config;
 use crate::error::Error;
@@ -87,30 +88,6 @@ impl Service {
     }
 }
 
-/// Per-op seconds from the wire as ns, each finite and >= 0, one per op.
-fn latencies_ns(graph: &Graph, s: &[f64], what: &str) -> Result<Vec<u64>, Error> {
-    if s.len() != graph.ops().len() {
-        return Err(Error::InvalidArgument(format!(
-            "{what} has {} entries; the graph has {} ops (one latency per op, by op id)",
-            s.len(),
-            graph.ops().len()
-        )));
-    }
-    s.iter()
-        .enumerate()
-        .map(|(i, &x)| {
-            if x.is_finite() && x >= 0.0 {
-                Ok((x * 1e9).round() as u64)
-            } else {
-                Err(Error::InvalidArgument(format!(
-                    "{what}[{i}] (op {i} {:?}) is {x}: latencies must be finite and >= 0",
-                    graph.ops()[i].name
-                )))
-            }
-        })
-        .collect()
-}
-
 /// A graph off the wire: size first, then decoded and validated (on a
 /// blocking thread: validation of a big graph takes milliseconds).
 async fn graph_in(graph: Option<pb::Graph>, config: &Config, what: &str) -> Result<Graph, Error> {
@@ -150,7 +127,7 @@ fn settings_in(
         base_bytes: if s.base_bytes == 0 {
             device.base_bytes
         } else {
-            s.base_bytes
+            bounds::bytes("settings.base_bytes", s.base_bytes)?
         },
         recompute: s.allow_recompute.unwrap_or(true),
         ..JobSettings::default()
@@ -275,12 +252,17 @@ impl pb::memory_scheduler_server::MemoryScheduler for Service {
     ) -> Result<Response<pb::RegisterJobResponse>, Status> {
         let req = request.into_inner();
         let inner = &self.inner;
+        bounds::name(&req.name)?;
         let graph = graph_in(req.graph, &inner.config, "RegisterJobRequest").await?;
         let (settings, priority) = settings_in(req.settings, &inner.config.device)?;
         let given = if req.op_latency_s.is_empty() {
             None
         } else {
-            Some(latencies_ns(&graph, &req.op_latency_s, "op_latency_s")?)
+            Some(bounds::latencies_ns(
+                &graph,
+                &req.op_latency_s,
+                "op_latency_s",
+            )?)
         };
         let (cold, store, device) = (
             inner.cold.clone(),
@@ -406,13 +388,8 @@ impl pb::memory_scheduler_server::MemoryScheduler for Service {
         let lease_until = self.lease_until();
         let m = &self.inner.metrics;
         let measured = self.inner.shared.with_job(req.job_id, &req.token, |job| {
-            let op_ns = latencies_ns(&job.graph, &req.op_latency_s, "op_latency_s")?;
-            if !(req.stall_s.is_finite() && req.stall_s >= 0.0) {
-                return Err(Error::InvalidArgument(format!(
-                    "stall_s is {}: it must be finite and >= 0",
-                    req.stall_s
-                )));
-            }
+            let op_ns = bounds::latencies_ns(&job.graph, &req.op_latency_s, "op_latency_s")?;
+            bounds::stall_s(req.stall_s)?;
             let tensors = job.graph.tensors().len();
             if let Some(&t) = req.late_prefetches.iter().find(|&&t| t as usize >= tensors) {
                 return Err(Error::InvalidArgument(format!(
@@ -554,6 +531,7 @@ impl pb::memory_scheduler_server::MemoryScheduler for Service {
         if req.budget_bytes == 0 {
             return Err(Error::InvalidArgument("budget_bytes must be positive".into()).into());
         }
+        bounds::bytes("budget_bytes", req.budget_bytes)?;
         let (reply, answer) = oneshot::channel();
         self.send(Command::Budget {
             bytes: req.budget_bytes,
@@ -588,11 +566,17 @@ impl pb::memory_scheduler_server::MemoryScheduler for Service {
         let given = if req.op_latency_s.is_empty() {
             None
         } else {
-            Some(latencies_ns(&graph, &req.op_latency_s, "op_latency_s")?)
+            Some(bounds::latencies_ns(
+                &graph,
+                &req.op_latency_s,
+                "op_latency_s",
+            )?)
         };
         let cold = inner.cold.clone();
         let same_device = profile.name == inner.config.device.name;
-        let budget = (req.budget_bytes > 0).then_some(req.budget_bytes);
+        let budget = (req.budget_bytes > 0)
+            .then(|| bounds::bytes("budget_bytes", req.budget_bytes))
+            .transpose()?;
         let out = tokio::task::spawn_blocking(move || {
             let (lat, source) = match given {
                 Some(l) => (l, SOURCE_MEASURED),
@@ -649,19 +633,23 @@ fn profile_in(d: Option<pb::DeviceProfile>, own: &DeviceProfile) -> Result<Devic
         )));
     };
     if d.memory_bytes > 0 {
-        p.memory_bytes = d.memory_bytes;
+        p.memory_bytes = bounds::bytes("device.memory_bytes", d.memory_bytes)?;
     }
     if d.h2d_bytes_per_s != 0.0 {
-        p.h2d_bytes_per_s = d.h2d_bytes_per_s;
+        p.h2d_bytes_per_s = bounds::rate("device.h2d_bytes_per_s", d.h2d_bytes_per_s)?;
     }
     if d.d2h_bytes_per_s != 0.0 {
-        p.d2h_bytes_per_s = d.d2h_bytes_per_s;
+        p.d2h_bytes_per_s = bounds::rate("device.d2h_bytes_per_s", d.d2h_bytes_per_s)?;
     }
     if d.copy_latency_s != 0.0 {
-        if !(d.copy_latency_s.is_finite() && d.copy_latency_s > 0.0) {
+        if !(d.copy_latency_s.is_finite()
+            && d.copy_latency_s > 0.0
+            && d.copy_latency_s <= bounds::MAX_OP_LATENCY_S)
+        {
             return Err(Error::InvalidArgument(format!(
-                "device.copy_latency_s is {}: it must be finite and > 0",
-                d.copy_latency_s
+                "device.copy_latency_s is {}: it must be finite, in (0, {}] s",
+                d.copy_latency_s,
+                bounds::MAX_OP_LATENCY_S
             )));
         }
         p.copy_latency_ns = (d.copy_latency_s * 1e9).round() as u64;

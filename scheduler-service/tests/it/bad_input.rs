@@ -157,6 +157,97 @@ async fn each_bad_input_gets_its_status() {
     s.stop().await;
 }
 
+/// Every number off the wire has a range: out of it, INVALID_ARGUMENT
+/// naming the field. At the edge of the ranges (one job reporting an
+/// iteration of a day), planning still answers the others at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn absurd_numbers_are_refused_and_the_worst_valid_report_stalls_no_one() {
+    let s = tcp(config()).await;
+    let mut c = connect(&s.address).await;
+    let g = mlp(64);
+    let ops = g.ops().len();
+    let r = register(&mut c, "hostile", &g).await;
+    let refused = |e: tonic::Status, field: &str| {
+        assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+        assert!(e.message().contains(field), "{}", e.message());
+    };
+
+    // A year per op; a day's worth of hours; a stall of a year.
+    refused(
+        c.report_latencies(report(&r, ops, 3.2e7))
+            .await
+            .unwrap_err(),
+        "op_latency_s[0]",
+    );
+    refused(
+        c.report_latencies(report(&r, ops, 3599.0))
+            .await
+            .unwrap_err(),
+        "adds up to",
+    );
+    let mut rep = report(&r, ops, 1e-3);
+    rep.stall_s = 3.2e7;
+    refused(c.report_latencies(rep).await.unwrap_err(), "stall_s");
+    // The same at registration, and absurd settings, names and budgets.
+    let mut req = register_req("x", &g);
+    req.op_latency_s = vec![3.2e7; ops];
+    refused(c.register_job(req).await.unwrap_err(), "op_latency_s[0]");
+    let mut req = register_req("x", &g);
+    req.settings = Some(pb::JobSettings {
+        base_bytes: u64::MAX,
+        ..Default::default()
+    });
+    refused(
+        c.register_job(req).await.unwrap_err(),
+        "settings.base_bytes",
+    );
+    let req = register_req(&"x".repeat(5 << 20), &g);
+    refused(c.register_job(req).await.unwrap_err(), "name has");
+    let e = c
+        .set_memory_budget(pb::SetMemoryBudgetRequest {
+            budget_bytes: u64::MAX,
+            admin_token: String::new(),
+        })
+        .await
+        .unwrap_err();
+    refused(e, "budget_bytes");
+    let e = c
+        .plan_graph(pb::PlanGraphRequest {
+            graph: Some(tensile_proto::convert::graph_to_proto(&g)),
+            device: Some(pb::DeviceProfile {
+                name: "a6000".into(),
+                h2d_bytes_per_s: 1e-300,
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    refused(e, "device.h2d_bytes_per_s");
+
+    // The worst valid report: an iteration of a day. Another job's
+    // registration is planned, and a budget change answers, at once.
+    let day = 86_400.0 / ops as f64;
+    c.report_latencies(report(&r, ops, day)).await.unwrap();
+    let t = std::time::Instant::now();
+    let other = register(&mut c, "well-behaved", &g).await;
+    let mut plans = subscribe(&mut c, &other).await;
+    next_plan(&mut plans).await;
+    c.set_memory_budget(pb::SetMemoryBudgetRequest {
+        budget_bytes: 1 << 30,
+        admin_token: String::new(),
+    })
+    .await
+    .unwrap();
+    c.report_latencies(report(&other, ops, 1e-3)).await.unwrap();
+    let took = t.elapsed();
+    assert!(
+        took < std::time::Duration::from_secs(10),
+        "planning was held up for {took:?} by one job's day-long iteration"
+    );
+    s.stop().await;
+}
+
 /// One server for all cases: its state must survive them all.
 fn fuzz_server() -> &'static (
     tokio::runtime::Runtime,
