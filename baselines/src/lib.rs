@@ -1,4 +1,4 @@
-//! The baselines (SPEC §10): the systems and practices TENSILE is compared
+//! The baselines: the systems and practices TENSILE is compared
 //! with, expressed as plans for the same executor and simulator, plus the
 //! executor options some of them need (synchronous copies, a bounded
 //! offload stash, Capuchin's passive eviction). Nothing here simulates on

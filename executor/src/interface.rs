@@ -54,7 +54,7 @@ pub enum ExecError {
 
 /// How the executor runs copies and memory, beyond what the plan says. The
 /// defaults are TENSILE's executor; the other settings model baselines
-/// (SPEC §10) in the same state machine.
+/// in the same state machine.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct ExecOptions {
     /// The compute stream waits for every swap-out to end before it runs

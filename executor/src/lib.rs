@@ -1,4 +1,4 @@
-//! The executor of one job and the simulator built on it (SPEC §6). One
+//! The executor of one job and the simulator built on it. One
 //! state machine runs a job's iteration; it owns no clock and no copy
 //! engine: the simulator drives it with virtual-time kernels and the
 //! virtual-time copy engine, the worker with real kernels and real copies.

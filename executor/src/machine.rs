@@ -1,4 +1,4 @@
-//! The executor of one job (SPEC §6) as a state machine that owns no clock
+//! The executor of one job as a state machine that owns no clock
 //! and no copies: its driver tells it the time, runs the kernels it asks
 //! for, and owns the copy engine it carries out swaps on (virtual time in
 //! the simulator, real copies in the worker). It runs ops in order, fires

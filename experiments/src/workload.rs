@@ -1,4 +1,4 @@
-//! The TENSILE paper's experiments (section V, SPEC §9) as workloads:
+//! The TENSILE paper's experiments (section V) as workloads:
 //! - Table III ([`Experiment::Single`]): one job at batch 16, each of the
 //!   five models (and BERT-base);
 //! - Fig. 6 ([`Experiment::Copies`]): 1-3 copies of one model at batch 2,

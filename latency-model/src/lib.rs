@@ -2,7 +2,7 @@
 //!
 //! Two predictors: the roofline cost model over device profiles (also the
 //! simulator's ground truth and the crude cold-start estimate), and the
-//! learned one of SPEC §5: per op type, a small ensemble of 4-layer MLPs
+//! learned one: per op type, a small ensemble of 4-layer MLPs
 //! correcting a roofline fitted to the op type, served from ONNX files with
 //! ONNX Runtime, batched over all ops of a graph, with the roofline as the
 //! fallback for op types without a model.

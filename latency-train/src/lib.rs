@@ -1,4 +1,4 @@
-//! Making the learned op-latency models of SPEC §5, for
+//! Making the learned op-latency models, for
 //! `tensile-latency-model` to serve: real kernels timed through tch
 //! (libtorch), per op type a small ensemble of 4-layer MLPs trained with
 //! tch to correct a roofline fitted to the op type, written as ONNX, and a

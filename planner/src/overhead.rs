@@ -1,5 +1,5 @@
 //! Meeting a memory budget at a time cost, once no swap fits without one
-//! (SPEC §4.4 generalised, as Capuchin does). Every way of taking a storage
+//! (generalised, as Capuchin does). Every way of taking a storage
 //! off the device at a job's peak is a [`Move`] with the bytes it saves
 //! there and an upper bound of the time it adds; the planner takes the one
 //! with the most bytes per second (a unified MSPS, see `budget_round`).

@@ -1,4 +1,4 @@
-//! Recomputation by MSPS (SPEC §4.4): release a tensor after the access
+//! Recomputation by MSPS: release a tensor after the access
 //! before the peak and re-run its producer right before the access after
 //! it. Inputs of the producer must be on the device then; an input that is
 //! dead by then may itself be recomputed first (a chain), an input that is

@@ -1,4 +1,4 @@
-//! Re-planning (SPEC §4.7) as a pure library: the re-planner owns every
+//! Re-planning as a pure library: the re-planner owns every
 //! job's graph (`Arc`), keyed by a [`JobId`] the caller chooses, folds each
 //! job's [`Measurements`] into an EWMA of its op latencies, says when a
 //! re-plan is due, and plans all jobs together. It keeps no clock and does

@@ -1,4 +1,4 @@
-//! Greedy swap scheduling (SPEC §4.3): candidates at the peak, largest first;
+//! Greedy swap scheduling: candidates at the peak, largest first;
 //! swap-out as early as possible, swap-in as late as possible, on copy
 //! channels that never overlap; release + re-prefetch of later gaps once a
 //! host copy exists; across-iteration swaps of persistent storage.

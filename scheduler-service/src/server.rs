@@ -301,7 +301,7 @@ async fn reap_leases(
             // An open plan stream does not hold the lease: a hung worker
             // keeps its connection (its kernel answers TCP, and a runtime
             // thread may still answer HTTP/2 pings) but sends no
-            // heartbeats or reports (SERVICE.md §2: the lease is what
+            // heartbeats or reports (the lease is what
             // sees a hung worker).
             .filter(|(_, j)| j.lease_until <= now)
             .map(|(&id, _)| id)

@@ -1,4 +1,4 @@
-//! The CUDA copy engine (SERVICE.md §4 "cuda"): real copies between
+//! The CUDA copy engine: real copies between
 //! libtorch's device buffers and a capped pool of pinned host buffers, on
 //! one non-blocking CUDA stream of its own, through cudarc's driver API
 //! (loaded at run time: the build needs no CUDA toolkit).

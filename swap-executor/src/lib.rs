@@ -1,4 +1,4 @@
-//! The swap executor (SPEC §2, SERVICE.md §4): TENSILE's Execution Queue
+//! The swap executor: TENSILE's Execution Queue
 //! (swap events waiting for their delay after their trigger op) and the
 //! copy engines that carry out swaps, behind one trait, so that the
 //! simulator and the worker run the same executor state machine.

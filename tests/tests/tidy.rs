@@ -1,7 +1,6 @@
 //! Tidy checks over the workspace's own Rust sources, in the manner of
 //! rust-analyzer's `xtask/src/tidy.rs`: every `.rs` file starts with a `//!`
-//! comment that says what it is for, and stays under [`MAX_LINES`] lines
-//! (STYLE.md: files stay small). Build output, the Python virtualenv and
+//! comment that says what it is for, and stays under [`MAX_LINES`] lines. Build output, the Python virtualenv and
 //! hidden directories are not ours and are skipped; generated code lives
 //! in `target/` (`OUT_DIR`), so it is skipped with it.
 

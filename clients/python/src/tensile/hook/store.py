@@ -16,8 +16,8 @@ Copies go through a :class:`CopyEngine`:
   (swap-in); the compute stream waits for a swap-in's event before its
   consumer. A device storage is dropped only once its swap-out's event has
   completed, and a host buffer goes back to the pool only once the copy
-  reading it has completed (RESEARCH-service.md §C: torchrec #4231,
-  Megatron #7398). The compute stream is asked for at every copy, never
+  reading it has completed (the stream bugs torchrec #4231 and
+  Megatron #7398 shipped). The compute stream is asked for at every copy, never
   cached (TRL #7195). Untested here: no GPU was lent to this work.
 
 Every function here runs with the dispatch modes disabled (the caller's
