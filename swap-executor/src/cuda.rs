@@ -49,15 +49,53 @@ use crate::host::Payload;
 
 /// A device buffer the CUDA engine can copy to and from by address:
 /// implemented by the worker for its libtorch tensors.
-pub trait DevicePayload: Payload {
-    /// The device address of the payload's first byte (contiguous for
-    /// [`Payload::byte_len`] bytes), valid while this handle lives.
+///
+/// # Safety
+///
+/// The engine hands [`DevicePayload::device_ptr`] to the CUDA driver as
+/// raw device memory, so an implementation must guarantee that, for as
+/// long as the value lives, the address is the first byte of one
+/// allocation of at least [`Payload::byte_len`] contiguous bytes in the
+/// primary context of the device that [`DevicePayload::device_ordinal`]
+/// names, and that [`DevicePayload::alloc`] returns such a buffer of
+/// exactly `len` bytes. The engine checks the ordinal and the length
+/// before every copy; the address it has to trust.
+pub unsafe trait DevicePayload: Payload {
+    /// The device address of the payload's first byte.
     fn device_ptr(&self) -> u64;
+    /// The CUDA device the buffer is on; `None`: not on a CUDA device.
+    fn device_ordinal(&self) -> Option<usize>;
     /// A new device buffer of `len` bytes, contents unset, allocated for
     /// the compute stream (a prefetch's destination).
     fn alloc(meta: &Self::Meta, len: usize) -> Result<Self, String>
     where
         Self: Sized;
+}
+
+/// Whether `p` is a buffer of at least `len` bytes on CUDA device
+/// `served`: what the engine can check of a payload before it hands its
+/// address to the driver.
+fn check_payload<P: DevicePayload>(p: &P, served: usize, len: usize) -> Result<(), String> {
+    match p.device_ordinal() {
+        Some(o) if o == served => {}
+        Some(o) => {
+            return Err(format!(
+                "the buffer is on CUDA device {o}; this engine serves device {served}"
+            ));
+        }
+        None => {
+            return Err(format!(
+                "the buffer is not on a CUDA device; this engine serves device {served}"
+            ));
+        }
+    }
+    if p.byte_len() < len {
+        return Err(format!(
+            "the device buffer has {} bytes; the copy moves {len}",
+            p.byte_len()
+        ));
+    }
+    Ok(())
 }
 
 /// How the CUDA engine runs.
@@ -378,9 +416,11 @@ impl<P: DevicePayload> CudaCopies<P> {
         self.after_compute()?;
         let dptr: CUdeviceptr = src.device_ptr();
         let dst = buf.bytes_mut()?;
+        check_payload(src, self.config.ordinal, dst.len())?;
         if !dst.is_empty() {
-            // SAFETY: `dptr` is the start of `src`'s device buffer of
-            // `dst.len()` bytes (`DevicePayload::device_ptr`), kept alive by
+            // SAFETY: `dptr` is the start of `src`'s device buffer of at
+            // least `dst.len()` bytes on this engine's device (the
+            // `DevicePayload` contract; ordinal and length checked above), kept alive by
             // the copy's own handle until its completion event is observed;
             // `dst` is pinned memory owned by the copy until then too, and
             // not touched by the host meanwhile. Raw bytes: any bits are
@@ -399,9 +439,11 @@ impl<P: DevicePayload> CudaCopies<P> {
         self.after_compute()?;
         let dptr: CUdeviceptr = dst.device_ptr();
         let bytes = src.bytes()?;
+        check_payload(dst, self.config.ordinal, bytes.len())?;
         if !bytes.is_empty() {
             // SAFETY: `dptr` is the start of `dst`'s freshly allocated
-            // device buffer of `bytes.len()` bytes, which nothing reads
+            // device buffer of at least `bytes.len()` bytes on this engine's
+            // device (the `DevicePayload` contract; checked above), which nothing reads
             // before the copy's event is observed, and which the copy's own
             // handle keeps alive until then; `bytes` is pinned memory held
             // (behind an `Arc`) by the copy until then and never written
@@ -703,13 +745,65 @@ mod tests {
         }
     }
 
-    impl DevicePayload for NoBuf {
+    // SAFETY: never handed to the driver: it is on no device, which the
+    // engine checks before any copy, and `alloc` always fails.
+    unsafe impl DevicePayload for NoBuf {
         fn device_ptr(&self) -> u64 {
             0
+        }
+        fn device_ordinal(&self) -> Option<usize> {
+            None
         }
         fn alloc(_: &(), _: usize) -> Result<Self, String> {
             Err("no device".into())
         }
+    }
+
+    /// A payload that says where it is and how long it is, never copied.
+    struct Claims(Option<usize>, usize);
+
+    impl Payload for Claims {
+        type Meta = ();
+        fn meta(&self) {}
+        fn share(&self) -> Self {
+            Claims(self.0, self.1)
+        }
+        fn byte_len(&self) -> usize {
+            self.1
+        }
+        fn read(&self, _: &mut [u8]) -> Result<(), String> {
+            Err("no bytes".into())
+        }
+        fn write(_: &(), _: &[u8]) -> Result<Self, String> {
+            Err("no bytes".into())
+        }
+    }
+
+    // SAFETY: only ever given to `check_payload`, never to the driver.
+    unsafe impl DevicePayload for Claims {
+        fn device_ptr(&self) -> u64 {
+            0
+        }
+        fn device_ordinal(&self) -> Option<usize> {
+            self.0
+        }
+        fn alloc(_: &(), _: usize) -> Result<Self, String> {
+            Err("no device".into())
+        }
+    }
+
+    #[test]
+    fn a_buffer_on_another_device_or_too_short_is_refused_before_the_driver_sees_it() {
+        assert_eq!(check_payload(&Claims(Some(0), 64), 0, 64), Ok(()));
+        let e = check_payload(&Claims(Some(1), 64), 0, 64).unwrap_err();
+        assert!(
+            e.contains("CUDA device 1") && e.contains("serves device 0"),
+            "{e}"
+        );
+        let e = check_payload(&Claims(None, 64), 0, 64).unwrap_err();
+        assert!(e.contains("not on a CUDA device"), "{e}");
+        let e = check_payload(&Claims(Some(0), 32), 0, 64).unwrap_err();
+        assert!(e.contains("has 32 bytes") && e.contains("moves 64"), "{e}");
     }
 
     #[test]

@@ -26,9 +26,22 @@ pub enum Engine {
     Cuda { ordinal: usize },
 }
 
-impl DevicePayload for Flat {
+// SAFETY: a `Flat` is one contiguous libtorch tensor (`Flat::over` and
+// `alloc` make it so) that owns its storage for as long as it lives:
+// `data_ptr` is the first byte of `byte_len` bytes of it, on the device
+// `device_ordinal` reads from the tensor itself, allocated by libtorch's
+// caching allocator in the device's primary context.
+#[allow(unsafe_code)]
+unsafe impl DevicePayload for Flat {
     fn device_ptr(&self) -> u64 {
         self.0.data_ptr() as usize as u64
+    }
+
+    fn device_ordinal(&self) -> Option<usize> {
+        match self.0.device() {
+            Device::Cuda(i) => Some(i),
+            _ => None,
+        }
     }
 
     fn alloc(meta: &FlatMeta, len: usize) -> Result<Flat, String> {
