@@ -124,7 +124,7 @@ def plan(
     target)`` takes; only their shapes and dtypes are used. ``budget_mb`` (a
     whole number of MB, 10^6 bytes) asks the planner to fit that much; a plan
     that then recomputes is refused here, since :func:`tensile.apply` cannot
-    recompute in eager mode (see the README).
+    recompute in eager mode (see ``docs/framework-hook.md``).
     ``device_profile`` is a ``tensilectl --device`` profile (default: see
     :func:`default_profile`). Files go to ``workdir``
     (default: a new temporary directory).

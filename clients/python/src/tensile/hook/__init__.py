@@ -12,7 +12,7 @@
 An iteration is the model's forward call (with gradients on) up to the end
 of ``optimizer.step()``; the ops between must be the ones traced, in order
 (:class:`PlanMismatchError` names the first that differs). What the hook
-does and does not handle is in ``runtime.py``'s docs and the README.
+does and does not handle is in ``runtime.py``'s docs and ``docs/framework-hook.md``.
 
 With a scheduler (``server=``, or a plan made by ``tensile.plan(...,
 server=...)``) the block is also a job of that scheduler: see
