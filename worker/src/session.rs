@@ -8,8 +8,20 @@
 //! iteration boundary, takes the newest plan if one arrived
 //! ([`Session::iteration_done`]). When the scheduler vanishes the loop goes
 //! on with the plan it has while the background thread reconnects with
-//! backoff and registers the job again (a new job id: plan versions start
-//! over, so a plan is identified by job id and version together).
+//! backoff and registers the job again (plan versions start over, and a
+//! restarted scheduler numbers its jobs from 1 again, so a plan is
+//! identified by the session's registration count and its version).
+//!
+//! What a failed call means (the hook's session, `tensile/hook/session.py`,
+//! does the same): a registration refused as INVALID_ARGUMENT,
+//! RESOURCE_EXHAUSTED or UNIMPLEMENTED will be refused again, so the
+//! session gives up and the loop trains on without the scheduler; NOT_FOUND
+//! or PERMISSION_DENIED means the scheduler no longer has the job, which
+//! registers again; a report refused as FAILED_PRECONDITION (not taken, the
+//! job being queued) or INVALID_ARGUMENT is skipped; anything else loses
+//! the registration, which leaves the scheduler (best effort) before it
+//! registers again, so that no queued ghost waits for its lease to lapse.
+//! The backoff starts over after every registration that succeeded.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -41,8 +53,17 @@ pub struct SessionConfig {
 #[derive(Debug, Clone)]
 pub struct PushedPlan {
     pub job_id: u64,
+    /// Which registration of this session pushed it (1, 2, ...).
+    pub registration: u64,
     pub version: u64,
     pub plan: Plan,
+}
+
+impl PushedPlan {
+    /// What identifies the plan across registrations.
+    fn key(&self) -> (u64, u64) {
+        (self.registration, self.version)
+    }
 }
 
 /// What the background thread shares with the training loop.
@@ -50,10 +71,12 @@ pub struct PushedPlan {
 struct Shared {
     /// The newest plan received (of the current registration).
     newest: Option<PushedPlan>,
-    /// (job id, version) of the plan the loop runs.
+    /// (registration, version) of the plan the loop runs.
     applied: Option<(u64, u64)>,
-    /// The current registration, if any.
+    /// The current registration's job id, if any.
     job_id: Option<u64>,
+    /// How many registrations succeeded so far.
+    registrations: u64,
     /// The job's state as last heard (QUEUED, PLANNING, ACTIVE), and why.
     state: i32,
     reason: String,
@@ -145,7 +168,7 @@ impl Session {
 
     /// Marks `plan` as the one the loop runs.
     pub fn applied(&self, plan: &PushedPlan) {
-        lock(&self.shared).applied = Some((plan.job_id, plan.version));
+        lock(&self.shared).applied = Some(plan.key());
     }
 
     /// Reports the iteration and returns the plan to switch to, if a newer
@@ -165,10 +188,10 @@ impl Session {
         let _ = self.reports.send(report);
         let mut s = lock(&self.shared);
         let newest = s.newest.clone()?;
-        if s.applied == Some((newest.job_id, newest.version)) {
+        if s.applied == Some(newest.key()) {
             return None;
         }
-        s.applied = Some((newest.job_id, newest.version));
+        s.applied = Some(newest.key());
         Some(newest)
     }
 
@@ -200,19 +223,79 @@ struct Connection {
 
 /// Why a registration ended.
 enum Ended {
-    /// The scheduler is unreachable or dropped the job: register again.
-    Lost(String),
+    /// The scheduler is unreachable or dropped the job: register again
+    /// (`registered`: this registration had succeeded).
+    Lost { why: String, registered: bool },
+    /// The scheduler refused the job in a way it will again: give up.
+    Fatal(String),
     /// The training loop is gone: stop.
     Done,
 }
 
+/// The calls whose failures the session tells apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Call {
+    Register,
+    Report,
+    Other,
+}
+
+/// What a failed call means for the session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Failure {
+    /// The request will be refused again: give up on the scheduler.
+    Fatal,
+    /// The scheduler no longer has the job: register again.
+    Gone,
+    /// This report was not taken: go on.
+    Skip,
+    /// The registration is lost: leave, then register again.
+    Lost,
+}
+
+fn classify(call: Call, code: tonic::Code) -> Failure {
+    use tonic::Code;
+    match (call, code) {
+        (Call::Register, Code::InvalidArgument | Code::ResourceExhausted | Code::Unimplemented) => {
+            Failure::Fatal
+        }
+        (Call::Report | Call::Other, Code::NotFound | Code::PermissionDenied) => Failure::Gone,
+        (Call::Report, Code::FailedPrecondition | Code::InvalidArgument) => Failure::Skip,
+        _ => Failure::Lost,
+    }
+}
+
+fn lost(why: String) -> Ended {
+    Ended::Lost {
+        why,
+        registered: true,
+    }
+}
+
 impl Connection {
     async fn run(mut self, mut reports: mpsc::UnboundedReceiver<Report>) {
-        let mut backoff = Duration::from_millis(100);
+        const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+        let mut backoff = FIRST_BACKOFF;
         loop {
             match self.registration(&mut reports).await {
                 Ended::Done => return,
-                Ended::Lost(why) => {
+                Ended::Fatal(why) => {
+                    {
+                        let mut s = lock(&self.shared);
+                        s.job_id = None;
+                        s.last_error = Some(why.clone());
+                    }
+                    eprintln!(
+                        "scheduler: {why}; training goes on with the plan it has, without the scheduler"
+                    );
+                    // The loop's reports go nowhere until it ends.
+                    while reports.recv().await.is_some() {}
+                    return;
+                }
+                Ended::Lost { why, registered } => {
+                    if registered {
+                        backoff = FIRST_BACKOFF;
+                    }
                     let first = {
                         let mut s = lock(&self.shared);
                         let first = s.last_error.as_deref() != Some(why.as_str());
@@ -262,7 +345,12 @@ impl Connection {
     async fn registration(&mut self, reports: &mut mpsc::UnboundedReceiver<Report>) -> Ended {
         let mut client = match self.connect().await {
             Ok(c) => c,
-            Err(e) => return Ended::Lost(e),
+            Err(why) => {
+                return Ended::Lost {
+                    why,
+                    registered: false,
+                };
+            }
         };
         let settings = pb::JobSettings {
             priority: self.config.priority,
@@ -277,15 +365,52 @@ impl Connection {
         };
         let job = match client.register_job(request).await {
             Ok(r) => r.into_inner(),
-            Err(s) => return Ended::Lost(format!("RegisterJob: {}", s.message())),
+            Err(s) => {
+                let why = format!("RegisterJob: {}: {}", code_name(s.code()), s.message());
+                return match classify(Call::Register, s.code()) {
+                    Failure::Fatal => Ended::Fatal(why),
+                    _ => Ended::Lost {
+                        why,
+                        registered: false,
+                    },
+                };
+            }
         };
-        {
+        let registration = {
             let mut s = lock(&self.shared);
             s.job_id = Some(job.job_id);
             s.state = job.state;
             s.reason = job.reason.clone();
             s.last_error = None;
+            s.registrations += 1;
+            s.registrations
+        };
+        let ended = self.serve(&mut client, &job, registration, reports).await;
+        if let Ended::Lost { why, .. } = &ended
+            && !why.starts_with(GONE)
+        {
+            // Lost while the scheduler may still hold the job: leave rather
+            // than linger (or wait in its queue) until the lease lapses.
+            // Best effort, and brief: it is often unreachable.
+            let request = pb::UnregisterJobRequest {
+                job_id: job.job_id,
+                token: job.token.clone(),
+            };
+            let _ =
+                tokio::time::timeout(Duration::from_secs(1), client.unregister_job(request)).await;
         }
+        ended
+    }
+
+    /// A registration from its job onwards: subscribe, then report and
+    /// heartbeat until the scheduler is lost or the loop ends.
+    async fn serve(
+        &mut self,
+        client: &mut MemorySchedulerClient<Channel>,
+        job: &pb::RegisterJobResponse,
+        registration: u64,
+        reports: &mut mpsc::UnboundedReceiver<Report>,
+    ) -> Ended {
         eprintln!(
             "scheduler: registered as job {} ({})",
             job.job_id,
@@ -301,7 +426,7 @@ impl Connection {
             .await;
         let mut stream = match stream {
             Ok(s) => s.into_inner(),
-            Err(s) => return Ended::Lost(format!("SubscribePlans: {}", s.message())),
+            Err(s) => return failed(Call::Other, "SubscribePlans", job.job_id, &s),
         };
         let mut heartbeat = tokio::time::interval(lease / 3);
         let mut plan_version = 0;
@@ -309,12 +434,12 @@ impl Connection {
             tokio::select! {
                 update = stream.message() => match update {
                     Ok(Some(u)) => {
-                        if let Some(v) = self.take_update(job.job_id, u) {
+                        if let Some(v) = self.take_update(job.job_id, registration, u) {
                             plan_version = v;
                         }
                     }
-                    Ok(None) => return Ended::Lost("the plan stream ended".into()),
-                    Err(s) => return Ended::Lost(format!("plan stream: {}", s.message())),
+                    Ok(None) => return lost("the plan stream ended".into()),
+                    Err(s) => return failed(Call::Other, "plan stream", job.job_id, &s),
                 },
                 report = reports.recv() => {
                     let Some(r) = report else {
@@ -327,6 +452,11 @@ impl Connection {
                         return Ended::Done;
                     };
                     self.last_measured = r.op_latency_s.clone();
+                    if lock(&self.shared).state == pb::JobState::Queued as i32 {
+                        // Not admitted: no plan to report on (the latencies
+                        // are kept for the next registration).
+                        continue;
+                    }
                     let request = pb::ReportLatenciesRequest {
                         job_id: job.job_id,
                         token: job.token.clone(),
@@ -339,13 +469,18 @@ impl Connection {
                         peak_bytes: r.peak_bytes,
                     };
                     if let Err(s) = client.report_latencies(request).await {
-                        return Ended::Lost(format!("ReportLatencies: {}", s.message()));
+                        if classify(Call::Report, s.code()) != Failure::Skip {
+                            return failed(Call::Report, "ReportLatencies", job.job_id, &s);
+                        }
+                        if s.code() == tonic::Code::InvalidArgument {
+                            eprintln!("scheduler: report refused: {}", s.message());
+                        }
                     }
                 }
                 _ = heartbeat.tick() => {
                     let request = pb::HeartbeatRequest { job_id: job.job_id, token: job.token.clone() };
                     if let Err(s) = client.heartbeat(request).await {
-                        return Ended::Lost(format!("Heartbeat: {}", s.message()));
+                        return failed(Call::Other, "Heartbeat", job.job_id, &s);
                     }
                 }
             }
@@ -353,7 +488,7 @@ impl Connection {
     }
 
     /// Stores a pushed plan as the newest; returns its version.
-    fn take_update(&self, job_id: u64, u: pb::PlanUpdate) -> Option<u64> {
+    fn take_update(&self, job_id: u64, registration: u64, u: pb::PlanUpdate) -> Option<u64> {
         let mut s = lock(&self.shared);
         s.state = u.state;
         let plan = u.plan?;
@@ -361,6 +496,7 @@ impl Connection {
             Ok(p) => {
                 s.newest = Some(PushedPlan {
                     job_id,
+                    registration,
                     version: plan.version,
                     plan: p,
                 });
@@ -372,5 +508,102 @@ impl Connection {
                 None
             }
         }
+    }
+}
+
+/// How a lost registration's reason starts when the scheduler no longer
+/// has the job (nothing to leave).
+const GONE: &str = "job ";
+
+/// A failed call as the end of the registration (never `Skip`: the caller
+/// goes on then).
+fn failed(call: Call, what: &str, job_id: u64, s: &tonic::Status) -> Ended {
+    let detail = format!("{what}: {}: {}", code_name(s.code()), s.message());
+    match classify(call, s.code()) {
+        Failure::Gone => lost(format!("{GONE}{job_id} is no longer registered ({detail})")),
+        Failure::Fatal => Ended::Fatal(detail),
+        Failure::Skip | Failure::Lost => lost(detail),
+    }
+}
+
+fn code_name(c: tonic::Code) -> String {
+    format!("{c:?}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tensile_graph::DType;
+    use tensile_graph::builder::{Builder, Optimizer};
+    use tonic::Code;
+
+    #[test]
+    fn failures_mean_what_the_hook_takes_them_to_mean() {
+        for c in [
+            Code::InvalidArgument,
+            Code::ResourceExhausted,
+            Code::Unimplemented,
+        ] {
+            assert_eq!(classify(Call::Register, c), Failure::Fatal, "{c:?}");
+        }
+        for c in [Code::Unavailable, Code::DeadlineExceeded, Code::Internal] {
+            assert_eq!(classify(Call::Register, c), Failure::Lost, "{c:?}");
+            assert_eq!(classify(Call::Report, c), Failure::Lost, "{c:?}");
+        }
+        for c in [Code::NotFound, Code::PermissionDenied] {
+            assert_eq!(classify(Call::Report, c), Failure::Gone, "{c:?}");
+            assert_eq!(classify(Call::Other, c), Failure::Gone, "{c:?}");
+        }
+        for c in [Code::FailedPrecondition, Code::InvalidArgument] {
+            assert_eq!(classify(Call::Report, c), Failure::Skip, "{c:?}");
+        }
+        let gone = failed(
+            Call::Report,
+            "ReportLatencies",
+            7,
+            &tonic::Status::not_found("no job 7"),
+        );
+        assert!(matches!(gone, Ended::Lost { why, .. } if why.starts_with("job 7 is no longer")));
+    }
+
+    fn plan(registration: u64, version: u64) -> PushedPlan {
+        PushedPlan {
+            job_id: 1,
+            registration,
+            version,
+            plan: Plan::default(),
+        }
+    }
+
+    #[test]
+    fn a_restarted_schedulers_first_plan_is_new_though_its_job_id_and_version_are_not() {
+        let mut b = Builder::new("tiny");
+        let x = b.input("x", vec![4, 8], DType::F32);
+        let y = b.input("y", vec![4], DType::I64);
+        let h = b.linear("fc", x, 2, false);
+        let loss = b.cross_entropy("loss", h, y);
+        let g = b.finish(loss, Optimizer::adam()).expect("a valid graph");
+        let report = IterationReport {
+            op_ns: vec![0; g.ops().len()],
+            ..IterationReport::default()
+        };
+        let (tx, _rx) = mpsc::unbounded_channel();
+        let session = Session {
+            shared: Arc::new(Mutex::new(Shared::default())),
+            reports: tx,
+            thread: None,
+        };
+        session.applied(&plan(1, 1));
+        // The same registration's plan again: nothing new.
+        lock(&session.shared).newest = Some(plan(1, 1));
+        assert!(session.iteration_done(&g, &report).is_none());
+        // The scheduler restarted: job 1 again, version 1 again, but a new
+        // registration of this session. The loop must switch to it.
+        lock(&session.shared).newest = Some(plan(2, 1));
+        let got = session
+            .iteration_done(&g, &report)
+            .expect("the new registration's plan");
+        assert_eq!(got.key(), (2, 1));
+        assert!(session.iteration_done(&g, &report).is_none());
     }
 }

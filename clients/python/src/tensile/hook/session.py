@@ -194,6 +194,7 @@ class Session:
     def _run(self) -> None:
         backoff = 0.1
         while True:
+            before = self._registrations
             try:
                 ended = self._registration()
             except Exception as e:  # noqa: BLE001 - the thread must never die silently
@@ -214,6 +215,8 @@ class Session:
                 self._drain_until_done(None)
                 return
             self._warn_once(ended, "training goes on with the plan it has, reconnecting")
+            if self._registrations != before:
+                backoff = 0.1  # the backoff starts over after a registration that succeeded
             if self._drain_until_done(backoff):
                 return
             backoff = min(backoff * 2, self.max_backoff_s)
