@@ -1,5 +1,6 @@
 //! Randomized: valid random DAGs validate and analyse consistently;
-//! corrupted ones fail with the error that names the corruption.
+//! corrupted ones fail with the error that names the corruption; the JSON
+//! reader takes random and mutated bytes with an error, never a panic.
 
 use proptest::prelude::*;
 use tensile_graph::{
@@ -184,5 +185,41 @@ proptest! {
         };
         let err = tensile_graph::Graph::new(d, &tensile_graph::Limits::default()).unwrap_err();
         prop_assert!(expect(&err), "corruption {} gave: {}", which, err);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// The graph JSON reader on random bytes: an error, never a panic.
+    #[test]
+    fn random_bytes_are_not_a_graph(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+        prop_assert!(json::parse(&bytes, &tensile_graph::Limits::default()).is_err());
+    }
+
+    /// A valid graph's JSON with bytes changed or cut short: a graph that
+    /// validates (a change that kept it well formed) or an error, never a
+    /// panic; what parses writes back to JSON that parses to it again.
+    #[test]
+    fn mutated_graph_json_never_panics(
+        draft in graphs(),
+        flips in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..8),
+        cut in any::<prop::sample::Index>(),
+        truncate in any::<bool>(),
+    ) {
+        let limits = tensile_graph::Limits::default();
+        let g = tensile_graph::Graph::new(draft, &limits).unwrap();
+        let mut bytes = json::to_string(&g).into_bytes();
+        for (at, x) in &flips {
+            let i = at.index(bytes.len());
+            bytes[i] ^= x;
+        }
+        if truncate {
+            bytes.truncate(cut.index(bytes.len()));
+        }
+        if let Ok(back) = json::parse(&bytes, &limits) {
+            let again = json::parse(json::to_string(&back).as_bytes(), &limits).unwrap();
+            prop_assert_eq!(again, back);
+        }
     }
 }

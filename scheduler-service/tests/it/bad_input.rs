@@ -323,3 +323,126 @@ proptest! {
         });
     }
 }
+
+/// One step of a random client: what it calls, with which numbers.
+#[derive(Debug, Clone)]
+enum Step {
+    Register {
+        width: u64,
+        base_bytes: u64,
+    },
+    Report {
+        job: usize,
+        each_s: f64,
+        stall_s: f64,
+        late: u32,
+    },
+    Heartbeat {
+        job: usize,
+        good_token: bool,
+    },
+    Budget(u64),
+    Unregister {
+        job: usize,
+        good_token: bool,
+    },
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    let seconds = prop_oneof![
+        Just(0.0),
+        1e-6..1e-1f64,
+        Just(3600.0),
+        Just(1e12),
+        Just(f64::NAN),
+        Just(-1.0),
+    ];
+    prop_oneof![
+        (
+            prop_oneof![Just(16u64), Just(64), Just(256)],
+            prop_oneof![Just(0u64), Just(1 << 20), Just(1 << 50), Just(u64::MAX)]
+        )
+            .prop_map(|(width, base_bytes)| Step::Register { width, base_bytes }),
+        (0..4usize, seconds.clone(), seconds, 0..100u32).prop_map(
+            |(job, each_s, stall_s, late)| Step::Report {
+                job,
+                each_s,
+                stall_s,
+                late
+            }
+        ),
+        (0..4usize, any::<bool>())
+            .prop_map(|(job, good_token)| Step::Heartbeat { job, good_token }),
+        prop_oneof![Just(1u64), Just(1 << 28), Just(1 << 33), Just(u64::MAX)]
+            .prop_map(Step::Budget),
+        (0..4usize, any::<bool>())
+            .prop_map(|(job, good_token)| Step::Unregister { job, good_token }),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 16, ..ProptestConfig::default() })]
+
+    /// Random sequences of calls with random numbers (absurd ones too) and
+    /// tokens: every call answers within 10 s, and after each step the
+    /// server still serves and a well-behaved job is still there, its
+    /// reports taken.
+    #[test]
+    fn random_call_sequences_leave_the_server_serving(steps in proptest::collection::vec(step(), 1..10)) {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        rt.block_on(async {
+            let s = tcp(config()).await;
+            let mut c = connect(&s.address).await;
+            let kept_graph = mlp(32);
+            let kept = register(&mut c, "kept", &kept_graph).await;
+            let mut kept_plans = subscribe(&mut c, &kept).await;
+            next_plan(&mut kept_plans).await;
+            let mut jobs: Vec<(pb::RegisterJobResponse, usize)> = Vec::new();
+            for st in &steps {
+                let answered = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+                    match st {
+                        Step::Register { width, base_bytes } => {
+                            let g = mlp(*width);
+                            let mut req = register_req("random", &g);
+                            req.settings = Some(pb::JobSettings { base_bytes: *base_bytes, ..Default::default() });
+                            if let Ok(r) = c.register_job(req).await {
+                                jobs.push((r.into_inner(), g.ops().len()));
+                            }
+                        }
+                        Step::Report { job, each_s, stall_s, late } => {
+                            if let Some((r, ops)) = jobs.get(*job) {
+                                let mut rep = report(r, *ops, *each_s);
+                                rep.stall_s = *stall_s;
+                                rep.late_prefetches = vec![*late];
+                                let _ = c.report_latencies(rep).await;
+                            }
+                        }
+                        Step::Heartbeat { job, good_token } => {
+                            if let Some((r, _)) = jobs.get(*job) {
+                                let token = if *good_token { r.token.clone() } else { "x".repeat(32) };
+                                let _ = c.heartbeat(pb::HeartbeatRequest { job_id: r.job_id, token }).await;
+                            }
+                        }
+                        Step::Budget(bytes) => {
+                            let _ = c.set_memory_budget(pb::SetMemoryBudgetRequest { budget_bytes: *bytes, admin_token: String::new() }).await;
+                        }
+                        Step::Unregister { job, good_token } => {
+                            if let Some((r, _)) = jobs.get(*job) {
+                                let token = if *good_token { r.token.clone() } else { "y".repeat(32) };
+                                let _ = c.unregister_job(pb::UnregisterJobRequest { job_id: r.job_id, token }).await;
+                            }
+                        }
+                    }
+                    // The invariants: the server answers, the kept job is
+                    // there and its report is taken.
+                    let st = c.get_status(pb::GetStatusRequest { job_id: kept.job_id }).await.unwrap().into_inner();
+                    assert_eq!(st.jobs.len(), 1, "the kept job is gone after {st:?}");
+                    c.report_latencies(report(&kept, kept_graph.ops().len(), 1e-3)).await.unwrap();
+                })
+                .await;
+                assert!(answered.is_ok(), "no answer within 10 s after {st:?}");
+            }
+            s.stop().await;
+        });
+    }
+}
