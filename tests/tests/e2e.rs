@@ -10,6 +10,11 @@
 //! - `kill -9` of the scheduler mid-run and a restart on the same socket
 //!   and store: the worker keeps training, registers again, and finishes
 //!   with bit-identical parameters.
+//! - A fault run: copies failing, a worker hung (SIGSTOP) past its lease
+//!   and resumed, a worker killed, the scheduler killed and restarted, and
+//!   a client flooding reports, all at once: the surviving workers end
+//!   bit-identical to their vanilla runs, the scheduler never panics, and
+//!   no job is left behind.
 //! - `tensilectl demo`, the main command, on small jobs: the planned jobs
 //!   together (on one memory ledger) stay within the budget at every
 //!   moment, vanilla capped at the planned runs' memory runs out, and the
@@ -459,5 +464,209 @@ fn the_demo_keeps_its_jobs_within_the_budget_they_share() {
     );
     let svg = std::fs::read_to_string(&plot).expect("the plot is written");
     assert!(svg.contains("<svg"), "not an SVG");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Sends `signal` (`STOP`, `CONT`) to a worker with the system's `kill`.
+fn signal(p: &Proc, signal: &str) {
+    let ok = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(p.0.id().to_string())
+        .status()
+        .expect("run kill");
+    assert!(ok.success(), "kill -{signal} failed");
+}
+
+/// A client that registers `graph` and sends valid reports as fast as the
+/// scheduler takes them until `stop`, registering again whenever it loses
+/// the job; returns how many reports were taken.
+fn flood(
+    socket: PathBuf,
+    graph: tensile_graph::Graph,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<u64> {
+    use std::sync::atomic::Ordering;
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        rt.block_on(async {
+            let uri =
+                tensile_proto::endpoint::client_uri(Some(&format!("unix:{}", socket.display())));
+            let ops = graph.ops().len();
+            let proto = tensile_proto::convert::graph_to_proto(&graph);
+            let mut taken = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let Ok(endpoint) = tonic::transport::Endpoint::from_shared(uri.clone()) else {
+                    return taken;
+                };
+                let Ok(channel) = endpoint.connect().await else {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                };
+                let mut c = pb::memory_scheduler_client::MemorySchedulerClient::new(channel)
+                    .max_encoding_message_size(usize::MAX)
+                    .max_decoding_message_size(usize::MAX);
+                let request = pb::RegisterJobRequest {
+                    name: "flood".into(),
+                    graph: Some(proto.clone()),
+                    settings: None,
+                    op_latency_s: Vec::new(),
+                };
+                let Ok(job) = c.register_job(request).await else {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                };
+                let job = job.into_inner();
+                let mut i = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let report = pb::ReportLatenciesRequest {
+                        job_id: job.job_id,
+                        token: job.token.clone(),
+                        iteration: i,
+                        plan_version: 0,
+                        op_latency_s: vec![1e-4 * (1 + i % 7) as f64; ops],
+                        stall_s: 0.0,
+                        late_prefetches: Vec::new(),
+                        passive_swaps: 0,
+                        peak_bytes: 1,
+                    };
+                    i += 1;
+                    match c.report_latencies(report).await {
+                        Ok(_) => taken += 1,
+                        // Queued: not taken, and no use sending more now.
+                        Err(s) if s.code() == tonic::Code::FailedPrecondition => {
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                        }
+                        Err(_) => break,
+                    }
+                }
+                let _ = c
+                    .unregister_job(pb::UnregisterJobRequest {
+                        job_id: job.job_id,
+                        token: job.token.clone(),
+                    })
+                    .await;
+            }
+            taken
+        })
+    })
+}
+
+#[test]
+fn under_every_fault_at_once_the_survivors_match_vanilla_and_nothing_is_left_behind() {
+    let _serial = one_at_a_time();
+    let dir = tempdir();
+    let job = |seed| Job {
+        model: "resnet50",
+        batch: 2,
+        resolution: 32,
+        seed,
+    };
+    let (faulty, hung, killed) = (job(21), job(22), job(23));
+    let lease_s = 2.0;
+    let budget_mb = faulty.vanilla_peak() * 2 / 1_000_000;
+    let mut sched = start_scheduler(&dir, budget_mb, lease_s);
+    let server = format!("unix:{}", sched.socket.display());
+    let planned = |extra: &[&str]| -> Vec<String> {
+        let mut v = vec!["--scheduler".to_string(), server.clone()];
+        v.extend(extra.iter().map(|s| s.to_string()));
+        v
+    };
+    let iterations = 30;
+    let a = faulty.spawn(
+        &dir,
+        "faults",
+        iterations,
+        &planned(&["--fault-fail-every", "5", "--fault-delay-ms", "2"]),
+    );
+    let b = hung.spawn(&dir, "faults", iterations, &planned(&[]));
+    let c = killed.spawn(&dir, "faults", iterations, &planned(&[]));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flooding = flood(
+        sched.socket.clone(),
+        zoo::build("resnet50", &ZooConfig::new(2)).expect("zoo model"),
+        stop.clone(),
+    );
+    let done = |j: &Job| {
+        std::fs::read_to_string(file(&dir, "faults", j, "jsonl"))
+            .map(|t| t.lines().count())
+            .unwrap_or(0)
+    };
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while done(&hung) < 2 || done(&killed) < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the workers did not start training"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // B hangs past its lease; C dies; then the scheduler dies and comes
+    // back on the same socket and store.
+    signal(&b, "STOP");
+    let stopped = Instant::now();
+    drop(c);
+    std::thread::sleep(Duration::from_millis(500));
+    sched.proc.0.kill().expect("kill -9 the scheduler");
+    let _ = sched.proc.0.wait();
+    std::thread::sleep(Duration::from_millis(300));
+    sched = start_scheduler(&dir, budget_mb, lease_s);
+    let hang = Duration::from_secs_f64(lease_s * 2.5);
+    std::thread::sleep(hang.saturating_sub(stopped.elapsed()));
+    signal(&b, "CONT");
+    assert!(
+        done(&faulty) < iterations && done(&hung) < iterations,
+        "a worker finished before the faults: make the run longer"
+    );
+    wait_ok(
+        a,
+        "the worker with failing copies",
+        &file(&dir, "faults", &faulty, "log"),
+        LIMIT,
+    );
+    wait_ok(
+        b,
+        "the worker hung past its lease",
+        &file(&dir, "faults", &hung, "log"),
+        LIMIT,
+    );
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let taken = flooding.join().expect("the flooding client");
+    eprintln!("the flood had {taken} reports taken");
+    assert!(taken > 20, "the flood had only {taken} reports taken");
+
+    // The scheduler lives, never panicked, and holds no job that is not
+    // done: the survivors left, the killed one is not there (it died
+    // before the restart), the flood unregistered.
+    assert!(
+        sched.proc.0.try_wait().expect("wait").is_none(),
+        "the scheduler exited"
+    );
+    let log = std::fs::read_to_string(dir.join("scheduler.log")).unwrap_or_default();
+    assert!(!log.contains("panicked"), "the scheduler panicked: {log}");
+    let left = status(&sched.socket).expect("status");
+    assert!(
+        left.jobs
+            .iter()
+            .all(|j| j.state == pb::JobState::Done as i32),
+        "jobs left behind: {left:?}"
+    );
+    let text = std::fs::read_to_string(file(&dir, "faults", &hung, "log")).unwrap_or_default();
+    assert!(
+        text.matches("scheduler: registered as job").count() >= 2,
+        "the hung worker did not register again: {text}"
+    );
+    for j in [&faulty, &hung] {
+        let vanilla = j.spawn(&dir, "vanilla", iterations, &["--vanilla".to_string()]);
+        wait_ok(
+            vanilla,
+            "vanilla run",
+            &file(&dir, "vanilla", j, "log"),
+            LIMIT,
+        );
+        same_params(&dir, "faults", "vanilla", j);
+    }
+    drop(sched);
     let _ = std::fs::remove_dir_all(&dir);
 }
