@@ -125,6 +125,12 @@ def summarize(its: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
         "first_time_ms": round(its[0]["time_ns"] / 1e6, 2),
         "measured_peak_mb": round(max(it.get("measured_peak_bytes", 0) for it in steady) / 1e6, 1),
         "executor_peak_mb": round(max(it.get("executor_peak_bytes", 0) for it in steady) / 1e6, 1),
+        # The CUDA caching allocator's peak (absent on the CPU).
+        "allocator_peak_mb": (
+            round(max(it["allocator_peak_bytes"] for it in steady) / 1e6, 1)
+            if all("allocator_peak_bytes" in it for it in steady)
+            else None
+        ),
         "stall_ms": round(med("stall_ns") / 1e6, 2),
         "late_prefetches": sum(it.get("late_prefetches", 0) for it in steady),
         "passive_swaps": sum(it.get("passive_swaps", 0) for it in steady),

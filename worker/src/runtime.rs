@@ -187,6 +187,13 @@ pub struct IterationReport {
     pub memory_wait_ns: u64,
     pub guard_evictions: usize,
     pub held_back: usize,
+    /// On CUDA, the caching allocator's peak of allocated bytes during the
+    /// iteration (`torch.cuda.max_memory_allocated`, its peak reset as each
+    /// iteration ends): every tensor of the process, the kernels'
+    /// temporaries included, where `measured_peak_bytes` counts the
+    /// storages the plan moves. Absent on the CPU.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allocator_peak_bytes: Option<u64>,
 }
 
 impl IterationReport {
@@ -219,6 +226,7 @@ impl IterationReport {
             memory_wait_ns: s.memory_wait_ns,
             guard_evictions: s.guard_evictions,
             held_back: s.held_back,
+            allocator_peak_bytes: None,
         }
     }
 }
@@ -257,6 +265,8 @@ pub struct Worker<'g, K> {
     kernel_ns: u64,
     /// Hold `budget` with the executor's guard.
     guard: bool,
+    /// The CUDA device whose allocator statistics the reports carry.
+    cuda: Option<usize>,
     /// The memory ledger shared with the other workers of the device.
     ledger: Option<Ledger>,
     /// The most bytes the job may hold now: the budget, or with a ledger
@@ -351,6 +361,10 @@ impl<'g, K: Kernels> Worker<'g, K> {
             at_op: OpId(0),
             kernel_ns: 0,
             guard: config.guard,
+            cuda: match config.engine {
+                Engine::Cuda { ordinal } => Some(ordinal),
+                Engine::Host => None,
+            },
             ledger,
             room: config.memory_budget_bytes,
             others_bytes: 0,
@@ -681,6 +695,7 @@ impl<'g, K: Kernels> Worker<'g, K> {
                     };
                     let mut r = IterationReport::new(i, stats, self.peak, self.kernel_ns);
                     r.memory = self.take_memory_log();
+                    r.allocator_peak_bytes = self.allocator_peak();
                     r.gate_wait_ns = self.gate_wait_ns;
                     r.start_monotonic_ns = self.started_monotonic_ns;
                     if let Some(c) = &self.gate {
@@ -716,6 +731,15 @@ impl<'g, K: Kernels> Worker<'g, K> {
             }
         }
         Ok(reports)
+    }
+
+    /// On CUDA, the allocator's peak of allocated bytes since the last call
+    /// (which resets it); `None` on the CPU or when the statistics cannot
+    /// be read.
+    fn allocator_peak(&self) -> Option<u64> {
+        let ordinal = self.cuda?;
+        let m = tensile_kernels::cuda_memory(ordinal, true).ok()?;
+        u64::try_from(m.allocated_peak).ok()
     }
 
     /// Why the job cannot go on: the executor's no-memory error.
