@@ -23,9 +23,9 @@ step "GPU tests, output shown (without a GPU they pass and print SKIPPED)"
 cargo test --locked -p tensile-worker --test it on_a_gpu -- --nocapture 2>&1 | grep -E "SKIPPED|^test |test result"
 
 step "python tests"
-cargo build --locked -p tensilectl -p tensile-scheduler
+cargo build --locked -p tensilectl -p tensile-scheduler -p tensile-worker
 TENSILECTL="$PWD/target/debug/tensilectl" TENSILE_SCHEDULER="$PWD/target/debug/tensile-scheduler" \
-  .venv/bin/python -m pytest -q tests/python
+  TENSILE_WORKER="$PWD/target/debug/tensile-worker" .venv/bin/python -m pytest -q tests/python
 
 step "gpu-check dry run (scripts/gpu-check.sh on the CPU: every step, then a rerun that resumes)"
 gpu_results=$(mktemp -d)

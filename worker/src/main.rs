@@ -296,6 +296,9 @@ fn main() -> Result<()> {
             let wait = Duration::try_from_secs_f64(args.plan_timeout_s)
                 .context("--plan-timeout-s must be a number of seconds")?;
             let Some(pushed) = session.wait_for_plan(wait) else {
+                if let Some(why) = session.gave_up() {
+                    bail!("the scheduler refused the job: {why}");
+                }
                 bail!("no plan from the scheduler within {wait:?}");
             };
             eprintln!(

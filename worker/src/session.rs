@@ -82,6 +82,8 @@ struct Shared {
     reason: String,
     /// The last connection or call error, for the log.
     last_error: Option<String>,
+    /// Why the session gave up on the scheduler, if it did.
+    gave_up: Option<String>,
 }
 
 /// One iteration as the scheduler hears it.
@@ -144,6 +146,9 @@ impl Session {
                 if let Some(p) = &s.newest {
                     return Some(p.clone());
                 }
+                if s.gave_up.is_some() {
+                    return None;
+                }
                 let now = match (&s.job_id, &s.last_error) {
                     (None, Some(e)) => format!("waiting for the scheduler: {e}"),
                     (None, None) => "registering with the scheduler".to_string(),
@@ -164,6 +169,12 @@ impl Session {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// Why the session gave up on the scheduler (a registration it will
+    /// refuse again), if it did.
+    pub fn gave_up(&self) -> Option<String> {
+        lock(&self.shared).gave_up.clone()
     }
 
     /// Marks `plan` as the one the loop runs.
@@ -284,6 +295,7 @@ impl Connection {
                         let mut s = lock(&self.shared);
                         s.job_id = None;
                         s.last_error = Some(why.clone());
+                        s.gave_up = Some(why.clone());
                     }
                     eprintln!(
                         "scheduler: {why}; training goes on with the plan it has, without the scheduler"
