@@ -9,9 +9,11 @@ retried); reports refused as FAILED_PRECONDITION (skipped: no new
 registration, one unregistration at the end); a report failing with
 UNAVAILABLE (the registration is lost: the client leaves, then registers
 again); a report answered NOT_FOUND by a scheduler that restarted and
-numbers jobs from 1 again (the client registers again without leaving, and
-switches to the new registration's plan although its job id and version
-are those of the plan it runs)."""
+numbers jobs from 1 again, as after a lapsed lease (the client registers
+again without leaving, and switches to the new registration's plan
+although its job id and version are those of the plan it runs); a job
+queued, then admitted (no report before admission); a plan naming a
+tensor the graph does not have (refused, never applied)."""
 
 from __future__ import annotations
 
@@ -48,14 +50,21 @@ class Scripted(rpc.MemorySchedulerServicer):
     on its stream, and its reports fail as ``report`` says. Every call is
     logged as (method, registration or code)."""
 
-    def __init__(self, register: list[Code] | None = None, report: ReportScript | None = None, same_ids: bool = False):
+    def __init__(self, register: list[Code] | None = None, report: ReportScript | None = None, same_ids: bool = False,
+                 queued_s: float = 0.0, then: pb.Plan | None = None):
         self.register_codes = list(register or [])
         self.report = report or (lambda r, n: None)
         self.same_ids = same_ids
+        #: The first registration waits queued this long before its plan.
+        self.queued_s = queued_s
+        self.admitted_at: float | None = None
+        #: A second plan pushed 1 s after the first (version 2).
+        self.then = then
         self.lock = threading.Lock()
         self.calls: list[tuple[str, Any]] = []
         self.registrations = 0
         self.reports: dict[int, int] = {}
+        self.report_times: list[float] = []
 
     def log(self, method: str, what: Any) -> None:
         with self.lock:
@@ -79,13 +88,25 @@ class Scripted(rpc.MemorySchedulerServicer):
             self.log("RegisterJob", code.name)
             context.abort(code, f"scripted {code.name}")
         self.log("RegisterJob", r)
+        queued = r == 1 and self.queued_s > 0
         return pb.RegisterJobResponse(
-            job_id=1 if self.same_ids else r, token=f"tok{r}", state=pb.JOB_STATE_ACTIVE, lease_s=10.0
+            job_id=1 if self.same_ids else r,
+            token=f"tok{r}",
+            state=pb.JOB_STATE_QUEUED if queued else pb.JOB_STATE_ACTIVE,
+            lease_s=10.0,
         )
 
     def SubscribePlans(self, request, context):  # noqa: N802
-        self.log("SubscribePlans", self.registration(request.token))
+        r = self.registration(request.token)
+        self.log("SubscribePlans", r)
+        if r == 1 and self.queued_s > 0:
+            yield pb.PlanUpdate(state=pb.JOB_STATE_QUEUED)
+            time.sleep(self.queued_s)
+            self.admitted_at = time.monotonic()
         yield pb.PlanUpdate(state=pb.JOB_STATE_ACTIVE, plan=pb.Plan(job_id=request.job_id, version=1))
+        if self.then is not None:
+            time.sleep(1.0)
+            yield pb.PlanUpdate(state=pb.JOB_STATE_ACTIVE, plan=self.then)
         while context.is_active():
             time.sleep(0.05)
 
@@ -96,6 +117,8 @@ class Scripted(rpc.MemorySchedulerServicer):
             self.reports[r] = n + 1
         code = self.report(r, n)
         self.log("ReportLatencies", (r, code.name if code else "OK"))
+        with self.lock:
+            self.report_times.append(time.monotonic())
         if code is not None:
             context.abort(code, f"scripted {code.name}")
         return pb.ReportLatenciesResponse(plan_version=1)
@@ -227,5 +250,37 @@ def test_after_a_restart_the_new_registrations_plan_is_taken_though_its_ids_are_
         assert len(out.switched) == 1, f"switched to {out.switched}: {out.log}"
         if client == "hook":
             assert out.switched == [(2, 1)]
+    finally:
+        server.stop(0)
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_a_queued_job_reports_nothing_until_admitted(client, tmp_path, graph):
+    script = Scripted(queued_s=1.5)
+    server, address = serve(tmp_path, script)
+    try:
+        out = run(client, address, tmp_path, graph)
+        assert out.ok, out.log
+        assert script.admitted_at is not None
+        assert script.report_times, "no report after admission"
+        assert min(script.report_times) >= script.admitted_at, "a report while queued"
+        assert script.of("RegisterJob") == [1], script.calls
+    finally:
+        server.stop(0)
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_a_plan_for_another_graph_is_refused_and_never_applied(client, tmp_path, graph):
+    alien = pb.Plan(version=2, events=[pb.PlanEvent(tensor=1_000_000, kind=pb.EVENT_KIND_RELEASE,
+                                                      trigger=pb.TRIGGER_KIND_AFTER, trigger_op=0)])
+    script = Scripted(then=alien)
+    server, address = serve(tmp_path, script)
+    try:
+        out = run(client, address, tmp_path, graph, iterations=14)
+        assert out.ok, out.log
+        assert out.switched == [], f"switched to {out.switched}: {out.log}"
+        if client == "worker":
+            assert "plan version 2 refused" in out.log, out.log
+        assert script.of("RegisterJob") == [1], script.calls
     finally:
         server.stop(0)
