@@ -188,8 +188,17 @@ proptest! {
     }
 }
 
+/// Proptest cases for the fuzzers: `default` in CI, `TENSILE_FUZZ_CASES`
+/// for a longer run by hand.
+fn fuzz_cases(default: u32) -> u32 {
+    std::env::var("TENSILE_FUZZ_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(256))]
+    #![proptest_config(ProptestConfig::with_cases(fuzz_cases(256)))]
 
     /// The graph JSON reader on random bytes: an error, never a panic.
     #[test]

@@ -280,7 +280,7 @@ fn fuzz_server() -> &'static (
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: fuzz_cases(48), ..ProptestConfig::default() })]
 
     #[test]
     fn random_messages_get_an_error_never_a_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512), flips in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..16)) {
@@ -322,6 +322,15 @@ proptest! {
             c.report_latencies(report(r, *ops, 1e-3)).await.unwrap();
         });
     }
+}
+
+/// Proptest cases for the fuzzers: `default` in CI, `TENSILE_FUZZ_CASES`
+/// for a longer run by hand.
+fn fuzz_cases(default: u32) -> u32 {
+    std::env::var("TENSILE_FUZZ_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 /// One step of a random client: what it calls, with which numbers.
@@ -381,7 +390,7 @@ fn step() -> impl Strategy<Value = Step> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 16, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: fuzz_cases(16), ..ProptestConfig::default() })]
 
     /// Random sequences of calls with random numbers (absurd ones too) and
     /// tokens: every call answers within 10 s, and after each step the
@@ -437,6 +446,7 @@ proptest! {
                     // there and its report is taken.
                     let st = c.get_status(pb::GetStatusRequest { job_id: kept.job_id }).await.unwrap().into_inner();
                     assert_eq!(st.jobs.len(), 1, "the kept job is gone after {st:?}");
+                    assert!(st.jobs[0].plan_version >= 1, "the kept job lost its plan: {st:?}");
                     c.report_latencies(report(&kept, kept_graph.ops().len(), 1e-3)).await.unwrap();
                 })
                 .await;
