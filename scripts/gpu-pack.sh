@@ -34,6 +34,11 @@ PY=python3
 [[ -x .venv/bin/python ]] && PY=.venv/bin/python
 command -v "$PY" >/dev/null || die "no python3 (it reads cargo's JSON output)"
 
+# The worker and tensilectl force libtorch's CUDA library in (their build
+# scripts, TENSILE_LINK_CUDA): nothing names its symbols, yet libtorch sees
+# a GPU only once it is loaded.
+export TENSILE_LINK_CUDA=1
+
 step "release build: tensile-worker, tensilectl, tensile-scheduler"
 cargo build --release --locked -p tensile-worker -p tensilectl -p tensile-scheduler
 
@@ -92,6 +97,12 @@ printf '%s (built %s, release, stripped)\n' "$commit" "$(date -u '+%Y-%m-%d %H:%
   done
 } >"$OUT/MANIFEST"
 cat "$OUT/MANIFEST"
+if command -v readelf >/dev/null && [[ -n $("$PY" -c 'import torch, os; print(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cuda.so"))' 2>/dev/null | xargs -r ls 2>/dev/null) ]]; then
+  for b in tensile-worker tensilectl; do
+    readelf -d "$OUT/bin/$b" | grep -q 'libtorch_cuda' ||
+      die "$b does not link libtorch_cuda: it would never see a GPU (see worker/build.rs)"
+  done
+fi
 
 tree=$(git ls-files -z --cached --others --exclude-standard | xargs -0 du -cb 2>/dev/null | awk '/\ttotal$/ { s += $1 } END { print s + 0 }')
 echo
