@@ -15,6 +15,7 @@ use tensile_experiments::{
 use crate::config::BenchCommand;
 use crate::plot::{Bars, Chart, Series, render_bars, render_svg};
 use crate::progress::Progress;
+use crate::report::device_names;
 
 pub(crate) fn run(c: &BenchCommand) -> Result<()> {
     let config = &c.config;
@@ -23,12 +24,7 @@ pub(crate) fn run(c: &BenchCommand) -> Result<()> {
         "bench paper: {} workloads x {} policies on {} ({} simulations of {} iterations, plus vanilla)",
         config.workloads().len(),
         config.policies().len(),
-        config
-            .devices
-            .iter()
-            .map(|d| d.name.as_str())
-            .collect::<Vec<_>>()
-            .join(", "),
+        device_names(&config.devices),
         progress.total,
         config.iterations
     );

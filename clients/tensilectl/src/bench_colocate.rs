@@ -9,7 +9,7 @@ use tensile_experiments::run_colocate;
 use crate::config::ColocateCommand;
 use crate::plot::{Bars, render_bars};
 use crate::progress::Progress;
-use crate::report::bytes;
+use crate::report::{bytes, device_names};
 
 pub(crate) fn run(c: &ColocateCommand) -> Result<()> {
     let config = &c.config;
@@ -19,12 +19,7 @@ pub(crate) fn run(c: &ColocateCommand) -> Result<()> {
         config.cases.len(),
         config.fractions.len(),
         config.seeds.len(),
-        config
-            .devices
-            .iter()
-            .map(|d| d.name.as_str())
-            .collect::<Vec<_>>()
-            .join(", "),
+        device_names(&config.devices),
         progress.total,
         config.iterations
     );

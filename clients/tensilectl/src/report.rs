@@ -3,6 +3,7 @@
 
 use serde::Serialize;
 use tensile_graph::{Graph, Liveness, Phase};
+use tensile_latency_model::DeviceProfile;
 
 /// Statistics of one graph. JSON keys are part of the CLI's contract.
 #[derive(Debug, Serialize)]
@@ -85,6 +86,15 @@ pub(crate) fn bytes(n: u64) -> String {
         unit += 1;
     }
     format!("{v:.2} {}", UNITS[unit])
+}
+
+/// The devices' names, comma separated (what a benchmark runs on).
+pub(crate) fn device_names(devices: &[DeviceProfile]) -> String {
+    devices
+        .iter()
+        .map(|d| d.name.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 #[cfg(test)]
