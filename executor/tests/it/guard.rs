@@ -14,11 +14,51 @@ use tensile_executor::sim::{FixedPlans, SimConfig, SimJob, simulate};
 use tensile_graph::builder::Optimizer;
 use tensile_graph::zoo::{self, ZooConfig};
 use tensile_graph::{Graph, Liveness};
-use tensile_planner::{CopyModel, JobInput, JobSettings, Replanner, plan};
+use tensile_planner::{CopyModel, JobInput, JobSettings, MultiPlan, Plan, Replanner, plan};
 
 use crate::latencies;
 
 const BASE: u64 = 64 << 20;
+
+/// The jobs planned together under `budget` from the latencies they
+/// believe, each with the base `BASE`.
+fn plan_all(
+    graphs: &[Graph],
+    believed: &[Vec<u64>],
+    copy: CopyModel,
+    budget: u64,
+    coordinate: bool,
+) -> MultiPlan {
+    let settings = JobSettings {
+        base_bytes: BASE,
+        ..JobSettings::default()
+    };
+    let inputs: Vec<JobInput<'_>> = graphs
+        .iter()
+        .zip(believed)
+        .map(|(g, l)| JobInput::new(g, l.clone(), settings))
+        .collect();
+    let mut cfg = tensile_planner::PlannerConfig::new(copy);
+    cfg.budget_bytes = Some(budget);
+    cfg.coordinate = coordinate;
+    plan(&inputs, &cfg).unwrap()
+}
+
+/// The jobs to simulate: each graph under its plan, at its true latencies.
+fn sim_jobs<'g>(
+    graphs: &'g [Graph],
+    lives: &'g [Liveness],
+    plans: Vec<Plan>,
+    truth: &[Vec<u64>],
+) -> Vec<SimJob<'g>> {
+    graphs
+        .iter()
+        .zip(lives)
+        .zip(plans)
+        .zip(truth)
+        .map(|(((g, live), p), t)| SimJob::new(g, live, p, t.clone()))
+        .collect()
+}
 
 /// A small zoo model: ResNet-50, VGG-16 or BERT-base at a small batch and
 /// size.
@@ -86,23 +126,8 @@ proptest! {
         let top: u64 = graphs.iter().map(vanilla_peak).sum();
         let budget = floor + ((top - floor) as f64 * tightness) as u64;
         let copy = CopyModel::duplex(4e9, 4e9, 5_000);
-        let settings = JobSettings { base_bytes: BASE, ..JobSettings::default() };
-        let inputs: Vec<JobInput<'_>> = graphs
-            .iter()
-            .zip(&believed)
-            .map(|(g, l)| JobInput::new(g, l.clone(), settings))
-            .collect();
-        let mut cfg = tensile_planner::PlannerConfig::new(copy);
-        cfg.budget_bytes = Some(budget);
-        cfg.coordinate = coordinate;
-        let mp = plan(&inputs, &cfg).unwrap();
-        let jobs: Vec<SimJob<'_>> = graphs
-            .iter()
-            .zip(&lives)
-            .zip(mp.plans)
-            .zip(&truth)
-            .map(|(((g, live), p), t)| SimJob::new(g, live, p, t.clone()))
-            .collect();
+        let mp = plan_all(&graphs, &believed, copy, budget, coordinate);
+        let jobs = sim_jobs(&graphs, &lives, mp.plans, &truth);
         let config = SimConfig {
             sharing_slowdown: sharing,
             base_bytes: BASE,
@@ -167,13 +192,7 @@ fn replanned_coordinated_jobs_stay_within_the_budget() {
             .unwrap();
     }
     let first = replanner.plan_all().unwrap();
-    let jobs: Vec<SimJob<'_>> = graphs
-        .iter()
-        .zip(&lives)
-        .zip(first.plans)
-        .zip(&truth)
-        .map(|(((g, live), p), t)| SimJob::new(g, live, p, t.clone()))
-        .collect();
+    let jobs = sim_jobs(&graphs, &lives, first.plans, &truth);
     let config = SimConfig {
         sharing_slowdown: 0.9,
         base_bytes: BASE,
@@ -196,10 +215,6 @@ fn replanned_coordinated_jobs_stay_within_the_budget() {
 #[test]
 fn without_the_guard_wrong_plans_go_over_and_with_it_they_do_not() {
     let copy = CopyModel::duplex(4e9, 4e9, 5_000);
-    let settings = JobSettings {
-        base_bytes: BASE,
-        ..JobSettings::default()
-    };
     let mut caught = 0;
     for seed in 0..12u64 {
         let graphs: Vec<Graph> = (0..2u64).map(|j| model(0, 2 + j)).collect();
@@ -217,23 +232,9 @@ fn without_the_guard_wrong_plans_go_over_and_with_it_they_do_not() {
         let floor: u64 = graphs.iter().map(lower_bound).sum();
         let top: u64 = graphs.iter().map(vanilla_peak).sum();
         let budget = floor + (top - floor) / 3;
-        let inputs: Vec<JobInput<'_>> = graphs
-            .iter()
-            .zip(&believed)
-            .map(|(g, l)| JobInput::new(g, l.clone(), settings))
-            .collect();
-        let mut cfg = tensile_planner::PlannerConfig::new(copy);
-        cfg.budget_bytes = Some(budget);
-        cfg.coordinate = true;
-        let mp = plan(&inputs, &cfg).unwrap();
+        let mp = plan_all(&graphs, &believed, copy, budget, true);
         let run = |guard: Option<u64>| {
-            let jobs: Vec<SimJob<'_>> = graphs
-                .iter()
-                .zip(&lives)
-                .zip(mp.plans.clone())
-                .zip(&truth)
-                .map(|(((g, live), p), t)| SimJob::new(g, live, p, t.clone()))
-                .collect();
+            let jobs = sim_jobs(&graphs, &lives, mp.plans.clone(), &truth);
             let config = SimConfig {
                 sharing_slowdown: 0.9,
                 base_bytes: BASE,
