@@ -97,20 +97,29 @@ fn start_scheduler(dir: &Path, budget_mb: u64, lease_s: f64) -> Scheduler {
     Scheduler { proc, socket }
 }
 
+type Client = pb::memory_scheduler_client::MemorySchedulerClient<tonic::transport::Channel>;
+
+/// A client of the scheduler on `socket`, with no message size limits.
+async fn connect(socket: &Path) -> Result<Client, String> {
+    let uri = tensile_proto::endpoint::client_uri(Some(&format!("unix:{}", socket.display())));
+    let channel = tonic::transport::Endpoint::from_shared(uri)
+        .map_err(|e| e.to_string())?
+        .connect_timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(Client::new(channel)
+        .max_encoding_message_size(usize::MAX)
+        .max_decoding_message_size(usize::MAX))
+}
+
 fn status(socket: &Path) -> Result<pb::GetStatusResponse, String> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| e.to_string())?;
     rt.block_on(async {
-        let uri = tensile_proto::endpoint::client_uri(Some(&format!("unix:{}", socket.display())));
-        let channel = tonic::transport::Endpoint::from_shared(uri)
-            .map_err(|e| e.to_string())?
-            .connect_timeout(Duration::from_secs(2))
-            .connect()
-            .await
-            .map_err(|e| e.to_string())?;
-        let mut client = pb::memory_scheduler_client::MemorySchedulerClient::new(channel);
+        let mut client = connect(socket).await?;
         client
             .get_status(pb::GetStatusRequest { job_id: 0 })
             .await
@@ -492,22 +501,14 @@ fn flood(
             .build()
             .expect("a runtime");
         rt.block_on(async {
-            let uri =
-                tensile_proto::endpoint::client_uri(Some(&format!("unix:{}", socket.display())));
             let ops = graph.ops().len();
             let proto = tensile_proto::convert::graph_to_proto(&graph);
             let mut taken = 0u64;
             while !stop.load(Ordering::Relaxed) {
-                let Ok(endpoint) = tonic::transport::Endpoint::from_shared(uri.clone()) else {
-                    return taken;
-                };
-                let Ok(channel) = endpoint.connect().await else {
+                let Ok(mut c) = connect(&socket).await else {
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 };
-                let mut c = pb::memory_scheduler_client::MemorySchedulerClient::new(channel)
-                    .max_encoding_message_size(usize::MAX)
-                    .max_decoding_message_size(usize::MAX);
                 let request = pb::RegisterJobRequest {
                     name: "flood".into(),
                     graph: Some(proto.clone()),
