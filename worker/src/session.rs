@@ -235,8 +235,13 @@ struct Connection {
 /// Why a registration ended.
 enum Ended {
     /// The scheduler is unreachable or dropped the job: register again
-    /// (`registered`: this registration had succeeded).
-    Lost { why: String, registered: bool },
+    /// (`registered`: this registration had succeeded; `gone`: the
+    /// scheduler no longer has the job, so there is nothing to leave).
+    Lost {
+        why: String,
+        registered: bool,
+        gone: bool,
+    },
     /// The scheduler refused the job in a way it will again: give up.
     Fatal(String),
     /// The training loop is gone: stop.
@@ -280,6 +285,7 @@ fn lost(why: String) -> Ended {
     Ended::Lost {
         why,
         registered: true,
+        gone: false,
     }
 }
 
@@ -304,7 +310,9 @@ impl Connection {
                     while reports.recv().await.is_some() {}
                     return;
                 }
-                Ended::Lost { why, registered } => {
+                Ended::Lost {
+                    why, registered, ..
+                } => {
                     if registered {
                         backoff = FIRST_BACKOFF;
                     }
@@ -361,6 +369,7 @@ impl Connection {
                 return Ended::Lost {
                     why,
                     registered: false,
+                    gone: false,
                 };
             }
         };
@@ -384,6 +393,7 @@ impl Connection {
                     _ => Ended::Lost {
                         why,
                         registered: false,
+                        gone: false,
                     },
                 };
             }
@@ -398,9 +408,7 @@ impl Connection {
             s.registrations
         };
         let ended = self.serve(&mut client, &job, registration, reports).await;
-        if let Ended::Lost { why, .. } = &ended
-            && !why.starts_with(GONE)
-        {
+        if let Ended::Lost { gone: false, .. } = &ended {
             // Lost while the scheduler may still hold the job: leave rather
             // than linger (or wait in its queue) until the lease lapses.
             // Best effort, and brief: it is often unreachable.
@@ -523,16 +531,16 @@ impl Connection {
     }
 }
 
-/// How a lost registration's reason starts when the scheduler no longer
-/// has the job (nothing to leave).
-const GONE: &str = "job ";
-
 /// A failed call as the end of the registration (never `Skip`: the caller
 /// goes on then).
 fn failed(call: Call, what: &str, job_id: u64, s: &tonic::Status) -> Ended {
     let detail = format!("{what}: {}: {}", code_name(s.code()), s.message());
     match classify(call, s.code()) {
-        Failure::Gone => lost(format!("{GONE}{job_id} is no longer registered ({detail})")),
+        Failure::Gone => Ended::Lost {
+            why: format!("job {job_id} is no longer registered ({detail})"),
+            registered: true,
+            gone: true,
+        },
         Failure::Fatal => Ended::Fatal(detail),
         Failure::Skip | Failure::Lost => lost(detail),
     }
@@ -575,7 +583,9 @@ mod tests {
             7,
             &tonic::Status::not_found("no job 7"),
         );
-        assert!(matches!(gone, Ended::Lost { why, .. } if why.starts_with("job 7 is no longer")));
+        assert!(
+            matches!(gone, Ended::Lost { why, gone: true, .. } if why.starts_with("job 7 is no longer"))
+        );
     }
 
     fn plan(registration: u64, version: u64) -> PushedPlan {
