@@ -725,41 +725,8 @@ impl<P: DevicePayload> Drop for CudaCopies<P> {
 mod tests {
     use super::*;
 
-    /// A payload that is never copied: these tests run without a GPU.
-    struct NoBuf;
-
-    impl Payload for NoBuf {
-        type Meta = ();
-        fn meta(&self) {}
-        fn share(&self) -> Self {
-            NoBuf
-        }
-        fn byte_len(&self) -> usize {
-            0
-        }
-        fn read(&self, _: &mut [u8]) -> Result<(), String> {
-            Err("no bytes".into())
-        }
-        fn write(_: &(), _: &[u8]) -> Result<Self, String> {
-            Err("no bytes".into())
-        }
-    }
-
-    // SAFETY: never handed to the driver: it is on no device, which the
-    // engine checks before any copy, and `alloc` always fails.
-    unsafe impl DevicePayload for NoBuf {
-        fn device_ptr(&self) -> u64 {
-            0
-        }
-        fn device_ordinal(&self) -> Option<usize> {
-            None
-        }
-        fn alloc(_: &(), _: usize) -> Result<Self, String> {
-            Err("no device".into())
-        }
-    }
-
-    /// A payload that says where it is and how long it is, never copied.
+    /// A payload that says where it is and how long it is, never copied:
+    /// these tests run without a GPU.
     struct Claims(Option<usize>, usize);
 
     impl Payload for Claims {
@@ -779,7 +746,9 @@ mod tests {
         }
     }
 
-    // SAFETY: only ever given to `check_payload`, never to the driver.
+    // SAFETY: never handed to the driver: it is on no device or reaches
+    // only `check_payload` and engines that fail to start, and `alloc`
+    // always fails.
     unsafe impl DevicePayload for Claims {
         fn device_ptr(&self) -> u64 {
             0
@@ -813,7 +782,7 @@ mod tests {
             ordinal: 1 << 20,
             ..CudaConfig::default()
         };
-        let err = CudaCopies::<NoBuf>::new(far, Instant::now()).expect_err("no such device");
+        let err = CudaCopies::<Claims>::new(far, Instant::now()).expect_err("no such device");
         let msg = err.to_string();
         assert!(
             msg.contains("no CUDA driver library") || msg.contains("does not exist"),
@@ -822,7 +791,7 @@ mod tests {
         match cuda_available(0) {
             Ok(()) => eprintln!("SKIPPED (the no-driver half): this machine has a CUDA device"),
             Err(why) => {
-                let err = CudaCopies::<NoBuf>::new(CudaConfig::default(), Instant::now())
+                let err = CudaCopies::<Claims>::new(CudaConfig::default(), Instant::now())
                     .expect_err("no GPU here");
                 assert_eq!(err, why);
             }
