@@ -2,7 +2,8 @@
 # Sets up everything the build and the tests need, idempotently:
 #   .venv/  Python 3.11 with torch (the libtorch that tch links), torchvision,
 #           onnxruntime (the shared library ort loads), onnx, grpcio-tools,
-#           transformers and timm (the hook's model suite) and the project's
+#           transformers and timm (the hook's model suite), ray,
+#           kubernetes-validate and maturin, and the project's
 #           Python package;
 #   .cargo/config.toml already points LIBTORCH and ORT_DYLIB_PATH at .venv/.
 # A stamp file records what was installed; a second run with the same pins
@@ -31,6 +32,11 @@ pins=(
   # scripts/trace_hf.py): small configs with random weights, nothing downloaded.
   "transformers==5.24.0"
   "timm==1.0.31"
+  # Clusters (tensile.ray and its tests), the deployment manifests' offline
+  # validation, and the wheel that carries the scheduler binary.
+  "ray==2.60.0"
+  "kubernetes-validate==1.37.0"
+  "maturin==1.16.0"
 )
 stamp="$venv/.tensile-setup"
 want="$(printf '%s\n' "${pins[@]}"; sha256sum clients/python/pyproject.toml 2>/dev/null || true)"
