@@ -6,6 +6,7 @@
 
 mod batch;
 mod runtime;
+mod wheel;
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -22,12 +23,15 @@ use batch::{Batches, FastMap};
 use runtime::Model;
 
 /// The ONNX Runtime library: `ORT_DYLIB_PATH` when set at run time, else
-/// the one this crate was built against (`.cargo/config.toml` points it at
+/// the onnxruntime wheel of the Python environment the executable is
+/// installed in (a `tensile` wheel's `tensile-scheduler`), else the one
+/// this crate was built against (`.cargo/config.toml` points it at
 /// `.venv`'s onnxruntime wheel).
 pub fn default_ort_library() -> Option<PathBuf> {
     std::env::var_os("ORT_DYLIB_PATH")
         .filter(|p| !p.is_empty())
         .map(PathBuf::from)
+        .or_else(|| wheel::beside(&std::env::current_exe().ok()?))
         .or_else(|| option_env!("ORT_DYLIB_PATH").map(PathBuf::from))
 }
 
