@@ -13,28 +13,46 @@ use tensile_latency_model::DeviceProfile;
 
 use crate::coldstart::ModelsSpec;
 use crate::config::{Config, ListenAddr};
+use crate::node::{Gpu, GpuSpec, SmiGpu};
 
 /// The TENSILE Memory Scheduler: plans GPU memory (swaps, prefetches,
-/// releases, recomputations) for every training job sharing one GPU and
-/// pushes each job its plan over gRPC. With no arguments it listens on a
-/// Unix socket under $XDG_RUNTIME_DIR/tensile/ (else /tmp/tensile-$UID/).
+/// releases, recomputations) for the training jobs sharing each GPU of the
+/// node and pushes each job its plan over gRPC. With no arguments it serves
+/// every GPU nvidia-smi sees, GPU N on the Unix socket gpuN.sock under
+/// $XDG_RUNTIME_DIR/tensile/ (else /tmp/tensile-$UID/), described in
+/// gpus.json there; on a machine without a GPU, one simulated device on
+/// scheduler.sock there.
 #[derive(Debug, Clone, Default, Parser)]
 #[command(name = "tensile-scheduler", version)]
 pub struct Args {
-    /// Where to listen, repeatable: unix:PATH or IP:PORT. A non-loopback
-    /// address needs --insecure (no TLS here). Default: the per-user
-    /// Unix socket.
+    /// The GPUs to serve, one planning domain and one socket
+    /// (SOCKET_DIR/gpuN.sock) each: `all` or node-level indices such as
+    /// 0,1,3. Default: every GPU nvidia-smi sees (none: one simulated
+    /// device on SOCKET_DIR/scheduler.sock). Named GPUs that nvidia-smi
+    /// does not list (a machine without one) are simulated with the
+    /// --device profile.
+    #[arg(long, env = "TENSILE_GPUS")]
+    pub gpus: Option<String>,
+    /// The directory of the sockets and of gpus.json. Default:
+    /// $XDG_RUNTIME_DIR/tensile, else /tmp/tensile-$UID.
+    #[arg(long, env = "TENSILE_SOCKET_DIR")]
+    pub socket_dir: Option<PathBuf>,
+    /// Serve one device on these addresses instead of the node's GPUs,
+    /// repeatable: unix:PATH or IP:PORT. A non-loopback address needs
+    /// --insecure (no TLS here). Cannot go with --gpus.
     #[arg(long, env = "TENSILE_LISTEN", value_delimiter = ',')]
     pub listen: Vec<String>,
     /// Allow listening on a non-loopback TCP address without TLS.
     #[arg(long, env = "TENSILE_INSECURE")]
     pub insecure: bool,
     /// Device profile: a built-in name (a6000, h100, paper), `cpu`, or a
-    /// profile file. Default: the local GPU's memory when nvidia-smi sees
-    /// one (with the a6000 link model), else a6000.
+    /// profile file; its copy link is every GPU's, its memory a simulated
+    /// GPU's (a real GPU's is what nvidia-smi reports). Default: a6000 (with
+    /// --listen: the first GPU's memory when nvidia-smi sees one).
     #[arg(long, env = "TENSILE_DEVICE")]
     pub device: Option<String>,
-    /// Memory shared by all jobs, MB (10^6 bytes). Default: the device's.
+    /// Memory shared by the jobs of each GPU, MB (10^6 bytes). Default:
+    /// each GPU's memory.
     #[arg(long, env = "TENSILE_BUDGET_MB")]
     pub budget_mb: Option<u64>,
     /// A file holding the admin token that SetMemoryBudget requires
@@ -78,7 +96,8 @@ pub struct Args {
     #[arg(long, env = "TENSILE_GATE_SLACK")]
     pub gate_slack: Option<f64>,
     /// A TOML file with any of the settings above (snake_case keys, e.g.
-    /// `budget_mb = 20000`, `listen = ["127.0.0.1:50051"]`).
+    /// `budget_mb = 20000`, `gpus = "0,1"` or `gpus = [0, 1]`,
+    /// `listen = ["127.0.0.1:50051"]`).
     #[arg(long, env = "TENSILE_CONFIG")]
     pub config: Option<PathBuf>,
 }
@@ -87,6 +106,8 @@ pub struct Args {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileConfig {
+    pub gpus: Option<GpusValue>,
+    pub socket_dir: Option<PathBuf>,
     pub listen: Option<Vec<String>>,
     pub insecure: Option<bool>,
     pub device: Option<String>,
@@ -103,10 +124,40 @@ pub struct FileConfig {
     pub gate_slack: Option<f64>,
 }
 
+/// `gpus` in the TOML file: `"all"`, `"0,1"` or `[0, 1]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum GpusValue {
+    Text(String),
+    List(Vec<u32>),
+}
+
+impl GpusValue {
+    fn spec(&self) -> Result<GpuSpec, String> {
+        match self {
+            GpusValue::Text(s) => GpuSpec::parse(s),
+            GpusValue::List(l) => {
+                GpuSpec::parse(&l.iter().map(u32::to_string).collect::<Vec<_>>().join(","))
+            }
+        }
+    }
+}
+
+/// What the scheduler serves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Serve {
+    /// One device on these addresses.
+    Listen(Vec<ListenAddr>),
+    /// These GPUs, `dir/gpuN.sock` each, described in `dir/gpus.json`.
+    Gpus { dir: PathBuf, gpus: Vec<Gpu> },
+}
+
 /// What the binary runs with.
 #[derive(Debug, Clone)]
 pub struct Resolved {
-    pub listen: Vec<ListenAddr>,
+    pub serve: Serve,
+    /// The device profile, budget and the rest; with GPUs, each GPU's
+    /// domain takes its memory and budget from its [`Gpu`].
     pub config: Config,
     /// For the log: choices made for the user (the device, insecure TCP).
     pub notes: Vec<String>,
@@ -123,8 +174,14 @@ fn seconds(flag: &str, v: f64) -> Result<Duration, String> {
 }
 
 impl Args {
-    /// Flags over the file over defaults, checked.
+    /// Flags over the file over defaults, checked; the GPUs are those
+    /// `nvidia-smi` lists.
     pub fn resolve(&self) -> Result<Resolved, String> {
+        self.resolve_with(&crate::node::nvidia_smi)
+    }
+
+    /// [`Args::resolve`], with the node's GPUs listed by `smi`.
+    pub fn resolve_with(&self, smi: &dyn Fn() -> Vec<SmiGpu>) -> Result<Resolved, String> {
         let file = match &self.config {
             Some(p) => read_file(p)?,
             None => FileConfig::default(),
@@ -135,15 +192,37 @@ impl Args {
         } else {
             self.listen.clone()
         };
-        let mut listen = listen
+        let listen = listen
             .iter()
             .map(|s| ListenAddr::parse(s))
             .collect::<Result<Vec<_>, _>>()?;
-        if listen.is_empty() {
-            listen.push(ListenAddr::Unix(
-                tensile_proto::endpoint::default_socket_path(),
+        let spec = match (&self.gpus, &file.gpus) {
+            (Some(s), _) => Some(GpuSpec::parse(s)?),
+            (None, Some(v)) => Some(v.spec()?),
+            (None, None) => None,
+        };
+        if spec.is_some() && !listen.is_empty() {
+            return Err(format!(
+                "--listen {} and --gpus cannot go together: --gpus serves each GPU on its own socket in --socket-dir (gpuN.sock), --listen one device on the addresses given; drop one",
+                listen[0]
             ));
         }
+        let socket_dir = self
+            .socket_dir
+            .clone()
+            .or(file.socket_dir.clone())
+            .unwrap_or_else(tensile_proto::endpoint::default_socket_dir);
+        // No --listen: the node's GPUs (all when --gpus is not given and
+        // nvidia-smi sees any).
+        let seen = if listen.is_empty() { smi() } else { Vec::new() };
+        let spec = spec.or((listen.is_empty() && !seen.is_empty()).then_some(GpuSpec::All));
+        let listen = if listen.is_empty() && spec.is_none() {
+            vec![ListenAddr::Unix(
+                socket_dir.join(tensile_proto::endpoint::SINGLE_SOCKET),
+            )]
+        } else {
+            listen
+        };
         let insecure = self.insecure || file.insecure.unwrap_or(false);
         for a in &listen {
             if !a.is_loopback() {
@@ -162,16 +241,46 @@ impl Args {
                 tensile_experiments::device_profile(&name).map_err(|e| format!("--device: {e}"))?,
                 format!("device {name:?} (--device)"),
             ),
+            None if spec.is_some() => (
+                DeviceProfile::builtin("a6000").map_err(|e| e.to_string())?,
+                "device profile a6000 (the copy link of every GPU)".to_string(),
+            ),
             None => default_device()?,
         };
         notes.push(note);
         let mut config = Config::new(device);
-        if let Some(mb) = self.budget_mb.or(file.budget_mb) {
-            if mb == 0 {
-                return Err("--budget-mb must be positive".into());
-            }
-            config.budget_bytes = mb.saturating_mul(1_000_000);
+        let budget = match self.budget_mb.or(file.budget_mb) {
+            Some(0) => return Err("--budget-mb must be positive".into()),
+            Some(mb) => Some(mb.saturating_mul(1_000_000)),
+            None => None,
+        };
+        if let Some(b) = budget {
+            config.budget_bytes = b;
         }
+        let serve = match &spec {
+            None => Serve::Listen(listen),
+            Some(spec) => {
+                let gpus = crate::node::select(spec, &seen, &config.device, budget)?;
+                notes.push(format!(
+                    "serving GPUs {} in {}",
+                    gpus.iter()
+                        .map(|g| format!(
+                            "{} ({}{}, budget {} MB)",
+                            g.index,
+                            g.name,
+                            if g.simulated { "" } else { ", real" },
+                            g.budget_bytes / 1_000_000
+                        ))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    socket_dir.display()
+                ));
+                Serve::Gpus {
+                    dir: socket_dir,
+                    gpus,
+                }
+            }
+        };
         config.admin_token = admin_token(
             self.admin_token_file
                 .as_deref()
@@ -225,7 +334,7 @@ impl Args {
         }
         config.validate()?;
         Ok(Resolved {
-            listen,
+            serve,
             config,
             notes,
         })
@@ -323,7 +432,10 @@ mod tests {
         assert_eq!(r.config.lease, Duration::from_secs(3));
         assert_eq!(r.config.device.name, "h100");
         assert_eq!(r.config.state_dir, None);
-        assert_eq!(r.listen, vec![ListenAddr::parse("127.0.0.1:0").unwrap()]);
+        assert_eq!(
+            r.serve,
+            Serve::Listen(vec![ListenAddr::parse("127.0.0.1:0").unwrap()])
+        );
 
         let bad = |a: Args| a.resolve().unwrap_err();
         assert!(
@@ -365,5 +477,89 @@ mod tests {
             })
             .contains("unknown field")
         );
+    }
+
+    fn two_gpus() -> Vec<SmiGpu> {
+        crate::node::parse_smi("0, GPU-aa, NVIDIA A100, 81920\n1, GPU-bb, NVIDIA A100, 40960\n")
+    }
+
+    #[test]
+    fn gpus_come_from_flags_the_file_or_nvidia_smi() {
+        let dir = tempfile::tempdir().unwrap();
+        let none = || Vec::new();
+        // Nothing given, no GPU: the single device on DIR/scheduler.sock.
+        let args = Args {
+            socket_dir: Some(dir.path().to_path_buf()),
+            device: Some("a6000".into()),
+            ..Args::default()
+        };
+        assert_eq!(
+            args.resolve_with(&none).unwrap().serve,
+            Serve::Listen(vec![ListenAddr::Unix(dir.path().join("scheduler.sock"))])
+        );
+        // Nothing given, two GPUs: both, real, each its memory as budget.
+        let r = args.resolve_with(&two_gpus).unwrap();
+        let Serve::Gpus { dir: d, gpus } = r.serve else {
+            panic!("{:?}", r.serve)
+        };
+        assert_eq!(d, dir.path());
+        assert_eq!(gpus.len(), 2);
+        assert_eq!(gpus[1].budget_bytes, 40960 << 20);
+        assert!(!gpus[1].simulated);
+        // --gpus without a GPU: simulated, the budget per GPU.
+        let args = Args {
+            gpus: Some("0,1".into()),
+            budget_mb: Some(700),
+            ..args
+        };
+        let Serve::Gpus { gpus, .. } = args.resolve_with(&none).unwrap().serve else {
+            panic!()
+        };
+        assert_eq!(
+            gpus.iter()
+                .map(|g| (g.uuid.as_str(), g.budget_bytes))
+                .collect::<Vec<_>>(),
+            [("sim-0", 700_000_000), ("sim-1", 700_000_000)]
+        );
+        // With --listen: refused, naming both.
+        let err = Args {
+            listen: vec!["unix:/tmp/x.sock".into()],
+            ..args.clone()
+        }
+        .resolve_with(&none)
+        .unwrap_err();
+        assert!(err.contains("--listen") && err.contains("--gpus"), "{err}");
+        // A GPU nvidia-smi does not list.
+        let err = Args {
+            gpus: Some("3".into()),
+            ..args
+        }
+        .resolve_with(&two_gpus)
+        .unwrap_err();
+        assert!(err.contains("no GPU 3"), "{err}");
+        // The file: a list, or text.
+        let toml = dir.path().join("s.toml");
+        for text in ["gpus = [1]\n", "gpus = \"1\"\n"] {
+            std::fs::write(&toml, text).unwrap();
+            let r = Args {
+                config: Some(toml.clone()),
+                socket_dir: Some(dir.path().to_path_buf()),
+                ..Args::default()
+            }
+            .resolve_with(&two_gpus)
+            .unwrap();
+            let Serve::Gpus { gpus, .. } = r.serve else {
+                panic!()
+            };
+            assert_eq!(gpus.iter().map(|g| g.index).collect::<Vec<_>>(), [1]);
+        }
+        std::fs::write(&toml, "gpus = \"1,one\"\n").unwrap();
+        let err = Args {
+            config: Some(toml),
+            ..Args::default()
+        }
+        .resolve_with(&two_gpus)
+        .unwrap_err();
+        assert!(err.contains("\"one\""), "{err}");
     }
 }

@@ -5,7 +5,8 @@
 //!
 //! # Layout
 //! - [`server`]: [`run`] (listeners, shutdown passed in), [`Listener`], the
-//!   lease reaper.
+//!   lease reaper; [`node`]: every GPU of a node, one planning domain and
+//!   socket each, and the `gpus.json` clients pick their GPU from.
 //! - [`service`]: the tonic service, one handler per RPC; [`bounds`]: the
 //!   range of every number and string it takes off the wire.
 //! - [`planning`]: the planning task, sole owner of the re-planner and of
@@ -24,6 +25,7 @@ pub mod coldstart;
 pub mod config;
 pub mod error;
 pub mod metrics;
+pub mod node;
 pub mod planning;
 pub mod server;
 pub mod service;

@@ -425,12 +425,7 @@ impl Planner {
             *counts.entry(k).or_default() += 1;
         }
         for (state, n) in counts {
-            self.metrics
-                .jobs
-                .get_or_create(&crate::metrics::StateLabel {
-                    state: state.to_string(),
-                })
-                .set(n);
+            self.metrics.set_jobs(state, n);
         }
         self.metrics.queue_length.set(self.queue.len() as i64);
     }

@@ -3,11 +3,14 @@
 //! endpoint, serves the scheduler with gRPC health and reflection on every
 //! listener, and shuts down in order: streams end, connections drain
 //! within the deadline, the store is flushed, socket files are removed.
+//! A scheduler serving several GPUs (`crate::node`) runs one planning
+//! domain per GPU through the same code ([`run_domains`]).
 
 use std::future::Future;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 
 use tensile_proto::pb::memory_scheduler_server::MemorySchedulerServer;
 use tokio::net::{TcpListener, UnixListener};
@@ -18,11 +21,12 @@ use tokio_stream::wrappers::UnixListenerStream;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
-use tracing::{error, info, warn};
+use tracing::{Instrument, error, info, warn};
 
 use crate::coldstart::ColdStart;
 use crate::config::{Config, ListenAddr};
 use crate::metrics::Metrics;
+use crate::node::Manifest;
 use crate::planning::{Command, Planner};
 use crate::service::Service;
 use crate::state::Shared;
@@ -111,16 +115,68 @@ fn make_private_dir(dir: &Path) -> Result<(), RunError> {
     Ok(())
 }
 
-/// Serves until `shutdown` completes, then shuts down within the
-/// configured deadline.
+/// Serves one device on `listeners` until `shutdown` completes, then shuts
+/// down within the configured deadline.
 pub async fn run(
     listeners: Vec<Listener>,
     config: Config,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), RunError> {
-    config.validate().map_err(RunError::Config)?;
     if listeners.is_empty() {
         return Err(RunError::Config("no listener".into()));
+    }
+    for l in &listeners {
+        if let Listener::Unix(_, path) = l
+            && let Some(dir) = path.parent()
+        {
+            crate::node::clear_stale_manifest(dir).await?;
+        }
+    }
+    let domain = Domain {
+        gpu: None,
+        listeners,
+        device: config.device.clone(),
+        budget_bytes: config.budget_bytes,
+        metrics: Metrics::new(),
+    };
+    run_domains(vec![domain], config, None, shutdown).await
+}
+
+/// One planning domain: the single device, or one GPU of the node. Each
+/// has its own jobs, planning task, lease reaper, budget and status.
+#[derive(Debug)]
+pub(crate) struct Domain {
+    /// The node's index of the GPU; `None`: the single device.
+    pub(crate) gpu: Option<u32>,
+    pub(crate) listeners: Vec<Listener>,
+    pub(crate) device: tensile_latency_model::DeviceProfile,
+    pub(crate) budget_bytes: u64,
+    pub(crate) metrics: Metrics,
+}
+
+/// What the domains of one scheduler share: cancellation, the tasks and
+/// servers to stop, the sockets to remove.
+struct Running {
+    cancel: CancellationToken,
+    tasks: JoinSet<()>,
+    servers: JoinSet<Result<(), String>>,
+    plannings: Vec<tokio::task::JoinHandle<()>>,
+    sockets: Vec<PathBuf>,
+}
+
+/// Serves `domains` until `shutdown`: they share the latency store, the
+/// cold-start models, job ids and one metrics endpoint; `manifest`
+/// (gpus.json) is written once every socket listens and removed first at
+/// shutdown.
+pub(crate) async fn run_domains(
+    domains: Vec<Domain>,
+    config: Config,
+    manifest: Option<Arc<Manifest>>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), RunError> {
+    config.validate().map_err(RunError::Config)?;
+    if domains.is_empty() {
+        return Err(RunError::Config("nothing to serve".into()));
     }
     let store = match &config.state_dir {
         Some(dir) => Some(Arc::new(Store::open(dir)?)),
@@ -132,18 +188,147 @@ pub async fn run(
         .map_err(|e| RunError::Config(format!("loading the latency models panicked: {e}")))?;
     info!(
         device = %config.device.name,
-        budget_bytes = config.budget_bytes,
         lease_s = config.lease.as_secs_f64(),
         cold_start = %cold.description,
         store = ?config.state_dir,
+        domains = domains.len(),
         "scheduler starting"
     );
     let cold = Arc::new(cold);
-    let metrics = Arc::new(Metrics::new());
-    let shared = Arc::new(Shared::new(config.budget_bytes));
-    let cancel = CancellationToken::new();
-    let mut tasks = JoinSet::new();
+    let registry = domains[0].metrics.registry();
+    let ids = Arc::new(AtomicU64::new(1));
+    let mut running = Running {
+        cancel: CancellationToken::new(),
+        tasks: JoinSet::new(),
+        servers: JoinSet::new(),
+        plannings: Vec::new(),
+        sockets: Vec::new(),
+    };
+    for domain in domains {
+        let mut own = config.clone();
+        own.device = domain.device.clone();
+        own.budget_bytes = domain.budget_bytes;
+        own.validate()
+            .map_err(|e| RunError::Config(format!("{}: {e}", domain_name(domain.gpu))))?;
+        let gpu = domain.gpu.zip(manifest.clone());
+        start_domain(
+            domain,
+            own,
+            &mut running,
+            Common {
+                cold: cold.clone(),
+                store: store.clone(),
+                ids: ids.clone(),
+                gpu,
+            },
+        )
+        .await?;
+    }
+    if let Some(addr) = config.metrics_listen {
+        let l = crate::metrics::bind(addr)
+            .await
+            .map_err(|source| RunError::Io {
+                what: format!("metrics on {addr}"),
+                source,
+            })?;
+        info!("metrics on http://{addr}/metrics");
+        let c = running.cancel.clone();
+        running.tasks.spawn(async move {
+            if let Err(e) = crate::metrics::serve(l, registry, c).await {
+                error!("metrics endpoint: {e}");
+            }
+        });
+    }
+    if let Some(m) = &manifest {
+        let m = m.clone();
+        tokio::task::spawn_blocking(move || m.write())
+            .await
+            .map_err(|e| RunError::Config(format!("writing gpus.json panicked: {e}")))??;
+    }
 
+    let Running {
+        cancel,
+        mut tasks,
+        mut servers,
+        plannings,
+        sockets,
+    } = running;
+    tokio::select! {
+        () = shutdown => info!("shutting down"),
+        Some(r) = servers.join_next() => error!("a listener stopped: {r:?}; shutting down"),
+    }
+    // New clients must not find sockets about to go.
+    if let Some(m) = &manifest {
+        m.remove();
+    }
+    // Ending every plan stream first: tonic waits for open streams forever.
+    cancel.cancel();
+    let deadline = Instant::now() + config.shutdown_deadline;
+    let drained = tokio::time::timeout_at(deadline, async {
+        while servers.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        warn!(
+            deadline_s = config.shutdown_deadline.as_secs_f64(),
+            "connections still open at the shutdown deadline; closing them"
+        );
+        servers.abort_all();
+    }
+    for planning in plannings {
+        if tokio::time::timeout_at(deadline, planning).await.is_err() {
+            warn!("a planning task did not finish by the deadline");
+        }
+    }
+    tasks.abort_all();
+    if let Some(s) = store {
+        let flushed = tokio::task::spawn_blocking(move || s.flush()).await;
+        if let Ok(Err(e)) = flushed {
+            error!("flushing the store: {e}");
+        }
+    }
+    for path in sockets {
+        let _ = std::fs::remove_file(path);
+    }
+    info!("scheduler stopped");
+    Ok(())
+}
+
+/// What a domain is given besides its own configuration.
+struct Common {
+    cold: Arc<ColdStart>,
+    store: Option<Arc<Store>>,
+    ids: Arc<AtomicU64>,
+    /// The GPU's index and the manifest its budget is kept in.
+    gpu: Option<(u32, Arc<Manifest>)>,
+}
+
+fn domain_name(gpu: Option<u32>) -> String {
+    gpu.map_or_else(|| "the device".to_string(), |i| format!("GPU {i}"))
+}
+
+/// Starts a domain's planning task, lease reaper and servers.
+async fn start_domain(
+    domain: Domain,
+    config: Config,
+    running: &mut Running,
+    common: Common,
+) -> Result<(), RunError> {
+    let span = match domain.gpu {
+        Some(i) => tracing::info_span!("gpu", index = i),
+        None => tracing::Span::none(),
+    };
+    span.in_scope(|| {
+        info!(
+            device = %config.device.name,
+            memory_bytes = config.device.memory_bytes,
+            budget_bytes = config.budget_bytes,
+            "planning domain"
+        )
+    });
+    let metrics = Arc::new(domain.metrics);
+    let shared = Arc::new(Shared::sharing_ids(config.budget_bytes, common.ids));
+    let cancel = running.cancel.clone();
     let (tx, rx) = mpsc::channel(4096);
     let mut pc = tensile_experiments::device::planner_config(
         &config.device,
@@ -159,50 +344,38 @@ pub async fn run(
         config.replan_threshold,
         config.ewma_weight,
         config.plan_cap,
-        store.clone(),
+        common.store.clone(),
         config.device.name.clone(),
         metrics.clone(),
     );
-    let planning = tokio::spawn(planner.run(rx, cancel.clone()));
-    tasks.spawn(reap_leases(
-        shared.clone(),
-        tx.clone(),
-        metrics.clone(),
-        config.lease,
-        cancel.clone(),
+    running.plannings.push(tokio::spawn(
+        planner.run(rx, cancel.clone()).instrument(span.clone()),
     ));
-    if let Some(addr) = config.metrics_listen {
-        let l = crate::metrics::bind(addr)
-            .await
-            .map_err(|source| RunError::Io {
-                what: format!("metrics on {addr}"),
-                source,
-            })?;
-        info!("metrics on http://{addr}/metrics");
-        let (m, c) = (metrics.clone(), cancel.clone());
-        tasks.spawn(async move {
-            if let Err(e) = crate::metrics::serve(l, m, c).await {
-                error!("metrics endpoint: {e}");
-            }
-        });
-    }
-
+    running.tasks.spawn(
+        reap_leases(
+            shared.clone(),
+            tx.clone(),
+            metrics.clone(),
+            config.lease,
+            cancel.clone(),
+        )
+        .instrument(span.clone()),
+    );
     let service = Service::new(
-        shared.clone(),
+        shared,
         tx,
         config.clone(),
-        cold,
-        store.clone(),
+        common.cold,
+        common.store,
         metrics,
         cancel.clone(),
+        common.gpu,
     );
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<MemorySchedulerServer<Service>>().await;
     let max = config.max_message_bytes();
     let keepalive = Some(config.lease / 2);
-    let mut servers = JoinSet::new();
-    let mut sockets = Vec::new();
-    for listener in listeners {
+    for listener in domain.listeners {
         let address = listener.address();
         let reflection = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(tensile_proto::FILE_DESCRIPTOR_SET)
@@ -220,10 +393,10 @@ pub async fn run(
                     .max_encoding_message_size(max),
             );
         let stop = cancel.clone().cancelled_owned();
-        info!("listening on {address}");
+        span.in_scope(|| info!("listening on {address}"));
         match listener {
             Listener::Tcp(l) => {
-                servers.spawn(async move {
+                running.servers.spawn(async move {
                     router
                         .serve_with_incoming_shutdown(TcpIncoming::from(l), stop)
                         .await
@@ -231,8 +404,8 @@ pub async fn run(
                 });
             }
             Listener::Unix(l, path) => {
-                sockets.push(path);
-                servers.spawn(async move {
+                running.sockets.push(path);
+                running.servers.spawn(async move {
                     router
                         .serve_with_incoming_shutdown(UnixListenerStream::new(l), stop)
                         .await
@@ -241,40 +414,6 @@ pub async fn run(
             }
         }
     }
-    drop(service);
-
-    tokio::select! {
-        () = shutdown => info!("shutting down"),
-        Some(r) = servers.join_next() => error!("a listener stopped: {r:?}; shutting down"),
-    }
-    // Ending every plan stream first: tonic waits for open streams forever.
-    cancel.cancel();
-    let deadline = Instant::now() + config.shutdown_deadline;
-    let drained = tokio::time::timeout_at(deadline, async {
-        while servers.join_next().await.is_some() {}
-    })
-    .await;
-    if drained.is_err() {
-        warn!(
-            deadline_s = config.shutdown_deadline.as_secs_f64(),
-            "connections still open at the shutdown deadline; closing them"
-        );
-        servers.abort_all();
-    }
-    if tokio::time::timeout_at(deadline, planning).await.is_err() {
-        warn!("the planning task did not finish by the deadline");
-    }
-    tasks.abort_all();
-    if let Some(s) = store {
-        let flushed = tokio::task::spawn_blocking(move || s.flush()).await;
-        if let Ok(Err(e)) = flushed {
-            error!("flushing the store: {e}");
-        }
-    }
-    for path in sockets {
-        let _ = std::fs::remove_file(path);
-    }
-    info!("scheduler stopped");
     Ok(())
 }
 

@@ -93,18 +93,25 @@ pub struct Memory {
 pub struct Shared {
     jobs: Mutex<HashMap<u64, Job>>,
     memory: Mutex<Memory>,
-    next_id: AtomicU64,
+    /// Job ids, shared by the GPUs of one scheduler so that an id names
+    /// one job on the node.
+    next_id: Arc<AtomicU64>,
 }
 
 impl Shared {
     pub fn new(budget_bytes: u64) -> Shared {
+        Shared::sharing_ids(budget_bytes, Arc::new(AtomicU64::new(1)))
+    }
+
+    /// A table whose jobs take their ids from `ids` (which starts at 1).
+    pub fn sharing_ids(budget_bytes: u64, ids: Arc<AtomicU64>) -> Shared {
         Shared {
             jobs: Mutex::new(HashMap::new()),
             memory: Mutex::new(Memory {
                 budget_bytes,
                 ..Memory::default()
             }),
-            next_id: AtomicU64::new(1),
+            next_id: ids,
         }
     }
 

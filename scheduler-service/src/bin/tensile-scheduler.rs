@@ -1,11 +1,13 @@
 //! `tensile-scheduler`: parse the configuration, start tracing (RUST_LOG),
-//! bind the listeners, run the library until SIGINT or SIGTERM.
+//! bind the listeners (or one socket per GPU), run the library until
+//! SIGINT or SIGTERM.
 
 use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Parser;
-use tensile_scheduler::cli::Args;
+use tensile_scheduler::cli::{Args, Serve};
+use tensile_scheduler::node::run_gpus;
 use tensile_scheduler::{Listener, run};
 use tracing_subscriber::EnvFilter;
 
@@ -33,11 +35,18 @@ fn main() -> ExitCode {
         .context("cannot start the async runtime")
         .and_then(|rt| {
             let r = rt.block_on(async {
-                let mut listeners = Vec::new();
-                for a in &resolved.listen {
-                    listeners.push(Listener::bind(a).await?);
+                match &resolved.serve {
+                    Serve::Listen(addrs) => {
+                        let mut listeners = Vec::new();
+                        for a in addrs {
+                            listeners.push(Listener::bind(a).await?);
+                        }
+                        run(listeners, resolved.config, shutdown_signal()).await?;
+                    }
+                    Serve::Gpus { dir, gpus } => {
+                        run_gpus(dir, gpus, resolved.config, shutdown_signal()).await?;
+                    }
                 }
-                run(listeners, resolved.config, shutdown_signal()).await?;
                 Ok(())
             });
             // A plan still running on a blocking thread cannot be

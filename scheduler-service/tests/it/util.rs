@@ -66,6 +66,11 @@ pub(crate) async fn unix(config: Config) -> Server {
     start(l, config, Some(dir)).await
 }
 
+/// A scheduler on a listener bound by the caller.
+pub(crate) async fn start_listener(l: Listener, config: Config) -> Server {
+    start(l, config, None).await
+}
+
 async fn start(l: Listener, config: Config, dir: Option<tempfile::TempDir>) -> Server {
     let address = l.address();
     let (tx, rx) = oneshot::channel();
