@@ -44,6 +44,7 @@ import pytest  # noqa: E402
 import ray  # noqa: E402
 import torch  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 
@@ -182,7 +183,12 @@ def schedulers_under(root: str) -> list[int]:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if argv and argv[0].endswith(b"tensile-scheduler") and any(root.encode() in a for a in argv) and alive(int(entry.name)):
+        if (
+            argv
+            and argv[0].endswith(b"tensile-scheduler")
+            and any(root.encode() in a for a in argv)
+            and alive(int(entry.name))
+        ):
             found.append(int(entry.name))
     return found
 
@@ -235,9 +241,7 @@ def test_launched_schedulers_die_with_the_process_that_launched_them(tmp_path):
     schedulers exit all the same."""
     binary = tensile.ray.find_scheduler_binary(SCHEDULER)
     folder = tempfile.mkdtemp(prefix="trl", dir="/tmp")
-    launcher = subprocess.Popen(
-        [sys.executable, "-c", LAUNCHER, binary, folder], stdout=subprocess.PIPE, text=True
-    )
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, binary, folder], stdout=subprocess.PIPE, text=True)
     pids: list[int] = []
     try:
         pids = [int(p) for p in launcher.stdout.readline().split()]
@@ -271,7 +275,9 @@ class RayCluster:
         self.root = tempfile.mkdtemp(prefix="tr", dir="/tmp")  # short: Unix socket paths
         self.sockets = os.path.join(self.root, "s")
         if ray._private.ray_constants.ENABLE_RAY_CLUSTER:
-            pytest.fail("Ray was imported before RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 was set: the nodes would leave loopback")
+            pytest.fail(
+                "Ray was imported before RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 was set: the nodes would leave loopback"
+            )
         self.saved = {"RAY_TMPDIR": os.environ.get("RAY_TMPDIR")}
         # Ray's files (ray_current_cluster too) in our folder, not a shared /tmp/ray.
         os.environ["RAY_TMPDIR"] = self.root
@@ -324,10 +330,14 @@ def test_the_cluster_is_on_loopback(cluster):
 
 def test_errors_name_what_is_wrong(cluster):
     tensile.ray.stop()
-    with pytest.raises(tensile.ray.TensileRayError, match=r"scheduler_address\(\) runs inside a Ray task .*this is the driver"):
+    with pytest.raises(
+        tensile.ray.TensileRayError, match=r"scheduler_address\(\) runs inside a Ray task .*this is the driver"
+    ):
         tensile.ray.scheduler_address()
     # Not started yet: the task is told to have the driver call start().
-    with pytest.raises(tensile.ray.TensileRayError, match=r"no TENSILE schedulers on node [0-9a-f]+: call tensile.ray.start\(\)"):
+    with pytest.raises(
+        tensile.ray.TensileRayError, match=r"no TENSILE schedulers on node [0-9a-f]+: call tensile.ray.start\(\)"
+    ):
         ray.get(ray.remote(num_gpus=0.5, num_cpus=0, max_retries=0)(address_task).remote(), timeout=120)
     # A task without a GPU share.
     with pytest.raises(tensile.ray.TensileRayError, match="this task holds no GPU; ask Ray for a share of one"):
@@ -335,7 +345,10 @@ def test_errors_name_what_is_wrong(cluster):
     # Bad settings, and a binary the nodes do not have: nothing is left running.
     with pytest.raises(tensile.ray.TensileRayError, match="memory_mb must be a positive whole number"):
         cluster.start(memory_mb=0)
-    with pytest.raises(tensile.ray.TensileRayError, match=r"node [0-9a-f]+: binary=/nowhere/tensile-scheduler is not an executable file"):
+    with pytest.raises(
+        tensile.ray.TensileRayError,
+        match=r"node [0-9a-f]+: binary=/nowhere/tensile-scheduler is not an executable file",
+    ):
         tensile.ray.start(binary="/nowhere/tensile-scheduler", socket_root=cluster.sockets)
     long_root = os.path.join(cluster.root, "x" * 90)
     with pytest.raises(tensile.ray.TensileRayError, match="is 1[0-9][0-9] bytes, over the 107 a Unix socket takes"):
@@ -344,7 +357,9 @@ def test_errors_name_what_is_wrong(cluster):
     try:
         started = cluster.start()
         assert len(started) == 2 and all(len(n.pids) == 2 for n in started)
-        with pytest.raises(tensile.ray.TensileRayError, match=r"other settings \(device='a6000'\): call tensile.ray.stop\(\) first"):
+        with pytest.raises(
+            tensile.ray.TensileRayError, match=r"other settings \(device='a6000'\): call tensile.ray.stop\(\) first"
+        ):
             cluster.start(device="h100")
     finally:
         tensile.ray.stop()
@@ -368,6 +383,26 @@ def test_stop_ends_the_schedulers_and_memory_mb_sets_each_gpus_memory(cluster):
         address, budget, share = ray.get(quarter.remote(), timeout=120)
         assert (budget, share) == (2000, 0.25)
         assert any(address in (n.address(g) for g in n.gpus) for n in again.values()), address
+
+        # A node's schedulers killed: its tasks are told, and start() starts them again.
+        node = next(iter(again.values()))
+        for pid in node.pids.values():
+            os.kill(pid, signal.SIGKILL)
+        wait_for("the killed schedulers to exit", lambda: not any(alive(p) for p in node.pids.values()))
+        pinned = ray.remote(num_gpus=0.5, num_cpus=0, max_retries=0)(address_task).options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id, soft=False)
+        )
+        with pytest.raises(
+            tensile.ray.TensileRayError,
+            match=rf"the scheduler of GPU [01] on node {node.node_id} has exited \(its log: \S+/gpu[01].log\); "
+            r"tensile.ray.start\(\) starts it again",
+        ):
+            ray.get(pinned.remote(), timeout=120)
+        restarted = {n.node_id: n for n in cluster.start(memory_mb=8000)}
+        assert restarted[node.node_id].socket_dir == node.socket_dir
+        assert all(alive(p) and p not in node.pids.values() for p in restarted[node.node_id].pids.values())
+        assert all(dict(restarted[k].pids) == dict(again[k].pids) for k in again if k != node.node_id)
+        assert ray.get(pinned.remote(), timeout=120).startswith(f"unix:{node.socket_dir}/gpu")
     finally:
         tensile.ray.stop()
 
@@ -433,7 +468,7 @@ def test_fractional_tasks_share_gpus_and_survive_a_node_removal(cluster, tmp_pat
         assert seen["index"] == i
         want = expected[i]
         assert len(params) == len(want)
-        for k, (a, b) in enumerate(zip(want, params)):
+        for k, (a, b) in enumerate(zip(want, params, strict=True)):
             assert torch.equal(a, b), f"task {i}: parameter {k} differs from plain training"
         (gpu,) = seen["gpu"]
         assert seen["address"] == started[seen["node"]].address(gpu)

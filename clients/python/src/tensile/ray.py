@@ -171,7 +171,7 @@ def start(
         if not node.get("Alive") or gpus < 1:
             continue
         node_id = node["NodeID"]
-        actor = actor_class.options(
+        actor: Any = actor_class.options(
             name=_PREFIX + node_id,
             namespace=NAMESPACE,
             lifetime="detached",
@@ -179,7 +179,8 @@ def start(
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
         ).remote(node_id)
         pending.append((node_id, actor.ensure.remote(settings, gpus, timeout_s)))
-    started, failed = [], []
+    started: list[NodeSchedulers] = []
+    failed: list[tuple[str, BaseException]] = []
     for node_id, ref in pending:  # every answer is taken, so that Ray reports no error twice
         try:
             started.append(NodeSchedulers(**ray.get(ref, timeout=timeout_s + 30)))
@@ -197,8 +198,8 @@ def start(
 def nodes() -> list[NodeSchedulers]:
     """Every node whose schedulers are started (its actor alive)."""
     _need_connection("nodes")
-    found = []
-    for node_id, actor in _actors():
+    found: list[NodeSchedulers] = []
+    for _, actor in _actors():
         try:
             found.append(NodeSchedulers(**ray.get(actor.info.remote(), timeout=30)))
         except ray.exceptions.RayActorError:
@@ -207,23 +208,25 @@ def nodes() -> list[NodeSchedulers]:
 
 
 def stop(timeout_s: float = 30.0) -> list[str]:
-    """Stops every node's schedulers (each waits for its processes to exit,
-    else kills them) and their actors; returns the nodes stopped."""
+    """Stops every node's schedulers (SIGTERM, then SIGKILL after
+    ``timeout_s``), removes their socket folders and kills their actors;
+    returns the nodes whose actor stopped its schedulers. An actor that does
+    not answer is killed all the same, and its schedulers end with it."""
     _need_connection("stop")
-    stopped = []
+    stopped: list[str] = []
     for node_id, actor in _actors():
         try:
             ray.get(actor.stop.remote(timeout_s), timeout=timeout_s + 30)
             stopped.append(node_id)
-        except ray.exceptions.RayActorError:
-            pass  # its node is gone, and its schedulers with it
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            pass  # its node is gone (its schedulers with it), or it hangs: killed below
         ray.kill(actor, no_restart=True)
     return stopped
 
 
 def _actors() -> list[tuple[str, Any]]:
     named = ray.util.list_named_actors(all_namespaces=True)
-    found = []
+    found: list[tuple[str, Any]] = []
     for entry in named:
         if entry.get("namespace") != NAMESPACE or not entry.get("name", "").startswith(_PREFIX):
             continue
@@ -288,7 +291,9 @@ def _placement(what: str, gpu: str | int | None) -> tuple[str, str, Fraction]:
     else:
         gpu_id = str(gpu)
         if gpu_id not in ids:
-            raise TensileRayError(f"tensile.ray.{what}(gpu={gpu!r}): this task holds GPU {', '.join(ids)}, not {gpu_id}")
+            raise TensileRayError(
+                f"tensile.ray.{what}(gpu={gpu!r}): this task holds GPU {', '.join(ids)}, not {gpu_id}"
+            )
     # Ray keeps resources in units of 1/10000; str() gives that decimal exactly.
     share = Fraction(str(held)) / len(ids)
     return context.get_node_id(), gpu_id, share
@@ -296,13 +301,15 @@ def _placement(what: str, gpu: str | int | None) -> tuple[str, str, Fraction]:
 
 def _node_info(node_id: str) -> NodeSchedulers:
     try:
-        actor = ray.get_actor(_PREFIX + node_id, namespace=NAMESPACE)
+        actor: Any = ray.get_actor(_PREFIX + node_id, namespace=NAMESPACE)
     except ValueError:
         raise TensileRayError(
-            f"no TENSILE schedulers on node {node_id}: call tensile.ray.start() in the driver (again after a node joins)"
+            f"no TENSILE schedulers on node {node_id}: "
+            "call tensile.ray.start() in the driver (again after a node joins)"
         ) from None
     try:
-        info = NodeSchedulers(**ray.get(actor.info.remote(), timeout=60))
+        answer: dict[str, Any] = ray.get(actor.info.remote(), timeout=60)
+        info = NodeSchedulers(**answer)
     except ray.exceptions.RayActorError as e:
         raise TensileRayError(f"the TENSILE schedulers of node {node_id} are gone: {e}") from e
     dead = [g for g in info.gpus if not info.pids.get(g)]
@@ -326,7 +333,10 @@ def _need_connection(what: str) -> None:
 def find_scheduler_binary(binary: str | os.PathLike[str] | None = None) -> str:
     """``binary``, else ``$TENSILE_SCHEDULER_BIN``, else ``tensile-scheduler``
     on ``PATH``, else in this Python environment's scripts folder."""
-    for given, source in ((binary, "binary"), (os.environ.get("TENSILE_SCHEDULER_BIN") or None, "TENSILE_SCHEDULER_BIN")):
+    for given, source in (
+        (binary, "binary"),
+        (os.environ.get("TENSILE_SCHEDULER_BIN") or None, "TENSILE_SCHEDULER_BIN"),
+    ):
         if given is not None:
             path = os.fspath(given)
             if not (os.path.isfile(path) and os.access(path, os.X_OK)):
@@ -433,9 +443,10 @@ class _NodeActor:
                     "a Unix socket takes: pass a shorter socket_root"
                 )
         elif settings != self.settings:
-            differ = sorted(k for k in settings if settings[k] != self.settings.get(k))
+            was = self.settings
+            differ = ", ".join(f"{k}={was[k]!r}" for k in sorted(settings) if settings[k] != was[k])
             raise TensileRayError(
-                f"its schedulers were started with other settings ({', '.join(f'{k}={self.settings[k]!r}' for k in differ)}): "
+                f"its schedulers were started with other settings ({differ}): "
                 "call tensile.ray.stop() first to change them"
             )
         assert self.socket_dir is not None
