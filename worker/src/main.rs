@@ -55,7 +55,10 @@ struct Args {
     #[arg(long)]
     vanilla: bool,
     /// Plans from the scheduler at ADDR (`unix:PATH`, `HOST:PORT`); with
-    /// neither --plan nor --vanilla, the scheduler's default socket.
+    /// neither --plan nor --vanilla, the one clients find by default:
+    /// TENSILE_SERVER, else the socket of this job's GPU in the socket
+    /// directory's gpus.json (--device cuda:N, through
+    /// CUDA_VISIBLE_DEVICES; 0 on the CPU), else the default socket.
     #[arg(long, value_name = "ADDR")]
     scheduler: Option<String>,
     /// The job's name in the scheduler's status (default: the graph's).
@@ -253,8 +256,16 @@ fn write_trace(out: &mut impl std::io::Write, memory: &[(u64, u64)]) -> Result<(
 }
 
 fn start_session(args: &Args, g: &Graph) -> Result<Session> {
+    let device_ordinal = tensile_proto::endpoint::device_ordinal(&args.device);
+    // Found again at every connection; once here so that a scheduler that
+    // cannot be found is a clear error at once.
+    let address =
+        tensile_proto::endpoint::resolve_server(args.scheduler.as_deref(), device_ordinal)
+            .context("finding the scheduler (--scheduler ADDR names one)")?;
+    eprintln!("scheduler: {address}");
     let config = SessionConfig {
         server: args.scheduler.clone(),
+        device_ordinal,
         name: args.name.clone().unwrap_or_else(|| g.name().to_string()),
         priority: args.priority,
         allow_recompute: None,

@@ -39,8 +39,13 @@ use crate::runtime::IterationReport;
 #[derive(Debug, Clone)]
 pub struct SessionConfig {
     /// `unix:PATH`, an absolute path, `HOST:PORT`, or `None` for the
-    /// scheduler's default socket.
+    /// scheduler clients find by default (`TENSILE_SERVER`, else the
+    /// socket of this job's GPU in gpus.json, else the default socket;
+    /// looked up again at every connection).
     pub server: Option<String>,
+    /// The job's CUDA ordinal (0 on the CPU), which picks its GPU's socket
+    /// in gpus.json (through `CUDA_VISIBLE_DEVICES`).
+    pub device_ordinal: u32,
     /// The job's name in the scheduler's status.
     pub name: String,
     pub priority: i32,
@@ -346,7 +351,12 @@ impl Connection {
     }
 
     async fn connect(&self) -> Result<MemorySchedulerClient<Channel>, String> {
-        let uri = tensile_proto::endpoint::client_uri(self.config.server.as_deref());
+        let server = tensile_proto::endpoint::resolve_server(
+            self.config.server.as_deref(),
+            self.config.device_ordinal,
+        )
+        .map_err(|e| e.to_string())?;
+        let uri = tensile_proto::endpoint::client_uri(Some(&server));
         let channel = Endpoint::from_shared(uri.clone())
             .map_err(|e| format!("bad scheduler address {uri}: {e}"))?
             .connect_timeout(Duration::from_secs(2))

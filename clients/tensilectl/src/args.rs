@@ -92,8 +92,13 @@ pub(crate) struct DemoArgs {
 #[derive(Debug, Args)]
 pub(crate) struct StatusArgs {
     #[arg(long, env = "TENSILE_SERVER")]
-    /// The scheduler: unix:PATH or HOST:PORT (default: its default socket).
+    /// The scheduler: unix:PATH or HOST:PORT. Default: every GPU the
+    /// scheduler of the socket directory serves (its gpus.json), a section
+    /// each; else its default socket.
     pub(crate) server: Option<String>,
+    /// Only this GPU of gpus.json: its index or uuid (prefix).
+    #[arg(long, conflicts_with = "server")]
+    pub(crate) gpu: Option<String>,
     /// Only this job.
     #[arg(long)]
     pub(crate) job: Option<u64>,
@@ -106,9 +111,15 @@ pub(crate) struct StatusArgs {
 pub(crate) struct BudgetArgs {
     /// The new budget, MB (10^6 bytes).
     pub(crate) mb: u64,
-    /// The scheduler: unix:PATH or HOST:PORT (default: its default socket).
+    /// The scheduler: unix:PATH or HOST:PORT. Default: the one GPU of
+    /// gpus.json (with several, name one with --gpu), else the default
+    /// socket.
     #[arg(long, env = "TENSILE_SERVER")]
     pub(crate) server: Option<String>,
+    /// The GPU of gpus.json whose budget this is: its index or uuid
+    /// (prefix).
+    #[arg(long, conflicts_with = "server")]
+    pub(crate) gpu: Option<String>,
     /// A file holding the scheduler's admin token.
     #[arg(long, env = "TENSILE_ADMIN_TOKEN_FILE")]
     pub(crate) admin_token_file: Option<PathBuf>,
@@ -118,9 +129,13 @@ pub(crate) struct BudgetArgs {
 pub(crate) struct WatchArgs {
     /// The job's id.
     pub(crate) job: u64,
-    /// The scheduler: unix:PATH or HOST:PORT (default: its default socket).
+    /// The scheduler: unix:PATH or HOST:PORT. Default: the GPU of
+    /// gpus.json that has the job, else the default socket.
     #[arg(long, env = "TENSILE_SERVER")]
     pub(crate) server: Option<String>,
+    /// The GPU of gpus.json the job is on: its index or uuid (prefix).
+    #[arg(long, conflicts_with = "server")]
+    pub(crate) gpu: Option<String>,
     /// The job's token: follow its plan stream. Without it, the job's
     /// status is polled.
     #[arg(long, env = "TENSILE_JOB_TOKEN")]
@@ -356,7 +371,8 @@ pub(crate) struct PlanArgs {
     #[arg(short, long)]
     pub(crate) output: Option<PathBuf>,
     /// Have this scheduler plan it (PlanGraph): unix:PATH or HOST:PORT,
-    /// or `default` for its default socket.
+    /// or `default` for the one clients find by default (TENSILE_SERVER,
+    /// else GPU 0's socket in gpus.json, else the default socket).
     #[arg(long)]
     pub(crate) server: Option<String>,
 }

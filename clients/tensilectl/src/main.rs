@@ -38,11 +38,11 @@ fn main() -> ExitCode {
         Command::Plan(a) => match a.server.as_deref() {
             Some(server) => {
                 let server = if server == "default" {
-                    tensile_proto::endpoint::client_uri(None)
+                    tensile_proto::endpoint::resolve_server(None, 0).map_err(anyhow::Error::from)
                 } else {
-                    server.to_string()
+                    Ok(server.to_string())
                 };
-                server_cmd::plan(&a, &server)
+                server.and_then(|s| server_cmd::plan(&a, &s))
             }
             None => config::PlanCommand::from_args(&a).and_then(|c| plan_cmd::run(&c)),
         },

@@ -1,11 +1,17 @@
 //! The scheduler's client commands: `status`, `budget`, `watch`, and
-//! `plan --server` (PlanGraph). Without `--server` they reach the
-//! scheduler's default Unix socket.
+//! `plan --server` (PlanGraph). Without `--server` they find the scheduler
+//! as every client does (`tensile_proto::endpoint`): `TENSILE_SERVER`, else
+//! the socket directory's gpus.json, else its default socket. With
+//! gpus.json, `status` shows every GPU, `--gpu` picks one, `watch` finds
+//! the GPU that has the job and `budget` wants `--gpu` when there are
+//! several.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
+use tensile_proto::endpoint::{GpuEntry, GpusFile};
 use tensile_proto::pb;
 use tensile_proto::pb::memory_scheduler_client::MemorySchedulerClient;
 use tonic::transport::{Channel, Endpoint};
@@ -25,9 +31,46 @@ pub(crate) fn block_on<F: std::future::Future>(f: F) -> Result<F::Output> {
         .block_on(f))
 }
 
-/// Connects to `server` (unix:PATH, HOST:PORT) or the default socket.
+/// The GPUs of the socket directory's gpus.json, with that directory;
+/// `None` when there is no such file.
+fn gpus_file() -> Result<Option<(PathBuf, GpusFile)>> {
+    let dir = tensile_proto::endpoint::socket_dir();
+    Ok(GpusFile::read(&dir)?.map(|f| (dir, f)))
+}
+
+/// The address of one GPU of gpus.json.
+fn gpu_address(dir: &std::path::Path, g: &GpuEntry) -> String {
+    format!("unix:{}", GpusFile::socket_path(dir, g).display())
+}
+
+/// Where a command for one scheduler goes: `--server`; else `--gpu`'s
+/// socket in gpus.json; else the clients' rule (for CUDA ordinal 0).
+fn target(server: Option<&str>, gpu: Option<&str>) -> Result<String> {
+    if let Some(entry) = gpu {
+        let Some((dir, file)) = gpus_file()? else {
+            bail!(
+                "--gpu {entry}: there is no {} (the scheduler there serves one device: leave --gpu out)",
+                tensile_proto::endpoint::socket_dir()
+                    .join(tensile_proto::endpoint::GPUS_FILE)
+                    .display()
+            );
+        };
+        let g = file.find(entry).map_err(|why| {
+            anyhow::anyhow!(
+                "--gpu {entry}: {why}; the scheduler serves GPUs {}",
+                file.describe()
+            )
+        })?;
+        return Ok(gpu_address(&dir, g));
+    }
+    Ok(tensile_proto::endpoint::resolve_server(server, 0)?)
+}
+
+/// Connects to `server` (unix:PATH, HOST:PORT), else to the scheduler
+/// clients find by default.
 pub(crate) async fn connect(server: Option<&str>) -> Result<Client> {
-    let uri = tensile_proto::endpoint::client_uri(server);
+    let server = tensile_proto::endpoint::resolve_server(server, 0)?;
+    let uri = tensile_proto::endpoint::client_uri(Some(&server));
     let ch = Endpoint::from_shared(uri.clone())
         .with_context(|| format!("bad server address {uri:?}"))?
         .connect_timeout(Duration::from_secs(5))
@@ -81,19 +124,123 @@ struct JobJson {
     reported_peak_bytes: u64,
 }
 
+/// One GPU's section of `status --json` without `--server`.
+#[derive(Debug, Serialize)]
+struct GpuStatusJson {
+    index: u32,
+    uuid: String,
+    name: String,
+    socket: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    status: Option<StatusJson>,
+    /// Why the GPU's scheduler did not answer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+}
+
+/// A scheduler's status; `Ok(None)`: it does not have `job`.
+async fn get_status(server: &str, job: Option<u64>) -> Result<Option<StatusJson>> {
+    let mut c = connect(Some(server)).await?;
+    match c
+        .get_status(pb::GetStatusRequest {
+            job_id: job.unwrap_or(0),
+        })
+        .await
+    {
+        Ok(r) => Ok(Some(status_json(r.into_inner()))),
+        Err(e) if job.is_some() && e.code() == tonic::Code::NotFound => Ok(None),
+        Err(e) => Err(e).context("GetStatus"),
+    }
+}
+
 pub(crate) fn status(a: &StatusArgs) -> Result<()> {
-    let st = block_on(async {
-        let mut c = connect(a.server.as_deref()).await?;
-        let r = c
-            .get_status(pb::GetStatusRequest {
-                job_id: a.job.unwrap_or(0),
-            })
-            .await
-            .context("GetStatus")?;
-        Ok::<_, anyhow::Error>(r.into_inner())
-    })??;
+    if a.server.is_none()
+        && a.gpu.is_none()
+        && let Some((dir, file)) = gpus_file()?
+    {
+        return status_of_gpus(a, &dir, &file);
+    }
+    let server = target(a.server.as_deref(), a.gpu.as_deref())?;
+    let out = block_on(get_status(&server, a.job))??.with_context(|| {
+        format!(
+            "the scheduler at {server} has no job {}",
+            a.job.unwrap_or(0)
+        )
+    })?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        print_status(&out);
+    }
+    Ok(())
+}
+
+/// `status` with gpus.json and no `--server`: a section per GPU (with
+/// `--job`, those that have it).
+fn status_of_gpus(a: &StatusArgs, dir: &std::path::Path, file: &GpusFile) -> Result<()> {
+    let sections: Vec<GpuStatusJson> = block_on(async {
+        let mut out = Vec::new();
+        for g in &file.gpus {
+            let answer = get_status(&gpu_address(dir, g), a.job).await;
+            if matches!(answer, Ok(None)) {
+                continue;
+            }
+            let (status, error) = match answer {
+                Ok(st) => (st, None),
+                Err(e) => (None, Some(format!("{e:#}").replace('\n', " "))),
+            };
+            out.push(GpuStatusJson {
+                index: g.index,
+                uuid: g.uuid.clone(),
+                name: g.name.clone(),
+                socket: GpusFile::socket_path(dir, g).display().to_string(),
+                status,
+                error,
+            });
+        }
+        out
+    })?;
+    if let Some(job) = a.job
+        && sections.is_empty()
+    {
+        bail!(
+            "no GPU's scheduler has job {job} (GPUs {})",
+            file.describe()
+        );
+    }
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({ "gpus": sections }))?
+        );
+    } else {
+        for (i, g) in sections.iter().enumerate() {
+            if i > 0 {
+                println!();
+            }
+            println!(
+                "GPU {} ({}, {}) on unix:{}",
+                g.index, g.name, g.uuid, g.socket
+            );
+            match (&g.status, &g.error) {
+                (Some(st), _) => print_status(st),
+                (None, e) => println!("  unreachable: {}", e.as_deref().unwrap_or("")),
+            }
+        }
+    }
+    let failed = sections.iter().filter(|g| g.error.is_some()).count();
+    if failed > 0 {
+        bail!(
+            "{failed} of {} GPUs' schedulers did not answer",
+            sections.len()
+        );
+    }
+    Ok(())
+}
+
+fn status_json(st: pb::GetStatusResponse) -> StatusJson {
     let mem = st.memory.unwrap_or_default();
-    let out = StatusJson {
+    StatusJson {
         device: st.device,
         budget_bytes: mem.budget_bytes,
         device_bytes: mem.device_bytes,
@@ -123,11 +270,10 @@ pub(crate) fn status(a: &StatusArgs) -> Result<()> {
             })
             .collect(),
         diagnostics: st.diagnostics.iter().map(|d| d.message.clone()).collect(),
-    };
-    if a.json {
-        println!("{}", serde_json::to_string_pretty(&out)?);
-        return Ok(());
     }
+}
+
+fn print_status(out: &StatusJson) {
     println!(
         "{}: budget {} of {}; planned peaks add up to {} (vanilla {}), aligned {}",
         out.device,
@@ -166,7 +312,6 @@ pub(crate) fn status(a: &StatusArgs) -> Result<()> {
     for d in &out.diagnostics {
         println!("note: {d}");
     }
-    Ok(())
 }
 
 /// The admin token: `--admin-token-file`, else `TENSILE_ADMIN_TOKEN`.
@@ -183,8 +328,18 @@ pub(crate) fn budget(a: &BudgetArgs) -> Result<()> {
         bail!("the budget must be positive (MB)");
     }
     let token = admin_token(a)?;
+    let server = match (&a.server, &a.gpu, gpus_file()?) {
+        (None, None, Some((dir, file))) if file.gpus.len() > 1 => bail!(
+            "the scheduler of {} serves {} GPUs ({}): name the one whose budget this is with --gpu",
+            dir.display(),
+            file.gpus.len(),
+            file.describe()
+        ),
+        (None, None, Some((dir, file))) => gpu_address(&dir, &file.gpus[0]),
+        _ => target(a.server.as_deref(), a.gpu.as_deref())?,
+    };
     let r = block_on(async {
-        let mut c = connect(a.server.as_deref()).await?;
+        let mut c = connect(Some(&server)).await?;
         let r = c
             .set_memory_budget(pb::SetMemoryBudgetRequest {
                 budget_bytes: a.mb.saturating_mul(1_000_000),
@@ -208,12 +363,31 @@ pub(crate) fn budget(a: &BudgetArgs) -> Result<()> {
 
 pub(crate) fn watch(a: &WatchArgs) -> Result<()> {
     block_on(async {
-        let mut c = connect(a.server.as_deref()).await?;
+        let server = match (&a.server, &a.gpu, gpus_file()?) {
+            (None, None, Some((dir, file))) => gpu_of_job(&dir, &file, a.job).await?,
+            _ => target(a.server.as_deref(), a.gpu.as_deref())?,
+        };
+        let mut c = connect(Some(&server)).await?;
         match &a.token {
             Some(token) => watch_stream(&mut c, a.job, token).await,
             None => watch_status(&mut c, a.job).await,
         }
     })?
+}
+
+/// The address of the GPU whose scheduler has `job` (job ids are unique
+/// across the GPUs of one scheduler).
+async fn gpu_of_job(dir: &std::path::Path, file: &GpusFile, job: u64) -> Result<String> {
+    for g in &file.gpus {
+        let address = gpu_address(dir, g);
+        if get_status(&address, Some(job)).await?.is_some() {
+            return Ok(address);
+        }
+    }
+    bail!(
+        "no GPU's scheduler has job {job} (GPUs {})",
+        file.describe()
+    )
 }
 
 /// With the job's token: its plan stream.

@@ -6,6 +6,9 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
+#[path = "cli/gpus.rs"]
+mod gpus;
+
 fn tensilectl(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_tensilectl"))
         .args(args)

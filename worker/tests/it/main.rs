@@ -12,6 +12,7 @@ mod ledger;
 mod mock;
 mod plans;
 mod real;
+mod session_gpus;
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
