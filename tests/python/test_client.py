@@ -145,3 +145,53 @@ def test_a_coordinated_plans_gate_and_pace_reach_the_plan_file(zoo_graph):
         bad.prediction.op_start_s.extend(starts)
         with pytest.raises(ValueError, match=message):
             tc.plan_to_file(bad, doc)
+
+
+RESOLUTION = json.loads((ROOT / "proto" / "tests" / "server-resolution.json").read_text())
+
+
+@pytest.mark.parametrize("case", RESOLUTION["cases"], ids=[c["name"] for c in RESOLUTION["cases"]])
+def test_the_server_is_found_as_the_shared_table_says(case, tmp_path):
+    """The table the Rust rule is tested on too (proto/src/endpoint/tests.rs)."""
+
+    def fill(text: str) -> str:
+        return text.replace("{dir}", str(tmp_path))
+
+    for name, content in case["files"].items():
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(RESOLUTION["gpus_json"]) if content == "table" else content)
+    environ = {k: fill(v) for k, v in case["env"].items()}
+    ordinal = case.get("ordinal", 0)
+    expect = case["expect"]
+    if "target" in expect:
+        assert tc.resolve_server(case.get("explicit"), ordinal, environ) == fill(expect["target"])
+    else:
+        with pytest.raises(tc.ResolveError) as e:
+            tc.resolve_server(case.get("explicit"), ordinal, environ)
+        for part in expect["error"]:
+            assert fill(part) in str(e.value)
+
+
+def test_devices_give_their_ordinal():
+    assert tc.device_ordinal("cuda:3") == 3
+    assert tc.device_ordinal(torch.device("cuda", 2)) == 2
+    assert tc.device_ordinal(torch.device("cpu")) == 0
+    assert tc.device_ordinal("cuda") == tc.device_ordinal(None) == tc.device_ordinal("cpu") == 0
+    assert tc.device_ordinal(1) == 1
+    with pytest.raises(ValueError, match="negative"):
+        tc.device_ordinal(-1)
+
+
+def test_a_client_of_a_gpu_targets_its_socket(tmp_path, monkeypatch):
+    (tmp_path / "gpus.json").write_text(json.dumps(RESOLUTION["gpus_json"]))
+    monkeypatch.setenv("TENSILE_SOCKET_DIR", str(tmp_path))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")
+    monkeypatch.delenv("TENSILE_SERVER", raising=False)
+    with tc.Client(device="cuda:1") as client:
+        assert client.target == f"unix:{tmp_path}/gpu1.sock"
+    with tc.Client(device=torch.device("cuda", 0)) as client:
+        assert client.target == f"unix:{tmp_path}/gpu3.sock"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-ffff")
+    with pytest.raises(tc.ResolveError, match="GPU-ffff"):
+        tc.Client()

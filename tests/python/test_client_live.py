@@ -168,3 +168,38 @@ def test_a_plan_from_the_scheduler_applies_bit_identically(server, tmp_path):
     assert not [e for e in plan.events if e["kind"] == "recompute"]
     hooked = train(model, plan)
     assert all(torch.equal(a, b) for a, b in zip(plain, hooked))
+
+
+def test_a_client_finds_its_gpus_scheduler_through_gpus_json(tmp_path, graph, monkeypatch):
+    """One scheduler serving two (simulated: nvidia-smi out of reach) GPUs;
+    clients with no address go to their GPU's socket."""
+    log = open(tmp_path / "scheduler.log", "w")
+    proc = subprocess.Popen(
+        [SCHEDULER, "--gpus", "0,1", "--socket-dir", str(tmp_path), "--state", "none", "--latency-models", "roofline", "--budget-mb", "3000"],
+        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PATH": "/nonexistent"},
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "gpus.json").exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"tensile-scheduler did not start: {(tmp_path / 'scheduler.log').read_text()}")
+            time.sleep(0.05)
+        assert [g["uuid"] for g in tc.read_gpus_file(tmp_path)["gpus"]] == ["sim-0", "sim-1"]
+        monkeypatch.setenv("TENSILE_SOCKET_DIR", str(tmp_path))
+        monkeypatch.delenv("TENSILE_SERVER", raising=False)
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+        with tensile.Client() as client:
+            assert client.target == f"unix:{tmp_path}/gpu1.sock"
+            job = client.register(graph, name="on-gpu1")
+            assert [j.name for j in client.status().jobs] == ["on-gpu1"]
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+        with tensile.Client(device="cuda:0") as gpu0:
+            assert gpu0.status().jobs == [] and gpu0.status().memory.budget_bytes == 3_000_000_000
+        with tensile.Client(device=1) as gpu1:
+            gpu1.unregister(job)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
+        log.close()
+    assert proc.returncode == 0
+    assert not (tmp_path / "gpus.json").exists()

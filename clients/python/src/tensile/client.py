@@ -4,15 +4,19 @@ The messages and the stub are generated from the one contract,
 ``proto/tensile/v1/tensile.proto``, into :mod:`tensile.v1`
 (``scripts/gen_python_stubs.py``). This module adds what a user wants on top:
 graphs given as a file, a ``tensile-graph/v1`` dict or a model traced with
-:mod:`tensile.trace`; the scheduler's default socket; message size limits
-raised to what real graphs need; and errors as :class:`SchedulerError`, which
-carries the gRPC status code and message.
+:mod:`tensile.trace`; finding the scheduler (:func:`resolve_server`: an
+explicit address, else ``TENSILE_SERVER``, else the socket of the job's GPU
+in the socket directory's ``gpus.json``, else its ``scheduler.sock``: the
+rule ``tensile_proto::endpoint`` implements, tested on the same table,
+``proto/tests/server-resolution.json``); message size limits raised to what
+real graphs need; and errors as :class:`SchedulerError`, which carries the
+gRPC status code and message.
 
 Example::
 
     import tensile
 
-    client = tensile.Client()                     # the scheduler's default socket
+    client = tensile.Client()                     # the scheduler of this job's GPU (or the default socket)
     job = client.register("resnet50.json", name="resnet50")
     for update in client.plans(job):              # blocks; one item per plan version
         print(update.plan.version, len(update.plan.events))
@@ -38,8 +42,11 @@ from tensile.v1 import tensile_pb2_grpc as pb_grpc
 __all__ = [
     "Client",
     "Job",
+    "ResolveError",
     "SchedulerError",
     "default_socket_path",
+    "device_ordinal",
+    "resolve_server",
     "graph_to_proto",
     "plan_to_file",
 ]
@@ -124,20 +131,198 @@ class Job:
         return pb.JobState.Name(self.state)
 
 
-def default_socket_path() -> Path:
+#: What a scheduler serving GPUs writes in its socket directory.
+GPUS_FILE = "gpus.json"
+#: The single-device scheduler's socket, in its socket directory.
+SINGLE_SOCKET = "scheduler.sock"
+#: The variables whose lists map a process's CUDA ordinals to the node's GPUs, in order.
+VISIBLE_DEVICES_ENV = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
+
+
+class ResolveError(LookupError):
+    """The scheduler could not be found: ``gpus.json`` is unreadable, or
+    serves no GPU the job's device names. The message says which and lists
+    the GPUs it serves."""
+
+
+def default_socket_path(environ: Mapping[str, str] | None = None) -> Path:
     """The scheduler's default Unix socket, as the scheduler computes it:
     ``$XDG_RUNTIME_DIR/tensile/scheduler.sock`` when that variable is an
     absolute path, else ``/tmp/tensile-$UID/scheduler.sock``."""
-    runtime = os.environ.get("XDG_RUNTIME_DIR", "")
+    return _default_socket_dir(os.environ if environ is None else environ) / SINGLE_SOCKET
+
+
+def _default_socket_dir(environ: Mapping[str, str]) -> Path:
+    runtime = environ.get("XDG_RUNTIME_DIR", "")
     if runtime and os.path.isabs(runtime):
-        return Path(runtime) / "tensile" / "scheduler.sock"
-    return Path(f"/tmp/tensile-{os.getuid()}") / "scheduler.sock"
+        return Path(runtime) / "tensile"
+    return Path(f"/tmp/tensile-{os.getuid()}")
+
+
+def socket_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """The directory clients look in: ``TENSILE_SOCKET_DIR`` when set (and
+    not empty), else the default one (``$XDG_RUNTIME_DIR/tensile``, else
+    ``/tmp/tensile-$UID``)."""
+    env = os.environ if environ is None else environ
+    given = env.get("TENSILE_SOCKET_DIR", "")
+    return Path(given) if given.strip() else _default_socket_dir(env)
+
+
+def device_ordinal(device: Any) -> int:
+    """The CUDA ordinal of a device: ``cuda:N`` (a string, or a
+    ``torch.device`` of index N) is N, an int is itself; ``cuda``, ``cpu``
+    and ``None`` are 0 (the job's first visible GPU)."""
+    if device is None:
+        return 0
+    if isinstance(device, bool):
+        raise TypeError("a device is a name such as 'cuda:1', an ordinal or a torch.device, not a bool")
+    if isinstance(device, int):
+        if device < 0:
+            raise ValueError(f"device ordinal {device} is negative")
+        return device
+    index = getattr(device, "index", None)
+    if getattr(device, "type", None) is not None:
+        return int(index) if index is not None else 0
+    text = str(device).strip()
+    if text.startswith("cuda:") and text[5:].isdigit():
+        return int(text[5:])
+    return 0
+
+
+def read_gpus_file(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """``DIR/gpus.json``, checked (at least one GPU, indices unique, every
+    field there), or ``None`` when there is none."""
+    path = Path(directory) / GPUS_FILE
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise ResolveError(f"{path}: {e.strerror or e}") from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ResolveError(f"{path}: not a gpus file: {e}") from None
+    why = _gpus_file_problem(doc)
+    if why:
+        raise ResolveError(f"{path}: {why}")
+    return doc
+
+
+_GPU_FIELDS = {"index": int, "uuid": str, "name": str, "memory_bytes": int, "budget_bytes": int, "socket": str}
+
+
+def _gpus_file_problem(doc: Any) -> str | None:
+    if not isinstance(doc, dict) or not isinstance(doc.get("gpus"), list):
+        return "not a gpus file: expected an object with a list `gpus`"
+    if not doc["gpus"]:
+        return "it lists no GPU"
+    seen: set[int] = set()
+    for i, g in enumerate(doc["gpus"]):
+        if not isinstance(g, dict):
+            return f"not a gpus file: GPU entry {i} is not an object"
+        for key, kind in _GPU_FIELDS.items():
+            if not isinstance(g.get(key), kind) or isinstance(g.get(key), bool) or (kind is int and g[key] < 0):
+                return f"not a gpus file: GPU entry {i} has no valid `{key}`"
+        if g["index"] in seen:
+            return f"GPU {g['index']} is listed twice"
+        if not g["socket"]:
+            return f"GPU {g['index']} has no socket"
+        seen.add(g["index"])
+    return None
+
+
+def describe_gpus(doc: Mapping[str, Any]) -> str:
+    """``0 GPU-... (NAME), 1 ...``: the GPUs of a ``gpus.json``."""
+    return ", ".join(f"{g['index']} {g['uuid']} ({g['name']})" for g in doc["gpus"])
+
+
+def find_gpu(doc: Mapping[str, Any], entry: str) -> dict[str, Any]:
+    """The GPU of ``gpus.json`` an entry of ``CUDA_VISIBLE_DEVICES`` names:
+    digits are an index, anything else a uuid or the prefix of exactly one
+    (case aside). ``LookupError`` says why none."""
+    entry = entry.strip()
+    gpus = doc["gpus"]
+    if entry.isascii() and entry.isdigit():
+        for g in gpus:
+            if g["index"] == int(entry):
+                return dict(g)
+        raise LookupError(f"no GPU has index {entry}")
+    low = entry.lower()
+    for g in gpus:
+        if g["uuid"].lower() == low:
+            return dict(g)
+    hits = [g for g in gpus if low and g["uuid"].lower().startswith(low)]
+    if len(hits) == 1:
+        return dict(hits[0])
+    if not hits:
+        raise LookupError(f"no GPU has uuid {json.dumps(entry)} (or one starting so)")
+    raise LookupError(f"{json.dumps(entry)} starts the uuids of more than one GPU ({', '.join(str(g['index']) for g in hits)})")
+
+
+def visible_entry(ordinal: int, environ: Mapping[str, str] | None = None) -> tuple[str, str | None]:
+    """The node's GPU a CUDA ordinal is: its entry in the first of
+    ``CUDA_VISIBLE_DEVICES``, ``NVIDIA_VISIBLE_DEVICES`` set to a list
+    (``all``, ``none``, ``void`` or empty map nothing), else the ordinal
+    itself; with the variable it came from."""
+    env = os.environ if environ is None else environ
+    for var in VISIBLE_DEVICES_ENV:
+        value = env.get(var)
+        if value is None:
+            continue
+        value = value.strip()
+        if not value or value.lower() in ("all", "none", "void"):
+            continue
+        entries = [e.strip() for e in value.split(",")]
+        if ordinal >= len(entries):
+            raise ResolveError(
+                f"device cuda:{ordinal}: {var}={json.dumps(value)} lists {len(entries)} device(s), so there is no cuda:{ordinal}"
+            )
+        return entries[ordinal], var
+    return str(ordinal), None
+
+
+def resolve_server(
+    address: str | os.PathLike[str] | None = None,
+    device: Any = None,
+    environ: Mapping[str, str] | None = None,
+) -> str:
+    """The scheduler a job on ``device`` (``cuda:N``, an ordinal, a
+    ``torch.device``; ``None``: 0) talks to, as an address for
+    :func:`target_of`: ``address`` when given; else ``TENSILE_SERVER``; else,
+    when the socket directory (``TENSILE_SOCKET_DIR``, else the default one)
+    holds ``gpus.json``, the socket of the job's GPU (its ordinal mapped
+    through ``CUDA_VISIBLE_DEVICES``, else ``NVIDIA_VISIBLE_DEVICES``, matched
+    by index or uuid prefix); else ``DIR/scheduler.sock``. Raises
+    :class:`ResolveError` naming the GPU and listing those served when
+    ``gpus.json`` has no such GPU."""
+    if address is not None and str(address).strip():
+        return str(address).strip()
+    env = os.environ if environ is None else environ
+    server = env.get("TENSILE_SERVER", "").strip()
+    if server:
+        return server
+    directory = socket_dir(env)
+    doc = read_gpus_file(directory)
+    if doc is None:
+        return f"unix:{directory / SINGLE_SOCKET}"
+    ordinal = device_ordinal(device)
+    entry, var = visible_entry(ordinal, env)
+    try:
+        gpu = find_gpu(doc, entry)
+    except LookupError as e:
+        named = f"{var} entry {json.dumps(entry)} (device cuda:{ordinal})" if var else f"GPU {entry} (device cuda:{ordinal})"
+        raise ResolveError(
+            f"{named} is not served by the scheduler of {directory / GPUS_FILE}: {e.args[0]}; it serves GPUs {describe_gpus(doc)}"
+        ) from None
+    return f"unix:{directory / gpu['socket']}"
 
 
 def target_of(address: str | os.PathLike[str] | None) -> str:
-    """A gRPC target for ``address``: ``None`` or ``""`` is the default
-    socket; ``unix:PATH`` or an absolute path is a Unix socket; ``HOST:PORT``
-    (or ``http://HOST:PORT``) is TCP."""
+    """A gRPC target for ``address``: ``None`` or ``""`` is the single
+    device's default socket (clients find theirs with
+    :func:`resolve_server` first); ``unix:PATH`` or an absolute path is a
+    Unix socket; ``HOST:PORT`` (or ``http://HOST:PORT``) is TCP."""
     if address is None or str(address).strip() == "":
         return f"unix:{default_socket_path()}"
     text = str(address).strip()
@@ -321,13 +506,17 @@ def plan_to_file(plan: pb.Plan, graph: Mapping[str, Any], diagnostics: Sequence[
 class Client:
     """A connection to one scheduler.
 
-    ``address``: ``None`` for the scheduler's default socket, ``unix:PATH``
-    or an absolute path for another socket, ``HOST:PORT`` for TCP.
+    ``address``: ``unix:PATH`` or an absolute path for a socket,
+    ``HOST:PORT`` for TCP, or ``None`` for the scheduler this job finds by
+    default (:func:`resolve_server`: ``TENSILE_SERVER``, else the socket of
+    ``device``'s GPU in ``gpus.json``, else the default socket).
+    ``device``: the job's device (``"cuda:1"``, an ordinal, a
+    ``torch.device``; default 0), which picks its GPU's scheduler.
     ``timeout_s`` bounds every unary call (plan streams are open-ended).
     """
 
-    def __init__(self, address: str | os.PathLike[str] | None = None, timeout_s: float = 60.0) -> None:
-        self.target = target_of(address)
+    def __init__(self, address: str | os.PathLike[str] | None = None, timeout_s: float = 60.0, *, device: Any = None) -> None:
+        self.target = target_of(resolve_server(address, device))
         self.timeout_s = timeout_s
         options = [
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),

@@ -93,7 +93,8 @@ def apply(
     ``paced_ns`` say how long.
 
     ``server`` (``unix:PATH``, ``HOST:PORT``, ``"default"`` for the
-    scheduler's default socket; default: the server ``plan`` came from, if
+    scheduler of the model's GPU, as :func:`tensile.client.resolve_server`
+    finds it; default: the server ``plan`` came from, if
     any; ``False``: none) makes the block a job of that scheduler, named
     ``name`` (default: the graph's name): the graph is registered with
     recomputation off, each step's measured op latencies and late
@@ -116,7 +117,8 @@ def apply(
     with contextlib.ExitStack() as stack:
         if address is not False and address is not None:
             target = None if str(address) == "default" else str(address)
-            session = Session(plan.graph, target, name, priority=priority)
+            device = next(model.parameters(), torch.empty(0)).device
+            session = Session(plan.graph, target, name, priority=priority, device=device)
             stack.callback(session.finish)
             applier.session = session
         stack.callback(applier.finish)

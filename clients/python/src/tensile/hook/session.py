@@ -86,9 +86,10 @@ class Session:
     """The connection of one ``tensile.apply`` block to a scheduler.
 
     ``server``: ``unix:PATH``, an absolute path, ``HOST:PORT``, or ``None``
-    for the scheduler's default socket. ``call_timeout_s`` bounds every
-    unary call made by the background thread; ``max_backoff_s`` the pause
-    between reconnection attempts.
+    for the scheduler of ``device``'s GPU (``tensile.client.resolve_server``;
+    a ``ResolveError`` at once when ``gpus.json`` serves no such GPU).
+    ``call_timeout_s`` bounds every unary call made by the background
+    thread; ``max_backoff_s`` the pause between reconnection attempts.
     """
 
     def __init__(
@@ -100,12 +101,13 @@ class Session:
         priority: int = 0,
         call_timeout_s: float = 5.0,
         max_backoff_s: float = 5.0,
+        device: Any = None,
     ) -> None:
         self.graph = graph
         self.name = name or str(graph.get("name", ""))
         self.priority = priority
         self.max_backoff_s = max_backoff_s
-        self.client = Client(server, timeout_s=call_timeout_s)
+        self.client = Client(server, timeout_s=call_timeout_s, device=device)
         self._queue: queue.Queue[Any] = queue.Queue()
         self._lock = threading.Lock()
         self._newest: PushedPlan | None = None
