@@ -243,13 +243,14 @@ def test_the_scheduler_and_the_client_from_the_fresh_environment(env: Env, graph
         proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env.environ(), cwd=tmp_path)
         try:
             wait_for(sock, proc, log_path)
+            # Logged once the models are loaded (the socket may be bound before).
+            wait_for_line(log_path, f"learned models in {models}", proc)
             # The launched command is the scheduler itself (a binary, no wrapper), and
             # the ONNX Runtime it loaded is the fresh environment's wheel's.
             assert Path(f"/proc/{proc.pid}/exe").resolve() == (env.bin / "tensile-scheduler").resolve()
             ort = {line.split()[-1] for line in Path(f"/proc/{proc.pid}/maps").read_text().splitlines() if "libonnxruntime.so" in line}
             assert len(ort) == 1, f"ONNX Runtime mapped from {ort or 'nowhere'}; log:\n{log_path.read_text()}"
             assert Path(ort.pop()).resolve().parent == site / "onnxruntime" / "capi"
-            wait_for_line(log_path, f"learned models in {models}", proc)
 
             client = env.run(env.python, "-c", CLIENT, f"unix:{sock}", str(graph_file), timeout=120)
             seen = json.loads(client.stdout)
