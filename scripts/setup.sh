@@ -37,6 +37,9 @@ pins=(
   "ray==2.60.0"
   "kubernetes-validate==1.37.0"
   "maturin==1.16.0"
+  # deploy/Dockerfile's offline checks (tests/python/test_deploy.py) parse it
+  # with BuildKit's own parser, which this package wraps.
+  "dockerfile==3.4.0"
 )
 stamp="$venv/.tensile-setup"
 want="$(printf '%s\n' "${pins[@]}"; sha256sum clients/python/pyproject.toml 2>/dev/null || true)"
