@@ -697,6 +697,18 @@ def test_a_real_scheduler_opened_to_every_user_and_found_by_the_taskprolog(sched
     status = tensilectl("status", "--json", env=exported)
     assert status.returncode == 0, status.stderr
     assert json.loads(status.stdout)["budget_bytes"] == 600 * 1_000_000, "the task's TENSILE_SERVER is GPU 1's scheduler"
+    # A Kubernetes training pod: the sample job's environment, and the uuid
+    # of its GPU from the device plugin; no TENSILE_SERVER.
+    job = resource("Job", "tensile-sample")["spec"]["template"]["spec"]["containers"][0]
+    pod_env = {e["name"]: e["value"].replace(SOCKET_DIR, str(d)) for e in job["env"]}
+    uuid = next(g["uuid"] for g in json.loads((d / "gpus.json").read_text())["gpus"] if g["index"] == 1)
+    pod_env["NVIDIA_VISIBLE_DEVICES"] = uuid
+    clean = {k: v for k, v in os.environ.items() if k not in {"TENSILE_SERVER", "CUDA_VISIBLE_DEVICES", "TENSILE_SOCKET_DIR"}}
+    # What tensile.plan(..., server="default") does in the pod, on cuda:0.
+    code = "import tensile\nc = tensile.Client(device='cuda:0')\nprint(c.target, c.status().memory.budget_bytes)"
+    found = subprocess.run([sys.executable, "-c", code], env={**clean, **pod_env}, capture_output=True, text=True, timeout=60)
+    assert found.returncode == 0, found.stderr
+    assert found.stdout.split() == [f"unix:{d}/gpu1.sock", str(600 * 1_000_000)], f"the pod of GPU {uuid}: {found.stdout}"
     on_gpu0 = run_prolog({"TENSILE_SOCKET_DIR": str(d), **step("0", SLURM_SHARDS_ON_NODE="16")})
     assert on_gpu0[1:] == [f"export TENSILE_SERVER=unix:{d}/gpu0.sock", "export TENSILE_BUDGET_MB=500"]
 
