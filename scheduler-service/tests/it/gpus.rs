@@ -49,19 +49,6 @@ async fn status(c: &mut Client) -> pb::GetStatusResponse {
         .into_inner()
 }
 
-async fn scrape(port: u16) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .unwrap();
-    conn.write_all(b"GET /metrics HTTP/1.0\r\n\r\n")
-        .await
-        .unwrap();
-    let mut body = String::new();
-    conn.read_to_string(&mut body).await.unwrap();
-    body
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_process_serves_each_gpu_on_its_own_socket() {
     let dir = tempfile::tempdir().unwrap();

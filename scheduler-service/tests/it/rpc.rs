@@ -230,7 +230,6 @@ async fn plan_graph_plans_offline_and_health_answers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_are_served_on_loopback_and_count_what_happened() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -248,14 +247,7 @@ async fn metrics_are_served_on_loopback_and_count_what_happened() {
         .await
         .unwrap();
     next_plan(&mut plans).await;
-    let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .unwrap();
-    conn.write_all(b"GET /metrics HTTP/1.0\r\n\r\n")
-        .await
-        .unwrap();
-    let mut body = String::new();
-    conn.read_to_string(&mut body).await.unwrap();
+    let body = scrape(port).await;
     assert!(body.contains("tensile_scheduler_reports_total 1"), "{body}");
     assert!(
         body.contains("tensile_scheduler_replans_total{reason=\"first_measurements\"} 1"),

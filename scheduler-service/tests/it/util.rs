@@ -177,3 +177,17 @@ pub(crate) fn report(
         peak_bytes: 1234,
     }
 }
+
+/// The metrics endpoint's page, fetched over plain HTTP/1.0.
+pub(crate) async fn scrape(port: u16) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    conn.write_all(b"GET /metrics HTTP/1.0\r\n\r\n")
+        .await
+        .unwrap();
+    let mut body = String::new();
+    conn.read_to_string(&mut body).await.unwrap();
+    body
+}
