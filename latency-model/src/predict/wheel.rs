@@ -79,35 +79,21 @@ fn sorted_entries(dir: &Path, prefix: &str) -> Vec<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicUsize, Ordering};
 
-    /// A fresh empty folder under the system's temporary folder, removed on drop.
-    struct Scratch(PathBuf);
+    /// A fresh empty folder (removed when dropped) to lay out environments in.
+    struct Scratch(tempfile::TempDir);
 
     impl Scratch {
         fn new() -> Scratch {
-            static NEXT: AtomicUsize = AtomicUsize::new(0);
-            let dir = std::env::temp_dir().join(format!(
-                "tensile-ort-wheel-{}-{}",
-                std::process::id(),
-                NEXT.fetch_add(1, Ordering::Relaxed)
-            ));
-            std::fs::create_dir_all(&dir).expect("scratch folder");
-            Scratch(dir)
+            Scratch(tempfile::tempdir().expect("scratch folder"))
         }
 
         /// Creates the file `rel` (and its folders) with some bytes; its path.
         fn file(&self, rel: &str) -> PathBuf {
-            let path = self.0.join(rel);
+            let path = self.0.path().join(rel);
             std::fs::create_dir_all(path.parent().expect("a parent")).expect("folders");
             std::fs::write(&path, b"x").expect("file");
             path
-        }
-    }
-
-    impl Drop for Scratch {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
         }
     }
 
@@ -150,12 +136,12 @@ mod tests {
         ));
         s.file("base/bin/python3.11");
         let exe = s.file("venv/bin/tensile-scheduler");
-        let home = s.0.join("base/bin");
+        let home = s.0.path().join("base/bin");
         let cfg = format!(
             "home = {}\ninclude-system-site-packages = true\nversion = 3.11.7\n",
             home.display()
         );
-        std::fs::write(s.0.join("venv/pyvenv.cfg"), &cfg).expect("pyvenv.cfg");
+        std::fs::write(s.0.path().join("venv/pyvenv.cfg"), &cfg).expect("pyvenv.cfg");
         assert_eq!(beside(&exe), Some(base_lib.clone()));
 
         // The environment's own wheel comes first.
@@ -167,7 +153,7 @@ mod tests {
 
         // Without system packages the base is not searched.
         let isolated = cfg.replace("= true", "= false");
-        std::fs::write(s.0.join("venv/pyvenv.cfg"), isolated).expect("pyvenv.cfg");
+        std::fs::write(s.0.path().join("venv/pyvenv.cfg"), isolated).expect("pyvenv.cfg");
         assert_eq!(beside(&exe), None);
     }
 
