@@ -293,6 +293,20 @@ impl Replanner {
             // iteration after iteration shorten the period: the pace holds
             // a job to its plan, so a plan from estimates that are too slow
             // would otherwise never end.
+            // A job whose first measured iteration kept its gate's pace
+            // (ops not clearly faster than planned, no prefetch late
+            // beyond the plan by more than 1% of the period, nothing
+            // evicted) keeps its plan: the measurements replace the
+            // estimates for the next plan, but a re-plan now would move
+            // every job's phase and copies away from a plan that works,
+            // and each job would pay a realignment for it.
+            if !job.measured && first_kept_pace(job, m) {
+                for (e, &x) in job.estimates.iter_mut().zip(&m.op_ns) {
+                    *e = weight * x as f64 + (1.0 - weight) * *e;
+                }
+                job.measured = true;
+                return Ok(None);
+            }
             if job.measured {
                 let planned: f64 = job.estimates.iter().sum();
                 let ran: u64 = m.op_ns.iter().sum();
@@ -429,6 +443,32 @@ impl Replan for Replanner {
         let ids = self.job_ids();
         Ok(ids.into_iter().zip(self.plan_all()?.plans).collect())
     }
+}
+
+/// Whether a gated job's first measured iteration kept its plan's pace:
+/// it ended within 3% of its period, its ops ran no faster than
+/// [`UNDERRUN`] of the estimates (a plan from estimates that are too slow
+/// is re-planned at once), prefetches came no later than planned beyond 1%
+/// of the period in all, and nothing was evicted.
+fn first_kept_pace(job: &ReplanJob, m: &Measurements) -> bool {
+    let Some(gate) = job.gate else {
+        return false;
+    };
+    let period = gate.period_ns as f64;
+    let planned: f64 = job.estimates.iter().sum();
+    let ran = m.op_ns.iter().sum::<u64>() as f64;
+    let late: u64 = m
+        .late_prefetches
+        .iter()
+        .map(|&(t, w)| {
+            let p = job.planned_late.get(&t).copied().unwrap_or(0);
+            w.saturating_sub(p + p / 20)
+        })
+        .sum();
+    m.iteration_ns as f64 <= period * 1.03
+        && ran >= planned * UNDERRUN
+        && late as f64 <= period * 0.01
+        && m.evictions.is_empty()
 }
 
 #[cfg(test)]
@@ -598,6 +638,56 @@ mod tests {
         assert_eq!(
             r.observe(id, &paced(fast)).unwrap(),
             Some(ReplanReason::Drift)
+        );
+    }
+
+    #[test]
+    fn a_gated_job_that_keeps_its_pace_keeps_its_plan_and_learns() {
+        let (mut r, _, lat) = replanner();
+        let id = JobId(7);
+        let period: u64 = lat.iter().sum();
+        r.jobs.get_mut(&id).unwrap().gate = Some(Gate {
+            period_ns: period,
+            phase_ns: 0,
+            epoch_ns: 0,
+        });
+        // Ops at 90% of their predictions, the iteration on its period.
+        let near: Vec<u64> = lat.iter().map(|x| x * 9 / 10).collect();
+        let paced = |op_ns: Vec<u64>, iteration_ns: u64| Measurements {
+            iteration_ns,
+            ..measured(op_ns)
+        };
+        for _ in 0..=SETTLE {
+            assert_eq!(r.observe(id, &paced(near.clone(), period)).unwrap(), None);
+        }
+        let learned: u64 = r.estimates(id).unwrap().iter().sum();
+        assert!(learned < period, "{learned} {period}");
+        // The same job overrunning its period keeps asking, as before.
+        let mut asked = Vec::new();
+        for _ in 0..OVERRUNS {
+            asked.push(
+                r.observe(id, &paced(near.clone(), period * 11 / 10))
+                    .unwrap(),
+            );
+        }
+        assert_eq!(asked.last(), Some(&Some(ReplanReason::Drift)), "{asked:?}");
+        // A first iteration that overran its period re-plans at once.
+        let (mut r, _, _) = replanner();
+        r.jobs.get_mut(&id).unwrap().gate = Some(Gate {
+            period_ns: period,
+            phase_ns: 0,
+            epoch_ns: 0,
+        });
+        let asked: Vec<_> = (0..=SETTLE)
+            .map(|_| {
+                r.observe(id, &paced(near.clone(), period * 11 / 10))
+                    .unwrap()
+            })
+            .collect();
+        assert_eq!(
+            asked.iter().flatten().collect::<Vec<_>>(),
+            [&ReplanReason::FirstMeasurements],
+            "{asked:?}"
         );
     }
 }
