@@ -614,7 +614,13 @@ impl<'g, K: Kernels> Worker<'g, K> {
             if target.is_some_and(|r| r != s) {
                 continue;
             }
-            if self.exec.engine().device(s).is_none() {
+            // An output that is its storage's root starts the storage
+            // afresh: a buffer still held for it (a swap-out that failed
+            // and kept the only copy, say) is stale and gives way. Any
+            // other output is a view of, or an in-place write into, the
+            // buffer its storage already has.
+            let fresh = graph.storage_root(t) == t;
+            if fresh || self.exec.engine().device(s).is_none() {
                 let flat = Flat::over(&v).map_err(|why| self.tensor_error(t, why))?;
                 let bytes = flat.byte_len() as u64;
                 self.exec.engine_mut().set_device(s, flat);
