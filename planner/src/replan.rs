@@ -592,8 +592,9 @@ mod tests {
         assert!(est.iter().zip(&lat).all(|(e, l)| e > l));
     }
 
-    #[test]
-    fn a_gated_job_learns_its_latencies_and_a_clearly_faster_one_replans() {
+    /// [`replanner`] with job 7 gated on a period of its predicted
+    /// iteration: (the re-planner, the job, its predictions, the period).
+    fn gated_replanner() -> (Replanner, JobId, Vec<u64>, u64) {
         let (mut r, _, lat) = replanner();
         let id = JobId(7);
         let period: u64 = lat.iter().sum();
@@ -602,6 +603,12 @@ mod tests {
             phase_ns: 0,
             epoch_ns: 0,
         });
+        (r, id, lat, period)
+    }
+
+    #[test]
+    fn a_gated_job_learns_its_latencies_and_a_clearly_faster_one_replans() {
+        let (mut r, id, lat, period) = gated_replanner();
         // Ops at half their predictions, the iteration held to the period
         // by the pace: the first measurements still come in once settled.
         let half: Vec<u64> = lat.iter().map(|x| x / 2).collect();
@@ -643,14 +650,7 @@ mod tests {
 
     #[test]
     fn a_gated_job_that_keeps_its_pace_keeps_its_plan_and_learns() {
-        let (mut r, _, lat) = replanner();
-        let id = JobId(7);
-        let period: u64 = lat.iter().sum();
-        r.jobs.get_mut(&id).unwrap().gate = Some(Gate {
-            period_ns: period,
-            phase_ns: 0,
-            epoch_ns: 0,
-        });
+        let (mut r, id, lat, period) = gated_replanner();
         // Ops at 90% of their predictions, the iteration on its period.
         let near: Vec<u64> = lat.iter().map(|x| x * 9 / 10).collect();
         let paced = |op_ns: Vec<u64>, iteration_ns: u64| Measurements {
@@ -672,12 +672,7 @@ mod tests {
         }
         assert_eq!(asked.last(), Some(&Some(ReplanReason::Drift)), "{asked:?}");
         // A first iteration that overran its period re-plans at once.
-        let (mut r, _, _) = replanner();
-        r.jobs.get_mut(&id).unwrap().gate = Some(Gate {
-            period_ns: period,
-            phase_ns: 0,
-            epoch_ns: 0,
-        });
+        let (mut r, ..) = gated_replanner();
         let asked: Vec<_> = (0..=SETTLE)
             .map(|_| {
                 r.observe(id, &paced(near.clone(), period * 11 / 10))
