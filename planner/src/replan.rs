@@ -12,7 +12,11 @@
 //! when a planned prefetch arrived late: that tensor's swap-in then gets a
 //! lead of the measured lateness plus 5%, growing by 5% at every further
 //! miss (Capuchin's feedback). A wait that the plan accepts (to meet a
-//! budget) is not a miss; only lateness beyond it is fed back.
+//! budget) is not a miss; only lateness beyond it is fed back. A gated
+//! job is held to its gate's pace instead: its first measurements re-plan
+//! only when its first measured iteration did not keep that pace, and
+//! later ones only when it overruns or clearly underruns its period
+//! several iterations in a row (a re-plan moves every gated job's phase).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -135,11 +139,23 @@ struct ReplanJob {
     underruns: usize,
 }
 
+impl ReplanJob {
+    /// Folds measured op latencies into the EWMA estimates.
+    fn fold(&mut self, op_ns: &[u64], weight: f64) {
+        for (e, &x) in self.estimates.iter_mut().zip(op_ns) {
+            *e = weight * x as f64 + (1.0 - weight) * *e;
+        }
+    }
+}
+
 /// Iterations a coordinated job leaves out after a switch of plans: the
 /// jobs take their new phases and move persistent storage.
 const SETTLE: usize = 2;
 /// Overruns in a row that re-plan a coordinated job.
 const OVERRUNS: usize = 3;
+/// How much longer than its gate's period a coordinated job's iteration
+/// may run and still keep its pace.
+const PACE: f64 = 1.03;
 /// What share of its estimated op time a coordinated job's ops may take,
 /// [`OVERRUNS`] iterations in a row, before its measurements replace the
 /// estimates: ops run a little faster while the other jobs wait at their
@@ -288,11 +304,6 @@ impl Replanner {
                 job.overruns = 0;
                 return Ok(None);
             }
-            // Its first measurements still replace the predictions the
-            // plan came from, and ops that run well under their estimates
-            // iteration after iteration shorten the period: the pace holds
-            // a job to its plan, so a plan from estimates that are too slow
-            // would otherwise never end.
             // A job whose first measured iteration kept its gate's pace
             // (ops not clearly faster than planned, no prefetch late
             // beyond the plan by more than 1% of the period, nothing
@@ -301,12 +312,15 @@ impl Replanner {
             // every job's phase and copies away from a plan that works,
             // and each job would pay a realignment for it.
             if !job.measured && first_kept_pace(job, m) {
-                for (e, &x) in job.estimates.iter_mut().zip(&m.op_ns) {
-                    *e = weight * x as f64 + (1.0 - weight) * *e;
-                }
+                job.fold(&m.op_ns, weight);
                 job.measured = true;
                 return Ok(None);
             }
+            // Otherwise its first measurements replace the predictions the
+            // plan came from, and ops that run well under their estimates
+            // iteration after iteration shorten the period: the pace holds
+            // a job to its plan, so a plan from estimates that are too slow
+            // would otherwise never end.
             if job.measured {
                 let planned: f64 = job.estimates.iter().sum();
                 let ran: u64 = m.op_ns.iter().sum();
@@ -322,9 +336,7 @@ impl Replanner {
             job.underruns = 0;
             job.overruns = 0;
         }
-        for (e, &x) in job.estimates.iter_mut().zip(&m.op_ns) {
-            *e = weight * x as f64 + (1.0 - weight) * *e;
-        }
+        job.fold(&m.op_ns, weight);
         let now: f64 = job.estimates.iter().sum();
         let base = job.at_plan.max(1.0);
         let first = !std::mem::replace(&mut job.measured, true);
@@ -369,7 +381,7 @@ impl Replanner {
         let job = self.jobs.get_mut(&id)?;
         let period = job.gate?.period_ns as f64;
         let ratio = m.iteration_ns as f64 / period.max(1.0);
-        if ratio <= 1.03 {
+        if ratio <= PACE {
             job.overruns = 0;
             return None;
         }
@@ -446,7 +458,7 @@ impl Replan for Replanner {
 }
 
 /// Whether a gated job's first measured iteration kept its plan's pace:
-/// it ended within 3% of its period, its ops ran no faster than
+/// it ended within [`PACE`] of its period, its ops ran no faster than
 /// [`UNDERRUN`] of the estimates (a plan from estimates that are too slow
 /// is re-planned at once), prefetches came no later than planned beyond 1%
 /// of the period in all, and nothing was evicted.
@@ -465,7 +477,7 @@ fn first_kept_pace(job: &ReplanJob, m: &Measurements) -> bool {
             w.saturating_sub(p + p / 20)
         })
         .sum();
-    m.iteration_ns as f64 <= period * 1.03
+    m.iteration_ns as f64 <= period * PACE
         && ran >= planned * UNDERRUN
         && late as f64 <= period * 0.01
         && m.evictions.is_empty()
