@@ -140,6 +140,14 @@ struct ReplanJob {
 }
 
 impl ReplanJob {
+    /// How much later than its plan accepts tensor `t`'s prefetch came:
+    /// a planned wait is no miss; only what comes on top of it (with 5%
+    /// slack) counts.
+    fn late_beyond_plan(&self, t: TensorId, wait: u64) -> u64 {
+        let planned = self.planned_late.get(&t).copied().unwrap_or(0);
+        wait.saturating_sub(planned + planned / 20)
+    }
+
     /// Folds measured op latencies into the EWMA estimates.
     fn fold(&mut self, op_ns: &[u64], weight: f64) {
         for (e, &x) in self.estimates.iter_mut().zip(op_ns) {
@@ -342,16 +350,13 @@ impl Replanner {
         let first = !std::mem::replace(&mut job.measured, true);
         let mut late = false;
         for &(t, wait) in &m.late_prefetches {
-            // A planned wait is no miss; only what comes on top of it (with
-            // 5% slack) moves the prefetch earlier.
-            let planned = job.planned_late.get(&t).copied().unwrap_or(0);
-            let planned = planned + planned / 20;
-            if wait <= planned {
+            let beyond = job.late_beyond_plan(t, wait);
+            if beyond == 0 {
                 continue;
             }
             late = true;
             let lead = job.leads.entry(t).or_insert(0);
-            *lead = ((*lead + wait - planned) as f64 * 1.05).ceil() as u64;
+            *lead = ((*lead + beyond) as f64 * 1.05).ceil() as u64;
         }
         let drift = (now - base).abs() / base > threshold;
         if !self.enabled {
@@ -472,10 +477,7 @@ fn first_kept_pace(job: &ReplanJob, m: &Measurements) -> bool {
     let late: u64 = m
         .late_prefetches
         .iter()
-        .map(|&(t, w)| {
-            let p = job.planned_late.get(&t).copied().unwrap_or(0);
-            w.saturating_sub(p + p / 20)
-        })
+        .map(|&(t, wait)| job.late_beyond_plan(t, wait))
         .sum();
     m.iteration_ns as f64 <= period * PACE
         && ran >= planned * UNDERRUN
