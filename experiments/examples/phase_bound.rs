@@ -113,7 +113,7 @@ fn run() -> Result<(), String> {
         .map(|j| period * j / copies as u64)
         .collect();
     let even = bound(&spread)?;
-    let mut best = (u64::MAX, spread.clone());
+    let mut best = (even, spread.clone());
     let steps: Vec<u64> = (0..grid).map(|i| period * i / grid).collect();
     let mut grid_phases: Vec<Vec<u64>> = steps.iter().map(|&p| vec![0, p]).collect();
     if copies == 3 {
@@ -149,8 +149,8 @@ fn run() -> Result<(), String> {
         even as f64 / GIB
     );
     println!(
-        "lowest bound over {} phase choices: {:.2} GiB at phases {} ms",
-        grid_phases.len(),
+        "lowest bound over {} phase choices (the grid and the even spread): {:.2} GiB at phases {} ms",
+        grid_phases.len() + 1,
         best.0 as f64 / GIB,
         best.1
             .iter()
