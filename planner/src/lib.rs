@@ -163,14 +163,21 @@ pub fn plan(jobs: &[JobInput<'_>], config: &PlannerConfig) -> Result<MultiPlan, 
     // Gates are for fitting a budget that the jobs do not fit running free
     // without time: a coordinated plan paces its jobs (a few percent of
     // their time) and is taken only when it fits the budget at less cost.
-    let Some(budget) = config
-        .budget_bytes
-        .filter(|_| config.coordinate && jobs.len() >= 2 && similar_iterations(jobs))
-    else {
+    // Jobs that already run gated stay gated while a gated plan fits, even
+    // when their iterations now look further apart: their measured
+    // latencies come from running gated (a job's ops run faster while the
+    // others wait at their gates, and the first re-plan may mix one job's
+    // measurements with the others' cold-start estimates), so a free plan
+    // made from them promises more than running free gives, and every
+    // switch costs each job a realignment.
+    let gated_now = jobs.iter().all(|j| j.gate.is_some());
+    let Some(budget) = config.budget_bytes.filter(|_| {
+        config.coordinate && jobs.len() >= 2 && (gated_now || similar_iterations(jobs))
+    }) else {
         return Ok(free);
     };
     let free_fits = free.sum_of_peaks_bytes <= budget;
-    if free_fits && time_cost(&free) == 0.0 {
+    if free_fits && time_cost(&free) == 0.0 && !gated_now {
         return Ok(free);
     }
     let gated = plan_with(jobs, &lives, config, true, started, deadline);
@@ -178,7 +185,7 @@ pub fn plan(jobs: &[JobInput<'_>], config: &PlannerConfig) -> Result<MultiPlan, 
     let take_gated = match (free_fits, gated_fits) {
         (_, false) if free_fits => false,
         (false, false) => gated.aligned_peak_bytes < free.sum_of_peaks_bytes,
-        (true, true) => time_cost(&gated) < time_cost(&free),
+        (true, true) => gated_now || time_cost(&gated) < time_cost(&free),
         (false, true) => true,
         _ => false,
     };

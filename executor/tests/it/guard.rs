@@ -272,3 +272,45 @@ fn without_the_guard_wrong_plans_go_over_and_with_it_they_do_not() {
         "only {caught} of 12 wrong plans went over the budget without the guard"
     );
 }
+
+/// Jobs that run gated stay gated when re-planned from latencies that now
+/// look too far apart to share one period (one job measured while gated,
+/// its ops faster than its cold-start estimate while the other's are
+/// still estimated): a free plan made from those latencies would promise
+/// more than running free gives. The same latencies from jobs without
+/// gates plan them free.
+#[test]
+fn gated_jobs_stay_gated_when_their_latencies_drift_apart() {
+    let graphs: Vec<Graph> = (0..2).map(|_| model(0, 3)).collect();
+    let lat = latencies(&graphs[0]);
+    let floor: u64 = graphs.iter().map(lower_bound).sum();
+    let top: u64 = graphs.iter().map(vanilla_peak).sum();
+    let budget = (floor + top) / 2;
+    let copy = CopyModel::duplex(4e9, 4e9, 5_000);
+    let first = plan_all(&graphs, &[lat.clone(), lat.clone()], copy, budget, true);
+    assert!(first.cycle_ns > 0, "the first plan is not gated");
+    let faster: Vec<u64> = lat.iter().map(|x| x * 7 / 10).collect();
+    let settings = JobSettings {
+        base_bytes: BASE,
+        ..JobSettings::default()
+    };
+    let mut cfg = tensile_planner::PlannerConfig::new(copy);
+    cfg.budget_bytes = Some(budget);
+    cfg.coordinate = true;
+    let replan = |gated: bool| {
+        let inputs: Vec<JobInput<'_>> = graphs
+            .iter()
+            .zip([&faster, &lat])
+            .zip(&first.plans)
+            .map(|((g, l), p)| JobInput {
+                gate: p.gate.filter(|_| gated),
+                ..JobInput::new(g, l.clone(), settings)
+            })
+            .collect();
+        plan(&inputs, &cfg).unwrap()
+    };
+    let kept = replan(true);
+    assert!(kept.cycle_ns > 0, "re-planned free: {:?}", kept.diagnostics);
+    let free = replan(false);
+    assert_eq!(free.cycle_ns, 0);
+}
