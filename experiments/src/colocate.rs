@@ -347,24 +347,53 @@ fn run_row(
     Ok(row)
 }
 
-/// Steady-state throughput of `ours` against `vanilla`, minus one: each
-/// job's mean time from one iteration's start to the next's, after
-/// `warmup` iterations, added up as iterations per second.
+/// Steady-state throughput of `ours` against `vanilla`, minus one. Each
+/// run is measured over its steady window: from when the last job is past
+/// its `warmup` iterations to when the first job starts its last one, so
+/// that every job runs beside the others throughout. In it, each job's
+/// progress (iterations, interpolated between their starts) per second,
+/// added up over the jobs. Jobs that never run side by side after their
+/// warm-up (one waited until another was done) have no such window: the
+/// EOR is then infinite, since each job's rate measured alone would make
+/// running one after another look faster than sharing the GPU.
 pub fn steady_eor(vanilla: &SimResult, ours: &SimResult, warmup: usize) -> f64 {
-    let rate = |r: &SimResult| -> f64 {
-        r.jobs
-            .iter()
-            .map(|j| {
-                let starts: Vec<u64> = j.iterations.iter().map(|i| i.start_ns).collect();
-                match (starts.get(warmup), starts.last()) {
-                    (Some(&a), Some(&b)) if b > a => {
-                        (starts.len() - 1 - warmup) as f64 / ((b - a) as f64 / 1e9)
-                    }
-                    _ => 0.0,
-                }
-            })
-            .sum()
+    match (steady_rate(vanilla, warmup), steady_rate(ours, warmup)) {
+        (Some(v), Some(o)) if o > 0.0 => v / o - 1.0,
+        _ => f64::INFINITY,
+    }
+}
+
+/// Iterations per second of all jobs together over the run's steady
+/// window (see [`steady_eor`]); `None` when there is none.
+fn steady_rate(r: &SimResult, warmup: usize) -> Option<f64> {
+    let starts: Vec<Vec<u64>> = r
+        .jobs
+        .iter()
+        .map(|j| j.iterations.iter().map(|i| i.start_ns).collect())
+        .collect();
+    // Every job past its warm-up (a job without that many iterations has
+    // no steady state), none yet on its last iteration.
+    let past: Option<Vec<u64>> = starts.iter().map(|s| s.get(warmup).copied()).collect();
+    let last: Option<Vec<u64>> = starts.iter().map(|s| s.last().copied()).collect();
+    let from = past?.into_iter().max()?;
+    let to = last?.into_iter().min()?;
+    if to <= from {
+        return None;
+    }
+    // Iterations started by `t`, interpolated between starts.
+    let progress = |s: &[u64], t: u64| -> f64 {
+        let i = s.partition_point(|&x| x <= t);
+        match (i.checked_sub(1), s.get(i)) {
+            (Some(k), Some(&next)) => k as f64 + (t - s[k]) as f64 / (next - s[k]).max(1) as f64,
+            (Some(k), None) => k as f64,
+            (None, _) => 0.0,
+        }
     };
-    let (v, o) = (rate(vanilla), rate(ours));
-    if o <= 0.0 { f64::INFINITY } else { v / o - 1.0 }
+    let seconds = (to - from) as f64 / 1e9;
+    Some(
+        starts
+            .iter()
+            .map(|s| (progress(s, to) - progress(s, from)) / seconds)
+            .sum(),
+    )
 }

@@ -5,6 +5,7 @@
 
 #[cfg(feature = "bound")]
 mod bound;
+mod steady;
 mod util;
 
 use tensile_baselines::Policy;
