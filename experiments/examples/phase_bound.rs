@@ -21,12 +21,12 @@
 use std::process::ExitCode;
 
 use tensile_experiments::device::copy_model;
-use tensile_experiments::{BoundJob, device_profile, swap_bound};
+use tensile_experiments::{BoundJob, device_profile, sharing_jobs, swap_bound};
 use tensile_graph::builder::Optimizer;
 use tensile_graph::zoo::{self, ZooConfig};
-use tensile_latency_model::true_latencies;
 
 const GIB: f64 = (1u64 << 30) as f64;
+const USAGE: &str = "usage: phase_bound MODEL BATCH COPIES [DEVICE] [STRETCH] [GRID] [SEED]";
 
 fn main() -> ExitCode {
     match run() {
@@ -49,17 +49,15 @@ fn arg<T: std::str::FromStr>(
             .parse()
             .map_err(|_| format!("{name} must be a number, got {s:?}")),
         (None, Some(d)) => Ok(d),
-        (None, None) => Err(format!(
-            "missing {name}; usage: phase_bound MODEL BATCH COPIES [DEVICE] [STRETCH] [GRID] [SEED]"
-        )),
+        (None, None) => Err(format!("missing {name}; {USAGE}")),
     }
 }
 
 fn run() -> Result<(), String> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let model = args.first().ok_or(
-        "missing MODEL; usage: phase_bound MODEL BATCH COPIES [DEVICE] [STRETCH] [GRID] [SEED]",
-    )?;
+    let model = args
+        .first()
+        .ok_or_else(|| format!("missing MODEL; {USAGE}"))?;
     let batch: u64 = arg(&args, 1, "BATCH", None)?;
     let copies: usize = arg(&args, 2, "COPIES", None)?;
     let device = args.get(3).map_or("a6000", String::as_str);
@@ -80,26 +78,16 @@ fn run() -> Result<(), String> {
     config.optimizer = Optimizer::adam();
     let graph = zoo::build(model, &config).map_err(|e| e.to_string())?;
     let slow = 1.0 + profile.sharing_slowdown * (copies - 1) as f64;
-    let latencies: Vec<Vec<u64>> = (0..copies as u64)
-        .map(|j| {
-            true_latencies(&graph, &profile, seed.wrapping_add(j))
-                .iter()
-                .map(|&x| (x as f64 * slow).round() as u64)
-                .collect()
-        })
-        .collect();
-    let iterations: Vec<u64> = latencies.iter().map(|l| l.iter().sum()).collect();
+    let jobs = sharing_jobs(std::iter::repeat_n(&graph, copies), &profile, seed);
+    let iterations: Vec<u64> = jobs.iter().map(|j| j.latency_ns.iter().sum()).collect();
     let longest = iterations.iter().copied().max().unwrap_or(0);
     let period = (longest as f64 * stretch).round() as u64;
     let jobs_at = |phases: &[u64]| -> Vec<BoundJob<'_>> {
-        latencies
-            .iter()
+        jobs.iter()
             .zip(phases)
-            .map(|(l, &phase_ns)| BoundJob {
-                graph: &graph,
-                latency_ns: l.clone(),
-                base_bytes: profile.base_bytes,
+            .map(|(job, &phase_ns)| BoundJob {
                 phase_ns,
+                ..job.clone()
             })
             .collect()
     };
@@ -115,13 +103,14 @@ fn run() -> Result<(), String> {
     let even = bound(&spread)?;
     let mut best = (even, spread.clone());
     let steps: Vec<u64> = (0..grid).map(|i| period * i / grid).collect();
-    let mut grid_phases: Vec<Vec<u64>> = steps.iter().map(|&p| vec![0, p]).collect();
-    if copies == 3 {
-        grid_phases = steps
+    let grid_phases: Vec<Vec<u64>> = if copies == 2 {
+        steps.iter().map(|&p| vec![0, p]).collect()
+    } else {
+        steps
             .iter()
             .flat_map(|&a| steps.iter().map(move |&b| vec![0, a, b]))
-            .collect();
-    }
+            .collect()
+    };
     for phases in &grid_phases {
         let b = bound(phases)?;
         if b < best.0 {

@@ -264,6 +264,30 @@ pub fn swap_bound(
     })
 }
 
+/// The jobs of `graphs` as they run side by side on `device`, all at
+/// phase 0: job `j` at its true latencies (seed `seed + j`, as the
+/// simulator draws them) slowed by the device's sharing slowdown for that
+/// many jobs, holding the device's base.
+pub fn sharing_jobs<'g>(
+    graphs: impl ExactSizeIterator<Item = &'g Graph>,
+    device: &DeviceProfile,
+    seed: u64,
+) -> Vec<BoundJob<'g>> {
+    let slow = 1.0 + device.sharing_slowdown * graphs.len().saturating_sub(1) as f64;
+    graphs
+        .enumerate()
+        .map(|(j, g)| BoundJob {
+            graph: g,
+            latency_ns: true_latencies(g, device, seed.wrapping_add(j as u64))
+                .iter()
+                .map(|&x| (x as f64 * slow).round() as u64)
+                .collect(),
+            base_bytes: device.base_bytes,
+            phase_ns: 0,
+        })
+        .collect()
+}
+
 /// The lowest peak a time-free swap plan could reach for these jobs on the
 /// device, at the phases of ours' first plan (all at 0 when it runs them
 /// free), from the jobs' true latencies slowed by their sharing the GPU.
@@ -273,23 +297,12 @@ pub fn bound_peak(
     seed: u64,
     ours: Option<&Run>,
 ) -> Result<u64, ExperimentError> {
-    let k = graphs.len();
-    let slow = 1.0 + device.sharing_slowdown * k.saturating_sub(1) as f64;
-    let jobs: Vec<BoundJob<'_>> = graphs
-        .iter()
-        .enumerate()
-        .map(|(j, g)| BoundJob {
-            graph: g,
-            latency_ns: true_latencies(g, device, seed.wrapping_add(j as u64))
-                .iter()
-                .map(|&x| (x as f64 * slow).round() as u64)
-                .collect(),
-            base_bytes: device.base_bytes,
-            phase_ns: ours
-                .and_then(|r| r.gates.get(j).copied().flatten())
-                .map_or(0, |g| g.phase_ns),
-        })
-        .collect();
+    let mut jobs = sharing_jobs(graphs.iter(), device, seed);
+    for (j, job) in jobs.iter_mut().enumerate() {
+        job.phase_ns = ours
+            .and_then(|r| r.gates.get(j).copied().flatten())
+            .map_or(0, |g| g.phase_ns);
+    }
     let longest = jobs.iter().map(|j| j.latency_ns.iter().sum::<u64>()).max();
     let gate = ours.and_then(|r| r.gates.iter().flatten().next().copied());
     let period = match (gate, longest) {
