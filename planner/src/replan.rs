@@ -17,6 +17,10 @@
 //! only when its first measured iteration did not keep that pace, and
 //! later ones only when it overruns or clearly underruns its period
 //! several iterations in a row (a re-plan moves every gated job's phase).
+//! A re-plan asked for by gated jobs that still keep their pace (late
+//! prefetches the gate absorbed, ops that ran faster) is taken only when it
+//! shortens the common period: a longer one would cost every job time to
+//! fix what cost none ([`Replanner::plan_due`]).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -134,6 +138,9 @@ struct ReplanJob {
     settling: usize,
     /// Iterations in a row that overran the gate's period.
     overruns: usize,
+    /// How long its last iteration on the current plan took, settling
+    /// ones included (0: none yet).
+    last_iteration_ns: u64,
     /// Iterations in a row whose ops took less than [`UNDERRUN`] of the
     /// estimates the plan was made from.
     underruns: usize,
@@ -164,6 +171,10 @@ const OVERRUNS: usize = 3;
 /// How much longer than its gate's period a coordinated job's iteration
 /// may run and still keep its pace.
 const PACE: f64 = 1.03;
+/// How much longer than its gate's period a coordinated job's iteration
+/// may run and still count as on it: a re-plan that would lengthen the
+/// period is taken when some job runs past it by more.
+const ON_PERIOD: f64 = 1.005;
 /// What share of its estimated op time a coordinated job's ops may take,
 /// [`OVERRUNS`] iterations in a row, before its measurements replace the
 /// estimates: ops run a little faster while the other jobs wait at their
@@ -185,6 +196,21 @@ pub struct Replanner {
     version: u64,
     /// Re-plans made because one was due (not counting the first plan).
     pub replans: usize,
+    /// What the next plan is for, since the last one.
+    due: Due,
+}
+
+/// Why the next plan is wanted, from the least to the most pressing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Due {
+    /// Nothing asked for one.
+    Nothing,
+    /// Only gated jobs that keep their pace: worth taking if it shortens
+    /// the common period.
+    Shorter,
+    /// A job was added or removed, the configuration changed, a job
+    /// overran, evicted or is not gated: whatever the plan is.
+    Needed,
 }
 
 impl Replanner {
@@ -197,6 +223,7 @@ impl Replanner {
             enabled: true,
             version: 0,
             replans: 0,
+            due: Due::Needed,
         }
     }
 
@@ -208,6 +235,7 @@ impl Replanner {
     /// plan uses it.
     pub fn set_config(&mut self, config: PlannerConfig) {
         self.config = config;
+        self.due = Due::Needed;
     }
 
     /// Adds a job whose op latencies are first `predicted` (ns per op).
@@ -243,17 +271,18 @@ impl Replanner {
                 settling: 1,
                 overruns: 0,
                 underruns: 0,
+                last_iteration_ns: 0,
             },
         );
+        self.due = Due::Needed;
         Ok(())
     }
 
     /// Removes a job; the others are re-planned when the caller next plans.
     pub fn remove_job(&mut self, id: JobId) -> Result<Arc<Graph>, ReplanError> {
-        self.jobs
-            .remove(&id)
-            .map(|j| j.graph)
-            .ok_or(ReplanError::UnknownJob(id))
+        let job = self.jobs.remove(&id).ok_or(ReplanError::UnknownJob(id))?;
+        self.due = Due::Needed;
+        Ok(job.graph)
     }
 
     /// The jobs, in planning order.
@@ -275,6 +304,30 @@ impl Replanner {
     /// Folds a job's measurements in; says whether (and why) a re-plan of
     /// all jobs is due.
     pub fn observe(
+        &mut self,
+        id: JobId,
+        m: &Measurements,
+    ) -> Result<Option<ReplanReason>, ReplanError> {
+        let reason = self.fold_in(id, m)?;
+        if reason.is_some() {
+            // Every job gated, and its last iteration on the current plan
+            // (this one's included) within its period: a plan with a longer
+            // period would only cost time.
+            let on_period = self.jobs.values().all(|j| {
+                j.gate
+                    .is_some_and(|g| j.last_iteration_ns as f64 <= g.period_ns as f64 * ON_PERIOD)
+            });
+            let due = if on_period && m.evictions.is_empty() {
+                Due::Shorter
+            } else {
+                Due::Needed
+            };
+            self.due = self.due.max(due);
+        }
+        Ok(reason)
+    }
+
+    fn fold_in(
         &mut self,
         id: JobId,
         m: &Measurements,
@@ -307,6 +360,7 @@ impl Replanner {
             if m.switched {
                 job.settling = SETTLE;
             }
+            job.last_iteration_ns = m.iteration_ns;
             if job.settling > 0 {
                 job.settling -= 1;
                 job.overruns = 0;
@@ -405,6 +459,48 @@ impl Replanner {
     /// Plans every job from the current estimates; the plans carry a new
     /// version and come in [`Replanner::job_ids`] order.
     pub fn plan_all(&mut self) -> Result<MultiPlan, ReplanError> {
+        let mut out = self.propose()?;
+        self.adopt(&mut out);
+        Ok(out)
+    }
+
+    /// Plans every job as [`Replanner::plan_all`] does, unless only gated
+    /// jobs that keep their pace asked for it since the last plan and the
+    /// new plan would not shorten their common period: then `None`, the
+    /// current plans stay, and the measurements wait in the estimates for
+    /// the next plan.
+    pub fn plan_due(&mut self) -> Result<Option<MultiPlan>, ReplanError> {
+        let mut out = self.propose()?;
+        let period = self.jobs.values().find_map(|j| j.gate).map(|g| g.period_ns);
+        let shorter = matches!(period, Some(p) if out.cycle_ns > 0 && out.cycle_ns < p);
+        if self.due == Due::Shorter && !shorter {
+            self.due = Due::Nothing;
+            return Ok(None);
+        }
+        self.adopt(&mut out);
+        Ok(Some(out))
+    }
+
+    /// Folds a job's measurements in and, when they make a re-plan due,
+    /// plans with `plan` (which calls [`Replanner::plan_due`], timing it
+    /// say): the plans to hand out, none when no new plan is taken.
+    pub fn replan_after(
+        &mut self,
+        job: JobId,
+        measured: &Measurements,
+        plan: impl FnOnce(&mut Replanner) -> Result<Option<MultiPlan>, ReplanError>,
+    ) -> Result<Vec<(JobId, Plan)>, ReplanError> {
+        if self.observe(job, measured)?.is_none() {
+            return Ok(Vec::new());
+        }
+        let Some(out) = plan(self)? else {
+            return Ok(Vec::new());
+        };
+        self.replans += 1;
+        Ok(self.job_ids().into_iter().zip(out.plans).collect())
+    }
+
+    fn propose(&self) -> Result<MultiPlan, ReplanError> {
         let ids = self.job_ids();
         let inputs: Vec<JobInput<'_>> = self
             .jobs
@@ -419,7 +515,7 @@ impl Replanner {
                 )
             })
             .collect();
-        let mut out = plan(&inputs, &self.config).map_err(|e| match e {
+        plan(&inputs, &self.config).map_err(|e| match e {
             PlanError::LatencyCount { job, .. }
             | PlanError::SwapRate { job, .. }
             | PlanError::LeadTensor { job, .. } => ReplanError::Plan {
@@ -427,13 +523,20 @@ impl Replanner {
                 source: e,
             },
             PlanError::Bandwidth { .. } => ReplanError::Planner(e),
-        })?;
+        })
+    }
+
+    /// Makes `out` the current plans: a new version, the gates and the
+    /// waits the plans accept.
+    fn adopt(&mut self, out: &mut MultiPlan) {
+        self.due = Due::Nothing;
         self.version += 1;
         for p in &mut out.plans {
             p.version = self.version;
         }
         for (j, p) in self.jobs.values_mut().zip(&out.plans) {
             j.at_plan = j.estimates.iter().sum();
+            j.last_iteration_ns = 0;
             j.gate = p.gate;
             j.planned_late.clear();
             for w in &p.prediction.waits {
@@ -443,7 +546,6 @@ impl Replanner {
                 }
             }
         }
-        Ok(out)
     }
 }
 
@@ -453,12 +555,7 @@ impl Replan for Replanner {
         job: JobId,
         measured: &Measurements,
     ) -> Result<Vec<(JobId, Plan)>, ReplanError> {
-        if self.observe(job, measured)?.is_none() {
-            return Ok(Vec::new());
-        }
-        self.replans += 1;
-        let ids = self.job_ids();
-        Ok(ids.into_iter().zip(self.plan_all()?.plans).collect())
+        self.replan_after(job, measured, Replanner::plan_due)
     }
 }
 
@@ -606,8 +703,59 @@ mod tests {
         assert!(est.iter().zip(&lat).all(|(e, l)| e > l));
     }
 
+    #[test]
+    fn a_gated_job_on_pace_takes_a_new_plan_only_if_it_shortens_the_period() {
+        let (mut r, id, lat, period) = gated_replanner();
+        // Its first iteration is left out. Its first measured one ends on
+        // its period, with prefetches late by a tenth of it: a re-plan is
+        // asked for, but the only plan (one job alone, not gated) has no
+        // shorter period.
+        let late = Measurements {
+            iteration_ns: period,
+            late_prefetches: vec![(TensorId(0), period / 10)],
+            ..measured(lat.clone())
+        };
+        let mut asked = Vec::new();
+        let mut handed = Vec::new();
+        for _ in 0..2 {
+            asked.push(r.observe(id, &late).unwrap());
+        }
+        assert_eq!(asked, [None, Some(ReplanReason::FirstMeasurements)]);
+        let version = r.next_version();
+        assert!(r.plan_due().unwrap().is_none());
+        assert_eq!(r.next_version(), version, "the current plan stays");
+        assert!(r.jobs[&id].gate.is_some(), "and so does its gate");
+        // Through `replan_after`: nothing handed out, nothing counted.
+        let (mut r, ..) = gated_replanner();
+        for _ in 0..2 {
+            handed.push(r.replan_after(id, &late, Replanner::plan_due).unwrap());
+        }
+        assert!(handed.iter().all(Vec::is_empty), "{handed:?}");
+        assert_eq!(r.replans, 0);
+        // The same iteration past its period: the new plan is taken.
+        let overran = Measurements {
+            iteration_ns: period * 11 / 10,
+            ..late.clone()
+        };
+        let (mut r, ..) = gated_replanner();
+        handed.clear();
+        for _ in 0..2 {
+            handed.push(r.replan_after(id, &overran, Replanner::plan_due).unwrap());
+        }
+        assert_eq!(handed.last().map(Vec::len), Some(1), "{handed:?}");
+        assert_eq!(r.replans, 1);
+        assert_eq!(r.next_version(), version + 1);
+        // `plan_all` plans whatever was asked.
+        let (mut r, ..) = gated_replanner();
+        for _ in 0..2 {
+            r.observe(id, &late).unwrap();
+        }
+        assert_eq!(r.plan_all().unwrap().plans[0].version, version);
+    }
+
     /// [`replanner`] with job 7 gated on a period of its predicted
-    /// iteration: (the re-planner, the job, its predictions, the period).
+    /// iteration, planned: (the re-planner, the job, its predictions, the
+    /// period).
     fn gated_replanner() -> (Replanner, JobId, Vec<u64>, u64) {
         let (mut r, _, lat) = replanner();
         let id = JobId(7);
@@ -617,6 +765,8 @@ mod tests {
             phase_ns: 0,
             epoch_ns: 0,
         });
+        // As if that gated plan had just been made.
+        r.due = Due::Nothing;
         (r, id, lat, period)
     }
 

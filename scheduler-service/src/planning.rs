@@ -95,7 +95,7 @@ struct Fresh {
     lower_bound: u64,
 }
 
-type Planned = (Replanner, Result<MultiPlan, ReplanError>);
+type Planned = (Replanner, Result<Option<MultiPlan>, ReplanError>);
 
 /// The joint plan running on a blocking thread.
 #[derive(Debug)]
@@ -455,7 +455,7 @@ impl Planner {
             if let Some(d) = slow {
                 std::thread::sleep(d);
             }
-            let out = r.plan_all();
+            let out = r.plan_due();
             (r, out)
         });
         self.in_flight = true;
@@ -477,7 +477,13 @@ impl Planner {
         let mp = match joined {
             Ok((r, Ok(mp))) => {
                 self.replanner = r;
-                Some(mp)
+                if mp.is_none() {
+                    debug!(
+                        jobs = f.ids.len(),
+                        "the gated jobs keep their pace and the new plan would not shorten their period: the current plans stay"
+                    );
+                }
+                mp
             }
             Ok((_, Err(e))) => {
                 error!("planning failed: {e}");
