@@ -45,6 +45,7 @@ mod emit;
 mod gate;
 mod intervals;
 mod job;
+mod lengthen;
 mod memtree;
 mod overhead;
 mod plan;
@@ -70,6 +71,7 @@ pub use replan::{FixedPlans, JobId, Measurements, Replan, ReplanError, ReplanRea
 use coord::Coord;
 use emit::emit;
 use job::Job;
+use lengthen::Lengthen;
 
 /// One job to plan.
 #[derive(Debug, Clone)]
@@ -289,46 +291,15 @@ fn plan_with(
         &mut out,
     );
     if let (Some(c), Some(fresh), Some(budget)) = (&mut coord, &fresh, config.budget_bytes) {
-        // Over the budget: a longer cycle (every job waits longer at its
-        // gate, so their peaks overlap less and the link has more time),
-        // a step at a time, as long as no job's cycle passes its
-        // max_overhead.
-        let base = c.cycle;
-        let most = limits.iter().copied().max().unwrap_or(0);
-        for &f in CYCLE_STEPS {
-            let now = global_peak(&state, Some(c));
-            if now <= budget || deadline.past() {
-                break;
-            }
-            let cycle = (base as f64 * f).round() as u64;
-            if cycle > most {
-                break;
-            }
-            let next = Coord {
-                cycle,
-                phases: c
-                    .phases
-                    .iter()
-                    .map(|&p| ((p as f64 * f).round() as u64).min(cycle - 1))
-                    .collect(),
-            };
-            let mut trial = fresh.clone();
-            next.install(&mut trial);
-            let mut tried = MultiPlan::default();
-            let cap = search(
-                &mut trial,
-                config,
-                Some(&next),
-                &limits,
-                deadline,
-                &mut tried,
-            );
-            if global_peak(&trial, Some(&next)) < now {
-                (state, *c, capped) = (trial, next, cap);
-                out.diagnostics = tried.diagnostics;
-                out.rounds += tried.rounds;
-            }
-        }
+        let at = Lengthen {
+            fresh,
+            base: c.clone(),
+            budget,
+            config,
+            limits: &limits,
+            deadline,
+        };
+        capped = at.lengthen(&mut state, c, capped, &mut out);
     }
     let total = global_peak(&state, coord.as_ref());
     if let Some(b) = config.budget_bytes.filter(|&b| total > b) {
@@ -546,10 +517,6 @@ fn global_peak(state: &[Job<'_>], coord: Option<&Coord>) -> u64 {
         None => state.iter().map(|j| j.peak().0).sum(),
     }
 }
-
-/// How much longer than its first choice a coordinated cycle may become,
-/// tried in turn while the jobs do not fit the budget.
-const CYCLE_STEPS: &[f64] = &[1.025, 1.05, 1.1, 1.2, 1.35, 1.5, 2.0, 2.5, 3.0, 4.0];
 
 /// Phases tried per job by the search in [`choose_gates`], evenly spread
 /// over the cycle: for two jobs, and for more (each try plans them all).
