@@ -20,6 +20,7 @@ encoder at d_model 64) so that the file runs in seconds.
 """
 
 import os
+import tempfile
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -259,6 +260,19 @@ def test_a_changed_shape_is_refused_before_training(tmp_path):
     with pytest.raises(tensile.PlanApplyError, match=r"'fc.weight' has shape \[12, 512\]"):
         with tensile.apply(plan, model, optimizer):
             pass
+
+
+def test_a_plan_without_a_workdir_leaves_no_files_behind(monkeypatch, tmp_path):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    model = encoder()
+    optimizer = adam(model.parameters())
+    plan = tensile.plan(model, optimizer, token_batches(1)[0], F.cross_entropy)
+    assert plan.events and plan.graph_path is None and plan.plan_path is None
+    # Nor when planning fails.
+    monkeypatch.setenv("TENSILECTL", str(tmp_path / "nope"))
+    with pytest.raises(tensile.PlanError, match="is not an executable file"):
+        tensile.plan(model, optimizer, token_batches(1)[0], F.cross_entropy)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_an_optimizer_that_does_not_hold_the_models_parameters_is_refused():

@@ -126,8 +126,10 @@ def plan(
     that then recomputes is refused here, since :func:`tensile.apply` cannot
     recompute in eager mode (see ``docs/framework-hook.md``).
     ``device_profile`` is a ``tensilectl --device`` profile (default: see
-    :func:`default_profile`). Files go to ``workdir``
-    (default: a new temporary directory).
+    :func:`default_profile`). The graph and plan files go to ``workdir``,
+    where the returned plan's ``graph_path`` and ``plan_path`` name them;
+    without one they go to a temporary directory removed before this
+    returns (or raises), and those paths are ``None``.
 
     With ``server`` (a scheduler's address: ``unix:PATH``, ``HOST:PORT``, or
     ``"default"`` for its default socket) the plan comes from the
@@ -141,6 +143,8 @@ def plan(
         raise PlanError(f"model is a {type(model).__name__}, not an nn.Module")
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise PlanError(f"optimizer is a {type(optimizer).__name__}, not a torch.optim.Optimizer")
+    if budget_mb is not None and (isinstance(budget_mb, bool) or not isinstance(budget_mb, int) or budget_mb < 1):
+        raise PlanError(f"budget_mb must be a positive whole number of MB, got {budget_mb!r}")
     inputs, target = _split_batch(example_batch)
     opt_kwargs = optimizer_settings(model, optimizer)
     device = _device_of(model)
@@ -158,14 +162,23 @@ def plan(
         )
     except TraceError as e:
         raise PlanError(f"cannot trace {type(model).__name__}: {e}") from e
-    folder = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="tensile-plan-"))
+    profile = device_profile or default_profile(device)
+    if workdir is None:
+        with tempfile.TemporaryDirectory(prefix="tensile-plan-") as folder:
+            planned = _plan_in(Path(folder), graph, budget_mb, server, profile)
+        return dataclasses.replace(planned, graph_path=None, plan_path=None)
+    folder = Path(workdir)
     folder.mkdir(parents=True, exist_ok=True)
+    return _plan_in(folder, graph, budget_mb, server, profile)
+
+
+def _plan_in(folder: Path, graph: dict[str, Any], budget_mb: int | None, server: str | None, profile: str) -> Plan:
+    """Writes ``graph`` to ``folder``, plans it there (on ``server`` if given,
+    else with ``tensilectl plan``) and reads the plan back."""
+    graph_name = graph["name"]
     graph_path = folder / f"{graph_name}.graph.json"
     plan_path = folder / f"{graph_name}.plan.json"
     graph_path.write_text(json.dumps(graph))
-    profile = device_profile or default_profile(device)
-    if budget_mb is not None and (isinstance(budget_mb, bool) or not isinstance(budget_mb, int) or budget_mb < 1):
-        raise PlanError(f"budget_mb must be a positive whole number of MB, got {budget_mb!r}")
     if server is not None:
         _plan_on_server(server, graph, plan_path, budget_mb, profile)
         from_server = load_plan(graph_path, plan_path)
