@@ -17,10 +17,11 @@
 //! only when its first measured iteration did not keep that pace, and
 //! later ones only when it overruns or clearly underruns its period
 //! several iterations in a row (a re-plan moves every gated job's phase).
-//! A re-plan asked for by gated jobs that still keep their pace (late
-//! prefetches the gate absorbed, ops that ran faster) is taken only when it
-//! shortens the common period: a longer one would cost every job time to
-//! fix what cost none ([`Replanner::plan_due`]).
+//! A re-plan asked for while every job is gated and its last iteration
+//! ended within [`ON_PERIOD`] of the period (late prefetches the gate
+//! absorbed, ops that ran faster) is taken only when it shortens the common
+//! period: a longer one would cost every job time to fix what cost none
+//! ([`Replanner::plan_due`]).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -205,8 +206,8 @@ pub struct Replanner {
 enum Due {
     /// Nothing asked for one.
     Nothing,
-    /// Only gated jobs that keep their pace: worth taking if it shortens
-    /// the common period.
+    /// Only jobs that are all gated and on their period ([`ON_PERIOD`]):
+    /// worth taking if it shortens the common period.
     Shorter,
     /// A job was added or removed, the configuration changed, a job
     /// overran, evicted or is not gated: whatever the plan is.
@@ -464,11 +465,11 @@ impl Replanner {
         Ok(out)
     }
 
-    /// Plans every job as [`Replanner::plan_all`] does, unless only gated
-    /// jobs that keep their pace asked for it since the last plan and the
-    /// new plan would not shorten their common period: then `None`, the
-    /// current plans stay, and the measurements wait in the estimates for
-    /// the next plan.
+    /// Plans every job as [`Replanner::plan_all`] does, unless it was asked
+    /// for since the last plan only while every job was gated and its last
+    /// iteration ended within 0.5% of the period, and the new plan would
+    /// not shorten that period: then `None`, the current plans stay, and
+    /// the measurements wait in the estimates for the next plan.
     pub fn plan_due(&mut self) -> Result<Option<MultiPlan>, ReplanError> {
         let mut out = self.propose()?;
         let period = self.jobs.values().find_map(|j| j.gate).map(|g| g.period_ns);
@@ -716,7 +717,6 @@ mod tests {
             ..measured(lat.clone())
         };
         let mut asked = Vec::new();
-        let mut handed = Vec::new();
         for _ in 0..2 {
             asked.push(r.observe(id, &late).unwrap());
         }
@@ -727,6 +727,7 @@ mod tests {
         assert!(r.jobs[&id].gate.is_some(), "and so does its gate");
         // Through `replan_after`: nothing handed out, nothing counted.
         let (mut r, ..) = gated_replanner();
+        let mut handed = Vec::new();
         for _ in 0..2 {
             handed.push(r.replan_after(id, &late, Replanner::plan_due).unwrap());
         }
