@@ -1,6 +1,8 @@
 //! The planning task with a hook that makes every joint plan slow: a job
 //! registered while one runs gets a fast first plan at once; the published
-//! plans never add up past the budget; every job's versions increase.
+//! plans never add up past the budget; every job's versions increase; a
+//! report sent meanwhile waits for the plan and reaches the re-planner it
+//! hands back.
 
 #![allow(clippy::unwrap_used)]
 
@@ -232,4 +234,69 @@ async fn a_joint_plan_that_does_not_fit_beside_a_fast_plan_goes_out_in_part() {
     assert_eq!(peaks, vec![(2, 35), (1, 30), (1, 30)]);
     // Status counts what runs: job 2's fast plan too.
     assert_eq!(shared.memory().sum_of_peaks_bytes, 95);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_report_sent_during_a_joint_plan_is_answered_after_it_and_kept() {
+    let g = mlp();
+    let ops = g.ops().len();
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(crate::store::Store::open(dir.path()).unwrap());
+    let shared = Arc::new(Shared::new(u64::MAX));
+    let slow = Duration::from_millis(800);
+    let mut planner = Planner::new(
+        shared.clone(),
+        PlannerConfig::new(CopyModel::duplex(1e10, 1e10, 1_000)),
+        0.3,
+        0.9,
+        Duration::from_secs(30),
+        Some(store.clone()),
+        "test".into(),
+        Arc::new(Metrics::new()),
+    );
+    planner.slow_joint_plans = Some(slow);
+    let (tx, rx) = mpsc::channel(64);
+    let cancel = CancellationToken::new();
+    let task = tokio::spawn(planner.run(rx, cancel.clone()));
+
+    let started = Instant::now();
+    register(&shared, &tx, 1, &g).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(plans(&shared, &[1])[0].0, 0, "the joint plan was not slow");
+    // Measured 7 ms per op, against the 5 ms registered.
+    let (reply, answer) = tokio::sync::oneshot::channel();
+    tx.send(Command::Report {
+        id: 1,
+        measured: tensile_planner::Measurements {
+            op_ns: vec![7_000_000; ops],
+            late_prefetches: Vec::new(),
+            start_bytes: 0,
+            evictions: Vec::new(),
+            switched: false,
+            iteration_ns: 7_000_000 * ops as u64,
+        },
+        reply,
+    })
+    .await
+    .unwrap();
+    let outcome = answer.await.unwrap().unwrap();
+    assert!(
+        started.elapsed() >= slow,
+        "answered in {:?}, before the joint plan of {slow:?} landed",
+        started.elapsed()
+    );
+    assert!(
+        plans(&shared, &[1])[0].0 >= 1,
+        "answered before the joint plan was published"
+    );
+    assert!(outcome.change_rate > 0.3, "{outcome:?}");
+    cancel.cancel();
+    task.await.unwrap();
+    // The report reached the re-planner the joint plan handed back: the
+    // estimates saved at shutdown moved from 5 ms towards 7 ms.
+    let saved = store.load("f1", "test", ops).unwrap().unwrap();
+    assert!(
+        saved.iter().all(|&ns| ns > 5_500_000),
+        "the report was lost: saved estimates {saved:?}"
+    );
 }
