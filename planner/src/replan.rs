@@ -145,6 +145,60 @@ struct ReplanJob {
     /// Iterations in a row whose ops took less than [`UNDERRUN`] of the
     /// estimates the plan was made from.
     underruns: usize,
+    /// Its iterations late beyond the plan since the last on time.
+    late: LateStreak,
+}
+
+/// A job's iterations late beyond its plan since the last on time. A
+/// re-plan that does not make the job clearly less late (on a host whose
+/// copies contend with its kernels, say) is not repeated at every
+/// iteration: each such re-plan doubles the late iterations the next one
+/// waits for, up to 2^[`LATE_BACKOFF`]. The leads keep growing meanwhile,
+/// so the next plan carries every late prefetch seen.
+#[derive(Debug, Clone, Default)]
+struct LateStreak {
+    /// How late the least late iteration of the streak was, ns.
+    least_ns: u64,
+    /// Late iterations since the last re-plan asked for.
+    since: u32,
+    /// Re-plans asked for in a row that did not make the job clearly
+    /// less late.
+    futile: u32,
+}
+
+/// At most this many doublings of the late iterations a late-prefetch
+/// re-plan waits for (16 iterations).
+const LATE_BACKOFF: u32 = 4;
+
+impl LateStreak {
+    /// One iteration `late_ns` late beyond its plan (0: on time); true
+    /// when a re-plan for it is due.
+    fn due(&mut self, late_ns: u64) -> bool {
+        if late_ns == 0 {
+            *self = LateStreak::default();
+            return false;
+        }
+        self.since += 1;
+        // Not 10% less late than the least late iteration of the streak
+        // (jitter makes single iterations look better or worse).
+        let futile = self.least_ns > 0 && late_ns * 10 >= self.least_ns * 9;
+        self.least_ns = if self.least_ns == 0 {
+            late_ns
+        } else {
+            self.least_ns.min(late_ns)
+        };
+        let wait = if futile {
+            1 << self.futile.min(LATE_BACKOFF)
+        } else {
+            1
+        };
+        if self.since < wait {
+            return false;
+        }
+        self.futile = if futile { self.futile + 1 } else { 0 };
+        self.since = 0;
+        true
+    }
 }
 
 impl ReplanJob {
@@ -273,6 +327,7 @@ impl Replanner {
                 overruns: 0,
                 underruns: 0,
                 last_iteration_ns: 0,
+                late: LateStreak::default(),
             },
         );
         self.due = Due::Needed;
@@ -403,16 +458,17 @@ impl Replanner {
         let now: f64 = job.estimates.iter().sum();
         let base = job.at_plan.max(1.0);
         let first = !std::mem::replace(&mut job.measured, true);
-        let mut late = false;
+        let mut late_ns = 0;
         for &(t, wait) in &m.late_prefetches {
             let beyond = job.late_beyond_plan(t, wait);
             if beyond == 0 {
                 continue;
             }
-            late = true;
+            late_ns += beyond;
             let lead = job.leads.entry(t).or_insert(0);
             *lead = ((*lead + beyond) as f64 * 1.05).ceil() as u64;
         }
+        let late = job.late.due(late_ns);
         let drift = (now - base).abs() / base > threshold;
         if !self.enabled {
             return Ok(None);
@@ -692,6 +748,44 @@ mod tests {
             r.observe(id, &bad),
             Err(ReplanError::UnknownTensor { .. })
         ));
+    }
+
+    #[test]
+    fn late_prefetches_that_replans_do_not_cure_back_off_and_shrinking_ones_do_not() {
+        let (mut r, g, lat) = replanner();
+        r.plan_all().unwrap();
+        let id = JobId(7);
+        r.observe(id, &measured(lat.clone())).unwrap();
+        r.plan_all().unwrap();
+        let act = g.tensors().iter().find(|t| t.name == "act1").unwrap().id;
+        let late = |wait: u64| Measurements {
+            late_prefetches: vec![(act, wait)],
+            ..measured(lat.clone())
+        };
+        // As late after each re-plan as before it: re-plans at late
+        // iterations 1, 2, 4, 8 and 16, then every 16th.
+        let asked: Vec<usize> = (1..=40)
+            .filter(|_| {
+                let due = r.observe(id, &late(5_000_000)).unwrap().is_some();
+                if due {
+                    r.plan_all().unwrap();
+                }
+                due
+            })
+            .collect();
+        assert_eq!(asked, vec![1, 2, 4, 8, 16, 32]);
+        // An iteration on time ends the streak: the next late one asks at
+        // once, and so does each that is clearly less late than the last.
+        assert_eq!(r.observe(id, &measured(lat.clone())).unwrap(), None);
+        for k in 0..5 {
+            assert_eq!(
+                r.observe(id, &late(5_000_000 >> k)).unwrap(),
+                Some(ReplanReason::LatePrefetch),
+                "late by {} ns",
+                5_000_000 >> k
+            );
+            r.plan_all().unwrap();
+        }
     }
 
     #[test]
