@@ -301,6 +301,7 @@ impl Planner {
                 let base = adm.at_plan.max(1.0);
                 let change_rate = (now - base).abs() / base;
                 if let Some(r) = reason {
+                    debug!(job = id, reason = ?r, "a re-plan is due");
                     self.metrics.reason(match r {
                         ReplanReason::FirstMeasurements => "first_measurements",
                         ReplanReason::Drift => "drift",

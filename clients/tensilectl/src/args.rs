@@ -85,6 +85,9 @@ pub(crate) struct DemoArgs {
     #[arg(long)]
     pub(crate) bin_dir: Option<PathBuf>,
     /// Keep the run's folder (logs, per-iteration JSON, memory traces).
+    /// The scheduler logs at the filter in RUST_LOG (default `info`;
+    /// `info,tensile_scheduler::planning=debug` adds why each re-plan was
+    /// due).
     #[arg(long)]
     pub(crate) keep_logs: bool,
 }

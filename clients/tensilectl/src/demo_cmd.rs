@@ -199,7 +199,10 @@ fn demo(
             .arg("--gate-slack")
             .arg(a.gate_slack.to_string())
             .args(if a.no_gates { &["--no-gates"][..] } else { &[] })
-            .env("RUST_LOG", "info")
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .stdout(Stdio::null())
             .stderr(log),
     )?;
