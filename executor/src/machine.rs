@@ -279,6 +279,17 @@ impl<'g, C: CopyEngine> Executor<'g, C> {
             .collect()
     }
 
+    /// Where the executor has storage `s` now (its device buffer and host
+    /// copy), in the iteration and plan it is at: for errors that find an
+    /// engine's data elsewhere than the executor has it.
+    pub fn whereabouts(&self, s: StorageId) -> String {
+        let slot = self.slots.get(s.index());
+        format!(
+            "the executor has storage {} as {slot:?} in iteration {} on plan version {}",
+            s.0, self.iteration, self.plan_version
+        )
+    }
+
     /// Device memory of the job now (base included).
     pub fn memory_bytes(&self) -> u64 {
         self.mem

@@ -569,7 +569,11 @@ impl<'g, K: Kernels> Worker<'g, K> {
             return Err(self.tensor_error(t, "read before it was ever produced".into()));
         };
         let Some(flat) = self.exec.engine().device(s) else {
-            return Err(self.tensor_error(t, "its storage is not on the device".into()));
+            let why = format!(
+                "its storage is not on the device ({})",
+                self.exec.whereabouts(s)
+            );
+            return Err(self.tensor_error(t, why));
         };
         let v = flat
             .derive(layout)
