@@ -3,8 +3,8 @@
 //! counting, garbage is never trusted, a bad directory is a clear error),
 //! then two workers on one ledger: their memory added up over time stays
 //! within the budget where without the ledger it goes over, they train
-//! exactly as alone, and two whose smallest working sets just fit side by
-//! side both finish.
+//! exactly as alone (also while each switches plans at every iteration),
+//! and two whose smallest working sets just fit side by side both finish.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
@@ -243,17 +243,30 @@ fn together(
     configs: Vec<WorkerConfig>,
     floor: Duration,
 ) -> Vec<Result<Outcome, WorkerError>> {
+    let plans = vec![vec![plan.clone()]; configs.len()];
+    switching(g, plans, configs, floor)
+}
+
+/// [`together`], each worker starting on the first of its plans and
+/// switching to the next at each iteration boundary while there are more.
+fn switching(
+    g: &Graph,
+    plans: Vec<Vec<Plan>>,
+    configs: Vec<WorkerConfig>,
+    floor: Duration,
+) -> Vec<Result<Outcome, WorkerError>> {
     let n = configs.len();
     let (tx, rx) = mpsc::channel();
-    for (j, config) in configs.into_iter().enumerate() {
-        let (g, plan, tx) = (g.clone(), plan.clone(), tx.clone());
+    for ((j, config), plans) in configs.into_iter().enumerate().zip(plans) {
+        let (g, tx) = (g.clone(), tx.clone());
         std::thread::spawn(move || {
             let live = Liveness::analyze(&g);
             let ran = (|| {
                 let kernels = mock::Mock::new(&g, floor);
-                let mut w = Worker::new(&g, &live, &plan, kernels, mock::initial(&g), config)?;
+                let mut w = Worker::new(&g, &live, &plans[0], kernels, mock::initial(&g), config)?;
                 w.record_memory();
-                let mut reports = w.run(|_| None)?;
+                let mut next = plans.into_iter().skip(1);
+                let mut reports = w.run(|_| next.next())?;
                 let values = w.persistent_values()?;
                 let rest = w.close();
                 if let Some(last) = reports.last_mut() {
@@ -648,4 +661,57 @@ fn the_binary_takes_a_ledger() {
         best <= budget + (1 << 20),
         "together {best} B over {budget} B"
     );
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig {
+        cases: crate::fuzz_cases(4),
+        ..proptest::prelude::ProptestConfig::default()
+    })]
+
+    /// Two workers on one ledger, each switching plans at every iteration
+    /// boundary in its own random order (swapping across iterations,
+    /// within them, recomputing, vanilla), under a shared budget that
+    /// their peaks exceed together: both train exactly as alone, and
+    /// together they hold the budget.
+    #[test]
+    fn two_workers_switching_plans_on_a_ledger_lose_nothing(
+        orders in proptest::collection::vec(proptest::collection::vec(0usize..4, 5), 2),
+        share in 1.2f64..1.8,
+        floor_us in 50u64..400,
+    ) {
+        let _timing = crate::timing();
+        let g = graph();
+        let live = Liveness::analyze(&g);
+        let copy = tensile_planner::CopyModel::duplex(4e9, 4e9, 5_000);
+        let only = |across_iteration, recompute| tensile_planner::JobSettings {
+            across_iteration,
+            recompute,
+            ..tensile_planner::JobSettings::default()
+        };
+        let lat = crate::latencies(&g);
+        let mut pool = [
+            crate::planned(&g, lat.clone(), copy, only(true, true), 0.4),
+            crate::planned(&g, lat.clone(), copy, only(false, true), 0.5),
+            crate::planned(&g, lat.clone(), copy, only(true, false), 0.6),
+            vanilla(&g),
+        ];
+        for (k, p) in pool.iter_mut().enumerate() {
+            p.version = k as u64 + 2;
+        }
+        let ws = live.largest_working_set(&g);
+        let most = pool.iter().map(|p| p.prediction.planned_peak_bytes).max().unwrap_or(0);
+        let budget = ((most as f64 * share) as u64).max(2 * ws + (64 << 10));
+        let plans: Vec<Vec<Plan>> = orders
+            .iter()
+            .map(|o| o.iter().map(|&k| pool[k].clone()).collect())
+            .collect();
+        let iterations = orders[0].len() + 1;
+        let dir = TempDir::new("switch");
+        let shared = switching(&g, plans, vec![config(iterations, budget, Some(dir.path())); 2], Duration::from_micros(floor_us));
+        let (want, _) = run(&g, &vanilla(&g), iterations, HostConfig::default(), None, Duration::ZERO).expect("runs");
+        let reports = trained_as(&g, &want, shared);
+        let held = sum_peak(&reports);
+        proptest::prop_assert!(held <= budget, "together {held} B over the {budget} B budget");
+    }
 }

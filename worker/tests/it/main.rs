@@ -47,6 +47,15 @@ pub(crate) fn mlp(batch: u64, width: u64, depth: usize, optimizer: Optimizer) ->
     b.finish(loss, optimizer).expect("valid")
 }
 
+/// Proptest cases for the fuzzers: `default` in CI, `TENSILE_FUZZ_CASES`
+/// for longer runs by hand.
+pub(crate) fn fuzz_cases(default: u32) -> u32 {
+    std::env::var("TENSILE_FUZZ_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 /// Op latencies for planning: a fixed cost plus one per byte touched.
 pub(crate) fn latencies(g: &Graph) -> Vec<u64> {
     g.ops()
