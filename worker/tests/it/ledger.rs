@@ -671,14 +671,15 @@ proptest::proptest! {
 
     /// Two workers on one ledger, each switching plans at every iteration
     /// boundary in its own random order (swapping across iterations,
-    /// within them, recomputing, vanilla), under a shared budget that
-    /// their peaks exceed together: both train exactly as alone, and
-    /// together they hold the budget.
+    /// within them, recomputing, vanilla), gated or not, under a shared
+    /// budget that their peaks exceed together: both train exactly as
+    /// alone, and together they hold the budget.
     #[test]
     fn two_workers_switching_plans_on_a_ledger_lose_nothing(
         orders in proptest::collection::vec(proptest::collection::vec(0usize..4, 5), 2),
         share in 1.2f64..1.8,
         floor_us in 50u64..400,
+        gated in proptest::prelude::any::<bool>(),
     ) {
         let _timing = crate::timing();
         let g = graph();
@@ -702,9 +703,24 @@ proptest::proptest! {
         let ws = live.largest_working_set(&g);
         let most = pool.iter().map(|p| p.prediction.planned_peak_bytes).max().unwrap_or(0);
         let budget = ((most as f64 * share) as u64).max(2 * ws + (64 << 10));
+        // Gated: the two interleave on a period of twice a mock iteration
+        // (each op takes at least the floor), half a period apart.
+        let period = 2 * g.ops().len() as u64 * floor_us * 1_000;
         let plans: Vec<Vec<Plan>> = orders
             .iter()
-            .map(|o| o.iter().map(|&k| pool[k].clone()).collect())
+            .enumerate()
+            .map(|(j, o)| {
+                o.iter()
+                    .map(|&k| Plan {
+                        gate: gated.then_some(tensile_planner::Gate {
+                            period_ns: period,
+                            phase_ns: j as u64 * period / 2,
+                            epoch_ns: 0,
+                        }),
+                        ..pool[k].clone()
+                    })
+                    .collect()
+            })
             .collect();
         let iterations = orders[0].len() + 1;
         let dir = TempDir::new("switch");
