@@ -90,6 +90,35 @@ fn plans(shared: &Shared, ids: &[u64]) -> Vec<(u64, u64)> {
         .collect()
 }
 
+/// The planning task on `shared`, every joint plan of which first sleeps
+/// `slow`: its command sender, its cancel token and its task.
+fn slow_planning(
+    shared: &Arc<Shared>,
+    config: PlannerConfig,
+    store: Option<Arc<crate::store::Store>>,
+    slow: Duration,
+) -> (
+    mpsc::Sender<Command>,
+    CancellationToken,
+    tokio::task::JoinHandle<()>,
+) {
+    let mut planner = Planner::new(
+        shared.clone(),
+        config,
+        0.3,
+        0.9,
+        Duration::from_secs(30),
+        store,
+        "test".into(),
+        Arc::new(Metrics::new()),
+    );
+    planner.slow_joint_plans = Some(slow);
+    let (tx, rx) = mpsc::channel(64);
+    let cancel = CancellationToken::new();
+    let task = tokio::spawn(planner.run(rx, cancel.clone()));
+    (tx, cancel, task)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_registered_during_a_slow_joint_plan_gets_a_fast_first_plan() {
     let g = mlp();
@@ -113,20 +142,7 @@ async fn a_job_registered_during_a_slow_joint_plan_gets_a_fast_first_plan() {
     let mut config = PlannerConfig::new(CopyModel::duplex(1e10, 1e10, 1_000));
     config.budget_bytes = Some(budget);
     let slow = Duration::from_millis(1500);
-    let mut planner = Planner::new(
-        shared.clone(),
-        config,
-        0.3,
-        0.9,
-        Duration::from_secs(30),
-        None,
-        "test".into(),
-        Arc::new(Metrics::new()),
-    );
-    planner.slow_joint_plans = Some(slow);
-    let (tx, rx) = mpsc::channel(64);
-    let cancel = CancellationToken::new();
-    let task = tokio::spawn(planner.run(rx, cancel.clone()));
+    let (tx, cancel, task) = slow_planning(&shared, config, None, slow);
 
     register(&shared, &tx, 1, &g).await;
     // Job 1's joint plan is now sleeping; job 2 arrives.
@@ -244,20 +260,8 @@ async fn a_report_sent_during_a_joint_plan_is_answered_after_it_and_kept() {
     let store = Arc::new(crate::store::Store::open(dir.path()).unwrap());
     let shared = Arc::new(Shared::new(u64::MAX));
     let slow = Duration::from_millis(800);
-    let mut planner = Planner::new(
-        shared.clone(),
-        PlannerConfig::new(CopyModel::duplex(1e10, 1e10, 1_000)),
-        0.3,
-        0.9,
-        Duration::from_secs(30),
-        Some(store.clone()),
-        "test".into(),
-        Arc::new(Metrics::new()),
-    );
-    planner.slow_joint_plans = Some(slow);
-    let (tx, rx) = mpsc::channel(64);
-    let cancel = CancellationToken::new();
-    let task = tokio::spawn(planner.run(rx, cancel.clone()));
+    let config = PlannerConfig::new(CopyModel::duplex(1e10, 1e10, 1_000));
+    let (tx, cancel, task) = slow_planning(&shared, config, Some(store.clone()), slow);
 
     let started = Instant::now();
     register(&shared, &tx, 1, &g).await;
