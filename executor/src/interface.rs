@@ -42,6 +42,10 @@ pub enum ExecError {
     #[error("op {op} ({name}) needs tensor {tensor} but the plan dropped it with no host copy")]
     Lost { op: u32, name: String, tensor: u32 },
     #[error(
+        "persistent tensor {tensor} has no data on the device or the host at the start of iteration {iteration}: it was freed with no host copy"
+    )]
+    LostPersistent { tensor: u32, iteration: usize },
+    #[error(
         "op {op} ({name}) needs {need} more bytes of device memory, beyond the {limit} bytes the job may hold, and nothing will free any"
     )]
     NoMemory {

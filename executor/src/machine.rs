@@ -716,7 +716,7 @@ impl<'g, C: CopyEngine> Executor<'g, C> {
                         Room::Wait(w) => return Ok(self.wait_for_room(w, now)),
                         Room::Full => return Ok(self.wait_for_memory(now)),
                     }
-                    self.begin_iteration(now);
+                    self.begin_iteration(now)?;
                 }
                 Phase::Before => {
                     if self.pc == self.graph.ops().len() {
@@ -893,7 +893,7 @@ impl<'g, C: CopyEngine> Executor<'g, C> {
         self.before_idx = 0;
     }
 
-    fn begin_iteration(&mut self, now: u64) {
+    fn begin_iteration(&mut self, now: u64) -> Result<(), ExecError> {
         let mut switched = false;
         if let Some(p) = self.next_plan.take() {
             switched = p.version != self.plan_version;
@@ -921,6 +921,18 @@ impl<'g, C: CopyEngine> Executor<'g, C> {
                 let copy = self.submit(s, Dir::ToHost, now);
                 self.slots[i].host = Host::Writing { copy, keep: false };
                 self.cur.passive_swaps += 1;
+            } else if st.persistent
+                && self.iteration > 0
+                && !slot.on_device()
+                && !slot.host_valid()
+                && slot.writing().is_none()
+            {
+                // Its values are nowhere: a fresh buffer would train on
+                // garbage.
+                return Err(ExecError::LostPersistent {
+                    tensor: st.root.0,
+                    iteration: self.iteration,
+                });
             } else if (st.persistent && !slot.on_device() && !slot.host_valid())
                 || (!st.persistent && st.born.is_none())
             {
@@ -943,6 +955,7 @@ impl<'g, C: CopyEngine> Executor<'g, C> {
             let e = self.schedule.at_start[i];
             self.fire(e, now);
         }
+        Ok(())
     }
 
     fn end_iteration(&mut self, now: u64) {

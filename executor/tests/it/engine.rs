@@ -2,7 +2,8 @@
 //! learns of a copy's end only once it has happened (as a copy thread or a
 //! CUDA stream does), and one whose copies fail. Whatever the engine, the
 //! executor finishes every iteration, loses no tensor, and never frees a
-//! storage while a copy of it is in flight.
+//! storage while a copy of it is in flight; a plan that does lose a
+//! parameter is an error, not a fresh buffer.
 
 use std::collections::HashMap;
 
@@ -213,4 +214,56 @@ fn a_release_after_a_failed_swap_out_keeps_the_only_copy() {
         let failed: usize = its.iter().map(|i| i.failed_copies).sum();
         assert!(failed > 0, "copies failed (every {k}th)");
     }
+}
+
+#[test]
+fn a_parameter_released_with_no_host_copy_is_an_error_at_the_next_iteration() {
+    // A plan that drops a parameter after its update, with no swap-out:
+    // the next iteration must not start on a fresh buffer of garbage.
+    let g = mlp(16, 64, 2, Optimizer::sgd());
+    let live = Liveness::analyze(&g);
+    let param = g
+        .tensors()
+        .iter()
+        .find(|t| t.kind == tensile_graph::TensorKind::Parameter)
+        .unwrap()
+        .id;
+    let last = g.ops().last().unwrap().id;
+    let mut events = tensile_planner::Event::releases_after_last_use(&live);
+    events.push(tensile_planner::Event {
+        trigger: tensile_planner::Trigger::After(last),
+        delay_ns: 0,
+        kind: tensile_planner::EventKind::Release,
+        tensor: param,
+    });
+    let p = Plan {
+        events,
+        ..Plan::default()
+    };
+    let lat = latencies(&g);
+    let copy = CopyModel::duplex(4e9, 4e9, 5_000);
+    let mut ex = Executor::new(&g, &live, &p, VirtualCopies::new(copy, 1.0), 3);
+    let mut now = 0u64;
+    let err = loop {
+        match ex.step(now) {
+            Ok(Next::Done) => panic!("ran to the end on a lost parameter"),
+            Ok(Next::Kernel { op }) => {
+                now += lat[op.index()];
+                ex.kernel_done(now);
+            }
+            Ok(Next::WaitUntil(t)) => now = now.max(t),
+            Ok(Next::IterationDone) => {}
+            Ok(other) => panic!("unexpected {other:?}"),
+            Err(e) => break e,
+        }
+    };
+    let storage = live.storage_of[param.index()];
+    assert_eq!(
+        err,
+        tensile_executor::ExecError::LostPersistent {
+            tensor: live.storages[storage.index()].root.0,
+            iteration: 1
+        },
+        "{err}"
+    );
 }
