@@ -528,6 +528,16 @@ impl<'g, C: CopyEngine> Executor<'g, C> {
         let s = self.live.storage_of[e.tensor.index()];
         match e.kind {
             EventKind::Release => {
+                // Ops that ran ahead of the plan can reach a release before
+                // the planned start of the swap-out it follows: start that
+                // swap-out now, or the release would drop the only copy.
+                let live = self.live;
+                let queued = self.queue.bring_forward(now, |q| {
+                    q.kind == EventKind::SwapOut && live.storage_of[q.tensor.index()] == s
+                });
+                if queued {
+                    self.run_queue(now);
+                }
                 let slot = self.slots[s.index()];
                 let last_use = matches!(e.trigger, Trigger::After(op)
                     if self.live.storages[s.index()].freed_after == Some(op));

@@ -267,3 +267,44 @@ fn a_parameter_released_with_no_host_copy_is_an_error_at_the_next_iteration() {
         "{err}"
     );
 }
+
+#[test]
+fn a_release_while_its_swap_out_is_still_queued_waits_for_the_copy() {
+    // Ops that run ahead of the plan reach a release before the planned
+    // start of the swap-out it follows (here: a swap-out delayed by 5 ms,
+    // released one op later). The release must not drop the only copy:
+    // the backward pass still reads the weight.
+    let g = mlp(16, 64, 2, Optimizer::sgd());
+    let live = Liveness::analyze(&g);
+    let w = g
+        .tensors()
+        .iter()
+        .find(|t| t.name == "fc1.weight")
+        .unwrap()
+        .id;
+    let first = g.ops().iter().find(|o| o.inputs.contains(&w)).unwrap().id;
+    let next = tensile_graph::OpId(first.0 + 1);
+    let mut events = tensile_planner::Event::releases_after_last_use(&live);
+    for (kind, op, delay_ns) in [
+        (tensile_planner::EventKind::SwapOut, first, 5_000_000),
+        (tensile_planner::EventKind::Release, next, 0),
+    ] {
+        events.push(tensile_planner::Event {
+            trigger: tensile_planner::Trigger::After(op),
+            delay_ns,
+            kind,
+            tensor: w,
+        });
+    }
+    let p = Plan {
+        events,
+        ..Plan::default()
+    };
+    let copy = CopyModel::duplex(4e9, 4e9, 5_000);
+    let its = run(&g, &live, &p, Opaque::new(copy, None));
+    assert_eq!(its.len(), 3);
+    assert!(
+        its.iter().all(|i| i.passive_swaps > 0),
+        "the weight was not fetched back: {its:?}"
+    );
+}
