@@ -83,16 +83,26 @@ impl<E> ExecutionQueue<E> {
 
     /// Moves the events that `pick` selects to fire no later than `now`
     /// (their order among themselves and their tie order are kept); says
-    /// whether any was picked.
+    /// whether any was picked. `pick` may be called twice per event.
     pub fn bring_forward(&mut self, now: u64, mut pick: impl FnMut(&E) -> bool) -> bool {
-        let mut any = false;
+        // Rebuilt only when a picked event must move: the executor asks at
+        // every release, and most find none.
+        let (mut any, mut later) = (false, false);
+        for Reverse(e) in &self.heap {
+            if pick(&e.event) {
+                any = true;
+                later |= e.at > now;
+            }
+        }
+        if !later {
+            return any;
+        }
         let entries: Vec<_> = std::mem::take(&mut self.heap).into_vec();
         self.heap = entries
             .into_iter()
             .map(|Reverse(mut e)| {
                 if pick(&e.event) {
                     e.at = e.at.min(now);
-                    any = true;
                 }
                 Reverse(e)
             })
