@@ -7,10 +7,14 @@
 
 use std::collections::HashMap;
 
-use tensile_executor::{CopyEngine, Effect, Executor, IterationStats, Next, VirtualCopies};
+use tensile_executor::{
+    CopyEngine, Effect, ExecError, Executor, IterationStats, Next, VirtualCopies,
+};
 use tensile_graph::builder::Optimizer;
-use tensile_graph::{Graph, Liveness, StorageId};
-use tensile_planner::{CopyModel, JobInput, JobSettings, Plan, PlannerConfig, plan};
+use tensile_graph::{Graph, Liveness, OpId, StorageId, TensorId, TensorKind};
+use tensile_planner::{
+    CopyModel, Event, EventKind, JobInput, JobSettings, Plan, PlannerConfig, Trigger, plan,
+};
 use tensile_swap_executor::{Copy, CopyError, CopyId, CopyStatus};
 
 use crate::{latencies, mlp};
@@ -102,6 +106,16 @@ impl CopyEngine for Opaque {
 /// Runs `iterations` of `g` under `plan` over `engine` with every op taking
 /// its latency; checks every free against the copies in flight.
 fn run(g: &Graph, live: &Liveness, plan: &Plan, engine: Opaque) -> Vec<IterationStats> {
+    try_run(g, live, plan, engine).expect("no tensor lost")
+}
+
+/// [`run`], or the executor's error.
+fn try_run(
+    g: &Graph,
+    live: &Liveness,
+    plan: &Plan,
+    engine: Opaque,
+) -> Result<Vec<IterationStats>, ExecError> {
     let lat = latencies(g);
     let mut ex = Executor::new(g, live, plan, engine, 3);
     let mut now = 0u64;
@@ -125,7 +139,7 @@ fn run(g: &Graph, live: &Liveness, plan: &Plan, engine: Opaque) -> Vec<Iteration
     };
     loop {
         let before = ex.engine().in_flight();
-        let next = ex.step(now).expect("no tensor lost");
+        let next = ex.step(now)?;
         check(&mut ex, &before);
         match next {
             Next::Kernel { op } => {
@@ -143,7 +157,22 @@ fn run(g: &Graph, live: &Liveness, plan: &Plan, engine: Opaque) -> Vec<Iteration
             Next::Done => break,
         }
     }
-    ex.iterations_done().to_vec()
+    Ok(ex.iterations_done().to_vec())
+}
+
+/// Frees after last use, and `extra`: (kind, after op, delay ns, tensor).
+fn vanilla_with(live: &Liveness, extra: &[(EventKind, OpId, u64, TensorId)]) -> Plan {
+    let mut events = Event::releases_after_last_use(live);
+    events.extend(extra.iter().map(|&(kind, op, delay_ns, tensor)| Event {
+        trigger: Trigger::After(op),
+        delay_ns,
+        kind,
+        tensor,
+    }));
+    Plan {
+        events,
+        ..Plan::default()
+    }
 }
 
 fn planned(g: &Graph, copy: CopyModel) -> Plan {
@@ -225,42 +254,18 @@ fn a_parameter_released_with_no_host_copy_is_an_error_at_the_next_iteration() {
     let param = g
         .tensors()
         .iter()
-        .find(|t| t.kind == tensile_graph::TensorKind::Parameter)
+        .find(|t| t.kind == TensorKind::Parameter)
         .unwrap()
         .id;
     let last = g.ops().last().unwrap().id;
-    let mut events = tensile_planner::Event::releases_after_last_use(&live);
-    events.push(tensile_planner::Event {
-        trigger: tensile_planner::Trigger::After(last),
-        delay_ns: 0,
-        kind: tensile_planner::EventKind::Release,
-        tensor: param,
-    });
-    let p = Plan {
-        events,
-        ..Plan::default()
-    };
-    let lat = latencies(&g);
+    let p = vanilla_with(&live, &[(EventKind::Release, last, 0, param)]);
     let copy = CopyModel::duplex(4e9, 4e9, 5_000);
-    let mut ex = Executor::new(&g, &live, &p, VirtualCopies::new(copy, 1.0), 3);
-    let mut now = 0u64;
-    let err = loop {
-        match ex.step(now) {
-            Ok(Next::Done) => panic!("ran to the end on a lost parameter"),
-            Ok(Next::Kernel { op }) => {
-                now += lat[op.index()];
-                ex.kernel_done(now);
-            }
-            Ok(Next::WaitUntil(t)) => now = now.max(t),
-            Ok(Next::IterationDone) => {}
-            Ok(other) => panic!("unexpected {other:?}"),
-            Err(e) => break e,
-        }
-    };
+    let err = try_run(&g, &live, &p, Opaque::new(copy, None))
+        .expect_err("ran to the end on a lost parameter");
     let storage = live.storage_of[param.index()];
     assert_eq!(
         err,
-        tensile_executor::ExecError::LostPersistent {
+        ExecError::LostPersistent {
             tensor: live.storages[storage.index()].root.0,
             iteration: 1
         },
@@ -283,23 +288,14 @@ fn a_release_while_its_swap_out_is_still_queued_waits_for_the_copy() {
         .unwrap()
         .id;
     let first = g.ops().iter().find(|o| o.inputs.contains(&w)).unwrap().id;
-    let next = tensile_graph::OpId(first.0 + 1);
-    let mut events = tensile_planner::Event::releases_after_last_use(&live);
-    for (kind, op, delay_ns) in [
-        (tensile_planner::EventKind::SwapOut, first, 5_000_000),
-        (tensile_planner::EventKind::Release, next, 0),
-    ] {
-        events.push(tensile_planner::Event {
-            trigger: tensile_planner::Trigger::After(op),
-            delay_ns,
-            kind,
-            tensor: w,
-        });
-    }
-    let p = Plan {
-        events,
-        ..Plan::default()
-    };
+    let next = OpId(first.0 + 1);
+    let p = vanilla_with(
+        &live,
+        &[
+            (EventKind::SwapOut, first, 5_000_000, w),
+            (EventKind::Release, next, 0, w),
+        ],
+    );
     let copy = CopyModel::duplex(4e9, 4e9, 5_000);
     let its = run(&g, &live, &p, Opaque::new(copy, None));
     assert_eq!(its.len(), 3);
