@@ -93,6 +93,32 @@ pub(crate) fn vanilla(g: &Graph) -> Plan {
     tensile_worker::vanilla_plan(&Liveness::analyze(g))
 }
 
+/// Plans of `g` that keep storage in different places: across-iteration
+/// swaps, swaps within the iteration only, recomputation only, a slow
+/// link's, and vanilla; each carries its own version (2 to 6), for tests
+/// that switch among them.
+pub(crate) fn plan_pool(g: &Graph) -> Vec<Plan> {
+    let only = |swap, recompute, across_iteration| JobSettings {
+        swap,
+        recompute,
+        across_iteration,
+        ..JobSettings::default()
+    };
+    let fast = CopyModel::duplex(4e9, 4e9, 5_000);
+    let slow = CopyModel::duplex(1e9, 1e9, 50_000);
+    let mut pool = vec![
+        planned(g, latencies(g), fast, JobSettings::default(), 0.3),
+        planned(g, latencies(g), fast, only(true, false, false), 0.5),
+        planned(g, latencies(g), fast, only(false, true, false), 0.6),
+        planned(g, latencies(g), slow, JobSettings::default(), 0.4),
+        vanilla(g),
+    ];
+    for (k, p) in pool.iter_mut().enumerate() {
+        p.version = k as u64 + 2;
+    }
+    pool
+}
+
 /// The persistent values after a run, and its reports.
 pub(crate) type Outcome = (Vec<(TensorId, Tensor)>, Vec<IterationReport>);
 
