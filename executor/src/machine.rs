@@ -817,6 +817,10 @@ impl<'g, C: CopyEngine> Executor<'g, C> {
             let slot = &mut self.slots[s.index()];
             slot.host = Host::None;
             slot.out_failed = false;
+            // A release still waiting (for a copy, or for a prefetch that
+            // kept the buffer) was for the value this op replaces: the new
+            // value has no other copy.
+            slot.release_pending = false;
             slot.device = Device::Ready { since: now };
         }
         self.start_kernel(now);

@@ -304,3 +304,46 @@ fn a_release_while_its_swap_out_is_still_queued_waits_for_the_copy() {
         "the weight was not fetched back: {its:?}"
     );
 }
+
+#[test]
+fn a_parameter_written_while_a_release_waits_for_its_swap_out_is_kept() {
+    // A parameter is copied out, released while that copy runs (the release
+    // waits for it) and prefetched again (so the buffer stays). The
+    // optimizer then waits for the copy and updates the parameter in place:
+    // the release still waiting was for the old value and must not free the
+    // new one, of which no copy exists anywhere.
+    let g = mlp(16, 64, 2, Optimizer::sgd());
+    let live = Liveness::analyze(&g);
+    let w = g
+        .tensors()
+        .iter()
+        .find(|t| t.name == "fc1.weight")
+        .unwrap()
+        .id;
+    let storage = live.storage_of[w.index()];
+    let update = g
+        .ops()
+        .iter()
+        .rev()
+        .find(|o| {
+            o.outputs
+                .iter()
+                .any(|t| live.storage_of[t.index()] == storage)
+        })
+        .unwrap()
+        .id;
+    let (out, release) = (OpId(update.0 - 2), OpId(update.0 - 1));
+    let p = vanilla_with(
+        &live,
+        &[
+            (EventKind::SwapOut, out, 0, w),
+            (EventKind::Release, release, 0, w),
+            (EventKind::SwapIn, release, 0, w),
+        ],
+    );
+    // A link slow enough that the copy outlasts the two ops before the
+    // update.
+    let copy = CopyModel::duplex(4e7, 4e7, 5_000);
+    let its = run(&g, &live, &p, Opaque::new(copy, None));
+    assert_eq!(its.len(), 3);
+}
