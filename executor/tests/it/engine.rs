@@ -175,6 +175,11 @@ fn vanilla_with(live: &Liveness, extra: &[(EventKind, OpId, u64, TensorId)]) -> 
     }
 }
 
+/// The tensor of `g` called `name`.
+fn named(g: &Graph, name: &str) -> TensorId {
+    g.tensors().iter().find(|t| t.name == name).unwrap().id
+}
+
 fn planned(g: &Graph, copy: CopyModel) -> Plan {
     let input = JobInput::new(g, latencies(g), JobSettings::default());
     plan(&[input], &PlannerConfig::new(copy))
@@ -281,12 +286,7 @@ fn a_release_while_its_swap_out_is_still_queued_waits_for_the_copy() {
     // the backward pass still reads the weight.
     let g = mlp(16, 64, 2, Optimizer::sgd());
     let live = Liveness::analyze(&g);
-    let w = g
-        .tensors()
-        .iter()
-        .find(|t| t.name == "fc1.weight")
-        .unwrap()
-        .id;
+    let w = named(&g, "fc1.weight");
     let first = g.ops().iter().find(|o| o.inputs.contains(&w)).unwrap().id;
     let next = OpId(first.0 + 1);
     let p = vanilla_with(
@@ -314,12 +314,7 @@ fn a_parameter_written_while_a_release_waits_for_its_swap_out_is_kept() {
     // new one, of which no copy exists anywhere.
     let g = mlp(16, 64, 2, Optimizer::sgd());
     let live = Liveness::analyze(&g);
-    let w = g
-        .tensors()
-        .iter()
-        .find(|t| t.name == "fc1.weight")
-        .unwrap()
-        .id;
+    let w = named(&g, "fc1.weight");
     let storage = live.storage_of[w.index()];
     let update = g
         .ops()

@@ -257,19 +257,17 @@ impl Switching {
         }
     }
 
-    /// Runs the plans of `order`, one per iteration, under a memory limit
-    /// of `slack` times the largest predicted peak that the guard holds,
-    /// with kernels of at least `floor_us` and copies delayed by `delay_us`
-    /// or failing every `fail`-th: training must end bit-identical to
-    /// vanilla's.
-    fn check(
-        &self,
-        order: &[usize],
-        slack: f64,
-        delay_us: u64,
-        fail: Option<u64>,
-        floor_us: u64,
-    ) -> Result<(), TestCaseError> {
+    /// Runs the plans of `case.order`, one per iteration, under a memory
+    /// limit the guard holds, with slow kernels and copies that are slow or
+    /// fail: training must end bit-identical to vanilla's.
+    fn check(&self, case: &Case) -> Result<(), TestCaseError> {
+        let Case {
+            order,
+            slack,
+            delay_us,
+            fail,
+            floor_us,
+        } = case;
         // Its copy threads and slow kernels load the machine: not beside
         // the tests that measure timing.
         let _timing = crate::timing();
@@ -285,15 +283,15 @@ impl Switching {
             iterations: order.len() + 1,
             memory_budget_bytes: Some((most as f64 * slack) as u64),
             host: HostConfig {
-                fault_delay: Duration::from_micros(delay_us),
-                fail_every: fail,
+                fault_delay: Duration::from_micros(*delay_us),
+                fail_every: *fail,
                 ..HostConfig::default()
             },
             engine: tensile_worker::Engine::Host,
             guard: true,
             ledger: None,
         };
-        let kernels = crate::mock::Mock::new(g, Duration::from_micros(floor_us));
+        let kernels = crate::mock::Mock::new(g, Duration::from_micros(*floor_us));
         let first = &self.pool[order[0]];
         let mut w =
             Worker::new(g, &live, first, kernels, crate::mock::initial(g), config).expect("worker");
@@ -317,17 +315,50 @@ fn mlp_switching() -> &'static Switching {
     S.get_or_init(|| Switching::new(graph()))
 }
 
-/// ResNet-50 at 32 x 32: many small parameters of equal size (the host
-/// engine reuses freed buffers by size), batch norms, SGD with momentum.
-fn resnet_switching() -> &'static Switching {
+/// ResNet-50 at 32 x 32 (many small parameters of equal size, which the
+/// host engine's reuse of freed buffers by size mixes up if anything does,
+/// batch norms, Adam), or the zoo model `TENSILE_FUZZ_MODEL` names, for
+/// runs by hand, at its smallest resolution from 32 up.
+fn zoo_switching() -> &'static Switching {
     static S: OnceLock<Switching> = OnceLock::new();
     S.get_or_init(|| {
+        let name = std::env::var("TENSILE_FUZZ_MODEL").unwrap_or_else(|_| "resnet50".into());
+        let model = zoo::model(&name).expect("TENSILE_FUZZ_MODEL names a zoo model");
         let config = ZooConfig {
-            resolution: Some(32),
+            resolution: Some(model.min_resolution.max(32)),
             ..ZooConfig::new(2)
         };
-        Switching::new(zoo::build("resnet50", &config).expect("zoo"))
+        Switching::new(model.build(&config).expect("zoo"))
     })
+}
+
+/// One case of the plan-switch fuzzers: the pool's plans in the order run,
+/// the limit as a multiple of the largest predicted peak, each copy's delay,
+/// every how many copies one fails, and the kernels' least time.
+#[derive(Debug, Clone)]
+struct Case {
+    order: Vec<usize>,
+    slack: f64,
+    delay_us: u64,
+    fail: Option<u64>,
+    floor_us: u64,
+}
+
+fn cases() -> impl Strategy<Value = Case> {
+    (
+        prop::collection::vec(0usize..5, SWITCHES),
+        1.0f64..1.3,
+        0u64..300,
+        prop::option::of(5u64..40),
+        0u64..100,
+    )
+        .prop_map(|(order, slack, delay_us, fail, floor_us)| Case {
+            order,
+            slack,
+            delay_us,
+            fail,
+            floor_us,
+        })
 }
 
 proptest! {
@@ -338,31 +369,19 @@ proptest! {
     /// kernels and copies that are slow or fail: training ends
     /// bit-identical to vanilla's.
     #[test]
-    fn random_plan_switches_under_a_guarded_limit_lose_nothing(
-        order in prop::collection::vec(0usize..5, SWITCHES),
-        slack in 1.0f64..1.3,
-        delay_us in 0u64..300,
-        fail in prop::option::of(5u64..40),
-        floor_us in 0u64..100,
-    ) {
-        mlp_switching().check(&order, slack, delay_us, fail, floor_us)?;
+    fn random_plan_switches_under_a_guarded_limit_lose_nothing(case in cases()) {
+        mlp_switching().check(&case)?;
     }
 }
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: crate::fuzz_cases(3), ..ProptestConfig::default() })]
 
-    /// The same on ResNet-50. It found an updated parameter freed by a
-    /// release that had waited for its swap-out (a lost parameter at the
-    /// next iteration, in about half the runs of its first failing case).
+    /// The same on ResNet-50 (or `TENSILE_FUZZ_MODEL`). It found an
+    /// updated parameter freed by a release that had waited for its
+    /// swap-out (a lost parameter at the next iteration).
     #[test]
-    fn random_plan_switches_of_a_resnet_lose_nothing(
-        order in prop::collection::vec(0usize..5, SWITCHES),
-        slack in 1.0f64..1.3,
-        delay_us in 0u64..300,
-        fail in prop::option::of(5u64..40),
-        floor_us in 0u64..100,
-    ) {
-        resnet_switching().check(&order, slack, delay_us, fail, floor_us)?;
+    fn random_plan_switches_of_a_zoo_model_lose_nothing(case in cases()) {
+        zoo_switching().check(&case)?;
     }
 }
