@@ -674,7 +674,8 @@ proptest::proptest! {
     /// across iterations, within them, recomputing, a slow link's,
     /// vanilla), gated or not, under a shared
     /// budget that their peaks exceed together: both train exactly as
-    /// alone, and together they hold the budget.
+    /// alone, and together they hold the budget. By hand,
+    /// `TENSILE_FUZZ_MODEL` runs it on a zoo model instead of the MLP.
     #[test]
     fn two_workers_switching_plans_on_a_ledger_lose_nothing(
         orders in proptest::collection::vec(proptest::collection::vec(0usize..5, 5), 2),
@@ -683,7 +684,7 @@ proptest::proptest! {
         gated in proptest::prelude::any::<bool>(),
     ) {
         let _timing = crate::timing();
-        let g = graph();
+        let g = crate::fuzz_model(None).unwrap_or_else(graph);
         let live = Liveness::analyze(&g);
         let pool = crate::plan_pool(&g);
         let ws = live.largest_working_set(&g);

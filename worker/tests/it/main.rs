@@ -21,6 +21,7 @@ pub(crate) use common::{Outcome, mlp, planned, run, vanilla};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use tch::Tensor;
+use tensile_graph::zoo::{self, ZooConfig};
 use tensile_graph::{Graph, TensorId};
 use tensile_planner::{CopyModel, JobSettings, Plan};
 
@@ -38,6 +39,21 @@ pub(crate) fn fuzz_cases(default: u32) -> u32 {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
+}
+
+/// The zoo model that `TENSILE_FUZZ_MODEL` names, or else `default`, at
+/// batch 2 and its smallest resolution from 32 up, for fuzzers run by hand
+/// on other graphs; `None` when neither names one.
+pub(crate) fn fuzz_model(default: Option<&str>) -> Option<Graph> {
+    let name = std::env::var("TENSILE_FUZZ_MODEL")
+        .ok()
+        .or(default.map(String::from))?;
+    let model = zoo::model(&name).expect("TENSILE_FUZZ_MODEL names a zoo model");
+    let config = ZooConfig {
+        resolution: Some(model.min_resolution.max(32)),
+        ..ZooConfig::new(2)
+    };
+    Some(model.build(&config).expect("zoo"))
 }
 
 /// Op latencies for planning: a fixed cost plus one per byte touched.

@@ -317,19 +317,10 @@ fn mlp_switching() -> &'static Switching {
 
 /// ResNet-50 at 32 x 32 (many small parameters of equal size, which the
 /// host engine's reuse of freed buffers by size mixes up if anything does,
-/// batch norms, Adam), or the zoo model `TENSILE_FUZZ_MODEL` names, for
-/// runs by hand, at its smallest resolution from 32 up.
+/// batch norms, Adam), or the zoo model `TENSILE_FUZZ_MODEL` names.
 fn zoo_switching() -> &'static Switching {
     static S: OnceLock<Switching> = OnceLock::new();
-    S.get_or_init(|| {
-        let name = std::env::var("TENSILE_FUZZ_MODEL").unwrap_or_else(|_| "resnet50".into());
-        let model = zoo::model(&name).expect("TENSILE_FUZZ_MODEL names a zoo model");
-        let config = ZooConfig {
-            resolution: Some(model.min_resolution.max(32)),
-            ..ZooConfig::new(2)
-        };
-        Switching::new(model.build(&config).expect("zoo"))
-    })
+    S.get_or_init(|| Switching::new(crate::fuzz_model(Some("resnet50")).expect("a zoo model")))
 }
 
 /// One case of the plan-switch fuzzers: the pool's plans in the order run,
