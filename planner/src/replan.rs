@@ -492,12 +492,13 @@ impl Replanner {
 
     /// Whether a coordinated job's re-plan is due: only once it has overrun
     /// its gate's period by more than 3% [`OVERRUNS`] iterations in a row. Its
-    /// estimates then grow by what it overran, by [`DRIFT_STEP`] at most. An op's measured time says
-    /// little here: while jobs share the GPU an op runs faster when the
-    /// others wait (at a gate, for memory, for their pace), so measurements
-    /// understate what ops take beside each other, and a plan made from
-    /// them would put the job behind its pace. A job that keeps its pace
-    /// keeps its plan (its phase, its copies): a re-plan moves every job.
+    /// estimates then grow by what it overran, by [`DRIFT_STEP`] at most. An
+    /// op's measured time says little here: while jobs share the GPU an op
+    /// runs faster when the others wait (at a gate, for memory, for their
+    /// pace), so measurements understate what ops take beside each other,
+    /// and a plan made from them would put the job behind its pace. A job
+    /// that keeps its pace keeps its plan (its phase, its copies): a re-plan
+    /// moves every job.
     fn keep_pace(&mut self, id: JobId, m: &Measurements) -> Option<ReplanReason> {
         let enabled = self.enabled;
         let job = self.jobs.get_mut(&id)?;
