@@ -3,9 +3,9 @@
 #![allow(clippy::unwrap_used)]
 
 use tensile_executor::sim::{FixedPlans, SimConfig, SimJob, simulate};
-use tensile_graph::builder::{Builder, Optimizer};
+use tensile_graph::builder::Optimizer;
 use tensile_graph::zoo::{self, ZooConfig};
-use tensile_graph::{DType, Graph, Liveness};
+use tensile_graph::{Graph, Liveness};
 use tensile_planner::{CopyModel, JobInput, JobSettings, PlannerConfig, plan};
 
 mod budget;
@@ -130,17 +130,7 @@ pub(crate) fn check_with(graphs: &[Graph], lat: &[Vec<u64>], budget: Option<u64>
 /// activations: the tiny model of the snapshot, eviction, option and
 /// budget tests.
 pub(crate) fn mlp(batch: u64, width: u64, depth: usize, optimizer: Optimizer) -> Graph {
-    let mut b = Builder::new("mlp");
-    let x = b.input("x", vec![batch, width], DType::F32);
-    let y = b.input("y", vec![batch], DType::I64);
-    let mut h = x;
-    for i in 1..=depth {
-        h = b.linear(&format!("fc{i}"), h, width, false);
-        h = b.relu(&format!("act{i}"), h);
-    }
-    let logits = b.linear("head", h, 10, false);
-    let loss = b.cross_entropy("loss", logits, y);
-    b.finish(loss, optimizer).expect("valid")
+    tensile_graph::builder::mlp(batch, width, depth, false, optimizer).expect("valid")
 }
 
 fn zoo_graph(name: &str, batch: u64) -> Graph {

@@ -59,6 +59,30 @@ pub fn ints<I: IntoIterator<Item = u64>>(v: I) -> AttrValue {
     AttrValue::Ints(v.into_iter().map(|x| x as i64).collect())
 }
 
+/// A small MLP training iteration: a `batch` x `width` input, `depth`
+/// hidden linear layers of `width` (with a bias or not) each followed by a
+/// ReLU, a 10-class head and a cross-entropy loss. The tiny model of many
+/// tests: its ops run in microseconds on a CPU.
+pub fn mlp(
+    batch: u64,
+    width: u64,
+    depth: usize,
+    bias: bool,
+    optimizer: Optimizer,
+) -> Result<Graph, GraphError> {
+    let mut b = Builder::new("mlp");
+    let x = b.input("x", vec![batch, width], DType::F32);
+    let y = b.input("y", vec![batch], DType::I64);
+    let mut h = x;
+    for i in 1..=depth {
+        h = b.linear(&format!("fc{i}"), h, width, bias);
+        h = b.relu(&format!("act{i}"), h);
+    }
+    let logits = b.linear("head", h, 10, false);
+    let loss = b.cross_entropy("loss", logits, y);
+    b.finish(loss, optimizer)
+}
+
 impl Builder {
     pub fn new(name: impl Into<String>) -> Builder {
         Builder {

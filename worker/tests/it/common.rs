@@ -5,27 +5,17 @@
 use std::time::Duration;
 
 use tch::Tensor;
-use tensile_graph::builder::{Builder, Optimizer};
-use tensile_graph::{DType, Graph, Liveness, TensorId};
+use tensile_graph::builder::Optimizer;
+use tensile_graph::{Graph, Liveness, TensorId};
 use tensile_planner::{CopyModel, JobInput, JobSettings, Plan, PlannerConfig, plan};
 use tensile_swap_executor::HostConfig;
 use tensile_worker::{IterationReport, Worker, WorkerConfig, WorkerError};
 
 use crate::mock;
 
-/// A small MLP training iteration.
+/// A small MLP training iteration (linear layers with biases).
 pub(crate) fn mlp(batch: u64, width: u64, depth: usize, optimizer: Optimizer) -> Graph {
-    let mut b = Builder::new("mlp");
-    let x = b.input("x", vec![batch, width], DType::F32);
-    let y = b.input("y", vec![batch], DType::I64);
-    let mut h = x;
-    for i in 1..=depth {
-        h = b.linear(&format!("fc{i}"), h, width, true);
-        h = b.relu(&format!("act{i}"), h);
-    }
-    let logits = b.linear("head", h, 10, false);
-    let loss = b.cross_entropy("loss", logits, y);
-    b.finish(loss, optimizer).expect("valid")
+    tensile_graph::builder::mlp(batch, width, depth, true, optimizer).expect("valid")
 }
 
 /// A plan for `g` alone under `budget` (a fraction of its vanilla peak).
