@@ -684,10 +684,16 @@ proptest::proptest! {
         gated in proptest::prelude::any::<bool>(),
     ) {
         let _timing = crate::timing();
-        let g = crate::fuzz_model(None).unwrap_or_else(graph);
-        let live = Liveness::analyze(&g);
-        let pool = crate::plan_pool(&g);
-        let ws = live.largest_working_set(&g);
+        // The graph and its plans, made once for all cases (planning a zoo
+        // model takes seconds).
+        static POOL: std::sync::OnceLock<(Graph, Vec<Plan>)> = std::sync::OnceLock::new();
+        let (g, pool) = POOL.get_or_init(|| {
+            let g = crate::fuzz_model(None).unwrap_or_else(graph);
+            let pool = crate::plan_pool(&g);
+            (g, pool)
+        });
+        let live = Liveness::analyze(g);
+        let ws = live.largest_working_set(g);
         let most = pool.iter().map(|p| p.prediction.planned_peak_bytes).max().unwrap_or(0);
         let budget = ((most as f64 * share) as u64).max(2 * ws + (64 << 10));
         // Gated: the two interleave on a period of twice a mock iteration
@@ -711,9 +717,9 @@ proptest::proptest! {
             .collect();
         let iterations = orders[0].len() + 1;
         let dir = TempDir::new("switch");
-        let shared = switching(&g, plans, vec![config(iterations, budget, Some(dir.path())); 2], Duration::from_micros(floor_us));
-        let (want, _) = run(&g, &vanilla(&g), iterations, HostConfig::default(), None, Duration::ZERO).expect("runs");
-        let reports = trained_as(&g, &want, shared);
+        let shared = switching(g, plans, vec![config(iterations, budget, Some(dir.path())); 2], Duration::from_micros(floor_us));
+        let (want, _) = run(g, &vanilla(g), iterations, HostConfig::default(), None, Duration::ZERO).expect("runs");
+        let reports = trained_as(g, &want, shared);
         let held = sum_peak(&reports);
         proptest::prop_assert!(held <= budget, "together {held} B over the {budget} B budget");
     }

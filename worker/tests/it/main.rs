@@ -25,8 +25,9 @@ use tensile_graph::zoo::{self, ZooConfig};
 use tensile_graph::{Graph, TensorId};
 use tensile_planner::{CopyModel, JobSettings, Plan};
 
-/// Tests whose figures depend on timing (gates, several workers at once) hold this while they run, so
-/// that on a small machine they do not run beside each other.
+/// Tests whose figures depend on timing (gates, several workers at once)
+/// hold this while they run, so that on a small machine they do not run
+/// beside each other.
 pub(crate) fn timing() -> MutexGuard<'static, ()> {
     static LOCK: Mutex<()> = Mutex::new(());
     LOCK.lock().unwrap_or_else(PoisonError::into_inner)
