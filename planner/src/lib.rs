@@ -87,6 +87,14 @@ pub struct JobInput<'g> {
     /// The gate the job runs with now, if any: coordinated planning keeps
     /// the jobs' phases unless new ones are clearly better.
     pub gate: Option<Gate>,
+    /// The job ran free under the budget and its executor's guard had to
+    /// evict to hold the budget: the free plans' sum of peaks did not hold
+    /// on the run (the jobs' copies, sharing the link at moments no plan
+    /// chose, came later than each plan's share of it promised). A
+    /// coordinated plan is then taken whenever one fits.
+    pub free_missed: bool,
+    /// The job runs free now: it has run iterations on a free plan.
+    pub runs_free: bool,
 }
 
 impl<'g> JobInput<'g> {
@@ -97,6 +105,8 @@ impl<'g> JobInput<'g> {
             settings,
             prefetch_lead_ns: BTreeMap::new(),
             gate: None,
+            free_missed: false,
+            runs_free: false,
         }
     }
 }
@@ -178,8 +188,15 @@ pub fn plan(jobs: &[JobInput<'_>], config: &PlannerConfig) -> Result<MultiPlan, 
     }) else {
         return Ok(free);
     };
-    let free_fits = free.sum_of_peaks_bytes <= budget;
-    if free_fits && time_cost(&free) == 0.0 && !gated_now {
+    // A free plan the run has already contradicted does not fit, whatever
+    // it predicts.
+    let free_fits = free.sum_of_peaks_bytes <= budget && !jobs.iter().any(|j| j.free_missed);
+    // Jobs that run free stay free while a free plan fits and the runs
+    // have not contradicted it: a switch to gates costs every job a
+    // realignment, and while the jobs take their phases the link carries
+    // the copies of both plans at once.
+    let free_now = jobs.iter().all(|j| j.runs_free);
+    if free_fits && (time_cost(&free) == 0.0 || free_now) && !gated_now {
         return Ok(free);
     }
     let gated = plan_with(jobs, &lives, config, true, started, deadline);

@@ -70,6 +70,8 @@ pub enum ReplanReason {
     Drift,
     /// A planned prefetch arrived later than the plan accepts.
     LatePrefetch,
+    /// The job ran free under a budget and the guard evicted to hold it.
+    FreeMissed,
 }
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -147,6 +149,11 @@ struct ReplanJob {
     underruns: usize,
     /// Its iterations late beyond the plan since the last on time.
     late: LateStreak,
+    /// It ran free under the budget and the guard evicted
+    /// ([`JobInput::free_missed`]); cleared when the jobs change.
+    free_missed: bool,
+    /// Its current plan is a free one.
+    runs_free: bool,
 }
 
 /// A job's iterations late beyond its plan since the last on time. A
@@ -334,17 +341,28 @@ impl Replanner {
                 underruns: 0,
                 last_iteration_ns: 0,
                 late: LateStreak::default(),
+                free_missed: false,
+                runs_free: false,
             },
         );
-        self.due = Due::Needed;
+        self.jobs_changed();
         Ok(())
     }
 
     /// Removes a job; the others are re-planned when the caller next plans.
     pub fn remove_job(&mut self, id: JobId) -> Result<Arc<Graph>, ReplanError> {
         let job = self.jobs.remove(&id).ok_or(ReplanError::UnknownJob(id))?;
-        self.due = Due::Needed;
+        self.jobs_changed();
         Ok(job.graph)
+    }
+
+    /// Another mix of jobs: a new plan is needed, and whether free plans
+    /// hold for it is not known yet.
+    fn jobs_changed(&mut self) {
+        self.due = Due::Needed;
+        for j in self.jobs.values_mut() {
+            j.free_missed = false;
+        }
     }
 
     /// The jobs, in planning order.
@@ -396,6 +414,7 @@ impl Replanner {
     ) -> Result<Option<ReplanReason>, ReplanError> {
         let weight = self.weight;
         let threshold = self.threshold;
+        let budget = self.config.budget_bytes.is_some() && self.config.coordinate;
         let job = self.jobs.get_mut(&id).ok_or(ReplanError::UnknownJob(id))?;
         let ops = job.graph.ops().len();
         if m.op_ns.len() != ops {
@@ -460,6 +479,12 @@ impl Replanner {
             job.underruns = 0;
             job.overruns = 0;
         }
+        // A free job the guard had to evict for: the free plans did not
+        // hold, and the next plan gates the jobs if it can.
+        let missed = job.gate.is_none()
+            && budget
+            && !m.evictions.is_empty()
+            && !std::mem::replace(&mut job.free_missed, true);
         job.fold(&m.op_ns, weight);
         let now: f64 = job.estimates.iter().sum();
         let base = job.at_plan.max(1.0);
@@ -485,6 +510,8 @@ impl Replanner {
             Some(ReplanReason::Drift)
         } else if late {
             Some(ReplanReason::LatePrefetch)
+        } else if missed {
+            Some(ReplanReason::FreeMissed)
         } else {
             None
         })
@@ -573,6 +600,8 @@ impl Replanner {
             .map(|j| JobInput {
                 prefetch_lead_ns: j.leads.clone(),
                 gate: j.gate,
+                free_missed: j.free_missed,
+                runs_free: j.runs_free,
                 ..JobInput::new(
                     &j.graph,
                     j.estimates.iter().map(|&x| x.round() as u64).collect(),
@@ -603,6 +632,7 @@ impl Replanner {
             j.at_plan = j.estimates.iter().sum();
             j.last_iteration_ns = 0;
             j.gate = p.gate;
+            j.runs_free = p.gate.is_none();
             j.planned_late.clear();
             for w in &p.prediction.waits {
                 for &t in &j.graph.op(w.op).inputs {

@@ -306,6 +306,7 @@ impl Planner {
                         ReplanReason::FirstMeasurements => "first_measurements",
                         ReplanReason::Drift => "drift",
                         ReplanReason::LatePrefetch => "late_prefetch",
+                        ReplanReason::FreeMissed => "free_missed",
                     });
                 }
                 (

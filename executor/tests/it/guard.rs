@@ -13,8 +13,11 @@ use proptest::prelude::*;
 use tensile_executor::sim::{FixedPlans, SimConfig, SimJob, simulate};
 use tensile_graph::builder::Optimizer;
 use tensile_graph::zoo::{self, ZooConfig};
-use tensile_graph::{Graph, Liveness};
-use tensile_planner::{CopyModel, JobInput, JobSettings, MultiPlan, Plan, Replanner, plan};
+use tensile_graph::{Graph, Liveness, OpId, TensorId};
+use tensile_planner::{
+    CopyModel, JobId, JobInput, JobSettings, Measurements, MultiPlan, Plan, ReplanReason,
+    Replanner, plan,
+};
 
 use crate::latencies;
 
@@ -313,4 +316,125 @@ fn gated_jobs_stay_gated_when_their_latencies_drift_apart() {
     assert!(kept.cycle_ns > 0, "re-planned free: {:?}", kept.diagnostics);
     let free = replan(false);
     assert_eq!(free.cycle_ns, 0);
+}
+
+/// The planner's choice for three copies at `budget`, as jobs that run free
+/// now (`runs_free`) and whose runs did or did not contradict their free
+/// plans (`free_missed`) would get it.
+fn choice(
+    graphs: &[Graph],
+    lat: &[u64],
+    copy: CopyModel,
+    budget: u64,
+    runs_free: bool,
+    missed: bool,
+) -> MultiPlan {
+    let settings = JobSettings {
+        base_bytes: BASE,
+        ..JobSettings::default()
+    };
+    let mut cfg = tensile_planner::PlannerConfig::new(copy);
+    cfg.budget_bytes = Some(budget);
+    cfg.coordinate = true;
+    let inputs: Vec<JobInput<'_>> = graphs
+        .iter()
+        .map(|g| JobInput {
+            runs_free,
+            free_missed: missed,
+            ..JobInput::new(g, lat.to_vec(), settings)
+        })
+        .collect();
+    plan(&inputs, &cfg).unwrap()
+}
+
+/// Jobs that run free keep running free while a free plan fits, even where
+/// the planner would gate the same jobs starting afresh (a switch costs
+/// every job a realignment, and during it both plans' copies share the
+/// link), and take the gates once a run contradicted the free plan (the
+/// guard evicted for it).
+#[test]
+fn jobs_that_run_free_stay_free_until_a_run_contradicts_their_plan() {
+    let graphs: Vec<Graph> = (0..3).map(|_| model(0, 3)).collect();
+    let lat = latencies(&graphs[0]);
+    let floor: u64 = graphs.iter().map(lower_bound).sum();
+    let top: u64 = graphs.iter().map(vanilla_peak).sum();
+    let copy = CopyModel::duplex(32e9, 32e9, 5_000);
+    // Budgets at which fresh jobs are gated although a free plan fits,
+    // since the free plan costs more time.
+    for sixteenths in [13, 14] {
+        let budget = floor + (top - floor) * sixteenths / 16;
+        let free = plan_all(&graphs, &vec![lat.clone(); 3], copy, budget, false);
+        assert!(
+            free.sum_of_peaks_bytes <= budget,
+            "budget {budget}: no free plan fits"
+        );
+        let fresh = choice(&graphs, &lat, copy, budget, false, false);
+        assert!(fresh.cycle_ns > 0, "budget {budget}: fresh jobs run free");
+        let staying = choice(&graphs, &lat, copy, budget, true, false);
+        assert_eq!(
+            staying.cycle_ns, 0,
+            "budget {budget}: jobs running free were gated"
+        );
+        assert!(staying.sum_of_peaks_bytes <= budget);
+        let missed = choice(&graphs, &lat, copy, budget, true, true);
+        assert!(
+            missed.cycle_ns > 0,
+            "budget {budget}: a missed free plan was kept"
+        );
+        assert!(missed.aligned_peak_bytes <= budget);
+    }
+}
+
+/// A free job whose guard evicted to hold the budget asks for a re-plan
+/// (`FreeMissed`), and the re-plan gates the jobs; iterations that kept
+/// their plan ask for nothing.
+#[test]
+fn a_free_run_the_guard_evicted_for_is_replanned_gated() {
+    let graphs: Vec<Graph> = (0..3).map(|_| model(0, 3)).collect();
+    let lat = latencies(&graphs[0]);
+    let floor: u64 = graphs.iter().map(lower_bound).sum();
+    let top: u64 = graphs.iter().map(vanilla_peak).sum();
+    // Free plans fit it at no cost in time.
+    let budget = top - (top - floor) / 64;
+    let mut cfg = tensile_planner::PlannerConfig::new(CopyModel::duplex(32e9, 32e9, 5_000));
+    cfg.budget_bytes = Some(budget);
+    cfg.coordinate = true;
+    let mut replanner = Replanner::new(cfg);
+    let settings = JobSettings {
+        base_bytes: BASE,
+        ..JobSettings::default()
+    };
+    for (j, g) in graphs.iter().enumerate() {
+        replanner
+            .add_job(JobId(j as u64), g.clone().into(), &lat, settings)
+            .unwrap();
+    }
+    let first = replanner.plan_all().unwrap();
+    assert_eq!(first.cycle_ns, 0, "the first plan is gated");
+    let kept = Measurements {
+        op_ns: lat.clone(),
+        iteration_ns: lat.iter().sum(),
+        ..Measurements::default()
+    };
+    for j in 0..3 {
+        let reason = replanner.observe(JobId(j), &kept).unwrap();
+        assert_eq!(reason, Some(ReplanReason::FirstMeasurements));
+    }
+    let second = replanner.plan_due().unwrap().unwrap();
+    assert_eq!(
+        second.cycle_ns, 0,
+        "measurements as predicted gated the jobs"
+    );
+    assert_eq!(replanner.observe(JobId(1), &kept).unwrap(), None);
+    let evicted = Measurements {
+        evictions: vec![(TensorId(0), OpId(0))],
+        ..kept.clone()
+    };
+    let reason = replanner.observe(JobId(1), &evicted).unwrap();
+    assert_eq!(reason, Some(ReplanReason::FreeMissed));
+    let third = replanner.plan_due().unwrap().unwrap();
+    assert!(third.cycle_ns > 0, "the jobs still run free");
+    assert!(third.aligned_peak_bytes <= budget);
+    // Once is enough: it does not ask again for the same jobs.
+    assert_eq!(replanner.observe(JobId(2), &kept).unwrap(), None);
 }
