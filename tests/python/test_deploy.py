@@ -467,7 +467,7 @@ def test_the_systemd_unit_verifies_and_serves_the_taskprolog_directory(tmp_path)
     fake.chmod(0o755)
     copy = tmp_path / "tensile-scheduler.service"
     copy.write_text(re.sub(r"/usr/local/bin/[\w-]+", str(fake), unit))
-    out = subprocess.run([analyze, "verify", str(copy)], capture_output=True, text=True, timeout=60)
+    out = subprocess.run([analyze, "verify", "--man=no", str(copy)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout + out.stderr == "", out.stdout + out.stderr
 
 
