@@ -159,6 +159,30 @@ proptest! {
     }
 }
 
+/// A re-planner coordinating `graphs` under `budget`, job `j` registered
+/// with the latencies `believed[j]`.
+fn coordinated_replanner(
+    graphs: &[Graph],
+    believed: &[Vec<u64>],
+    copy: CopyModel,
+    budget: u64,
+) -> Replanner {
+    let mut cfg = tensile_planner::PlannerConfig::new(copy);
+    cfg.budget_bytes = Some(budget);
+    cfg.coordinate = true;
+    let mut replanner = Replanner::new(cfg);
+    let settings = JobSettings {
+        base_bytes: BASE,
+        ..JobSettings::default()
+    };
+    for (j, g) in graphs.iter().enumerate() {
+        replanner
+            .add_job(JobId(j as u64), g.clone().into(), &believed[j], settings)
+            .unwrap();
+    }
+    replanner
+}
+
 /// The same with the re-planner in the loop: plans replaced between
 /// iterations (gates moved, persistent storage moved) never take the run
 /// over the budget either.
@@ -175,25 +199,10 @@ fn replanned_coordinated_jobs_stay_within_the_budget() {
     let top: u64 = graphs.iter().map(vanilla_peak).sum();
     let budget = (floor + top) / 2;
     let copy = CopyModel::duplex(4e9, 4e9, 5_000);
-    let mut cfg = tensile_planner::PlannerConfig::new(copy);
-    cfg.budget_bytes = Some(budget);
-    cfg.coordinate = true;
-    let mut replanner = Replanner::new(cfg);
-    let settings = JobSettings {
-        base_bytes: BASE,
-        ..JobSettings::default()
-    };
-    for (j, g) in graphs.iter().enumerate() {
-        let believed = skew(&truth[j], 99 + j as u64);
-        replanner
-            .add_job(
-                tensile_planner::JobId(j as u64),
-                g.clone().into(),
-                &believed,
-                settings,
-            )
-            .unwrap();
-    }
+    let believed: Vec<Vec<u64>> = (0..graphs.len())
+        .map(|j| skew(&truth[j], 99 + j as u64))
+        .collect();
+    let mut replanner = coordinated_replanner(&graphs, &believed, copy, budget);
     let first = replanner.plan_all().unwrap();
     let jobs = sim_jobs(&graphs, &lives, first.plans, &truth);
     let config = SimConfig {
@@ -396,19 +405,8 @@ fn a_free_run_the_guard_evicted_for_is_replanned_gated() {
     let top: u64 = graphs.iter().map(vanilla_peak).sum();
     // Free plans fit it at no cost in time.
     let budget = top - (top - floor) / 64;
-    let mut cfg = tensile_planner::PlannerConfig::new(CopyModel::duplex(32e9, 32e9, 5_000));
-    cfg.budget_bytes = Some(budget);
-    cfg.coordinate = true;
-    let mut replanner = Replanner::new(cfg);
-    let settings = JobSettings {
-        base_bytes: BASE,
-        ..JobSettings::default()
-    };
-    for (j, g) in graphs.iter().enumerate() {
-        replanner
-            .add_job(JobId(j as u64), g.clone().into(), &lat, settings)
-            .unwrap();
-    }
+    let copy = CopyModel::duplex(32e9, 32e9, 5_000);
+    let mut replanner = coordinated_replanner(&graphs, &vec![lat.clone(); 3], copy, budget);
     let first = replanner.plan_all().unwrap();
     assert_eq!(first.cycle_ns, 0, "the first plan is gated");
     let kept = Measurements {
