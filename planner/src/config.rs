@@ -118,6 +118,12 @@ pub struct PlannerConfig {
     /// saving once under it (the rest is headroom for a run that differs
     /// from its plan).
     pub coordinated_margin: f64,
+    /// Coordinated jobs that swaps alone leave over the budget are planned
+    /// again recomputing first, then swapping around the recomputations
+    /// (see `search_coordinated`), and the lower plan is kept. Off by
+    /// default: it plans several times longer, and its plans run worse
+    /// than the free ones on fast links (docs/benchmarks.md).
+    pub recompute_first: bool,
 }
 
 impl PlannerConfig {
@@ -135,6 +141,7 @@ impl PlannerConfig {
             pace_pad: 0.03,
             coordinated_link: 0.95,
             coordinated_margin: 0.03,
+            recompute_first: false,
         }
     }
 }

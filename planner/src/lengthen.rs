@@ -78,14 +78,96 @@ impl<'g> Lengthen<'_, 'g> {
         let mut trial = self.fresh.to_vec();
         next.install(&mut trial);
         let mut tried = MultiPlan::default();
-        let cap = search(
+        let cap = search_coordinated(
             &mut trial,
+            self.fresh,
             self.config,
-            Some(&next),
+            &next,
             self.limits,
             self.deadline,
             &mut tried,
         );
         (trial, next, cap, tried)
     }
+}
+
+/// How many times [`search_coordinated`] tries recomputing more first.
+const RECOMPUTE_FIRST_TRIES: usize = 4;
+
+/// [`search`] for coordinated jobs: swaps alone first (they add no time);
+/// with `recompute_first`, when those leave the jobs over the budget, the jobs are planned again
+/// from `fresh`, recomputing first what the swaps fell short by, then
+/// swapping around the recomputations, and the lowest is kept; while that
+/// is still over the budget, the recomputations' share grows by what it
+/// fell short by. On a link the coordinated jobs' swaps fill, a
+/// recomputation inserted after the swaps moves their copies into one
+/// another's and is refused; inserted first, the swaps are placed around
+/// it.
+pub(crate) fn search_coordinated<'g>(
+    state: &mut Vec<Job<'g>>,
+    fresh: &[Job<'g>],
+    config: &PlannerConfig,
+    coord: &Coord,
+    limits: &[u64],
+    deadline: Deadline,
+    out: &mut MultiPlan,
+) -> bool {
+    let mut capped = search(state, config, Some(coord), limits, deadline, out);
+    let Some(budget) = config.budget_bytes.filter(|_| config.recompute_first) else {
+        return capped;
+    };
+    let mut best = global_peak(state, Some(coord));
+    let mut short = 0;
+    let mut installed = fresh.to_vec();
+    coord.install(&mut installed);
+    let start = global_peak(&installed, Some(coord));
+    let mut last = best;
+    for _ in 0..RECOMPUTE_FIRST_TRIES {
+        if last <= budget || deadline.past() {
+            break;
+        }
+        // Recomputation takes what the last plan fell short by, on top of
+        // what it took then.
+        short += last - budget;
+        let mut trial = installed.clone();
+        let swap: Vec<bool> = trial.iter().map(|j| j.settings.swap).collect();
+        for j in trial.iter_mut() {
+            j.settings.swap = false;
+        }
+        let first = PlannerConfig {
+            budget_bytes: Some(start.saturating_sub(short)),
+            stop_at_budget: true,
+            ..*config
+        };
+        let mut tried = MultiPlan::default();
+        search(
+            &mut trial,
+            &first,
+            Some(coord),
+            limits,
+            deadline,
+            &mut tried,
+        );
+        for (j, s) in trial.iter_mut().zip(swap) {
+            j.settings.swap = s;
+        }
+        coord.refresh_foreign(&mut trial);
+        let cap = search(
+            &mut trial,
+            config,
+            Some(coord),
+            limits,
+            deadline,
+            &mut tried,
+        );
+        last = global_peak(&trial, Some(coord));
+        if last < best {
+            best = last;
+            *state = trial;
+            out.diagnostics = tried.diagnostics;
+            out.rounds += tried.rounds;
+            capped = cap;
+        }
+    }
+    capped
 }

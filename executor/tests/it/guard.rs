@@ -436,3 +436,73 @@ fn a_free_run_the_guard_evicted_for_is_replanned_gated() {
     // Once is enough: it does not ask again for the same jobs.
     assert_eq!(replanner.observe(JobId(2), &kept).unwrap(), None);
 }
+
+/// Recomputing first (`recompute_first`): on a link that the coordinated
+/// jobs' swaps fill, a recomputation added after the swaps moves their
+/// copies into the other jobs' and is refused, so swaps alone fit only on
+/// a longer cycle; recomputing first, the swaps are placed around the
+/// recomputations and the jobs fit on a shorter one. Run from latencies
+/// that err, the plan holds the budget too.
+#[test]
+fn recomputing_first_fits_coordinated_jobs_on_a_shorter_cycle() {
+    let graphs: Vec<Graph> = (0..3).map(|_| model(0, 3)).collect();
+    let lives: Vec<Liveness> = graphs.iter().map(Liveness::analyze).collect();
+    let lat = latencies(&graphs[0]);
+    let floor: u64 = graphs.iter().map(lower_bound).sum();
+    let top: u64 = graphs.iter().map(vanilla_peak).sum();
+    let budget = floor + (top - floor) * 12 / 16;
+    let copy = CopyModel::duplex(32e9, 32e9, 5_000);
+    let settings = JobSettings {
+        base_bytes: BASE,
+        ..JobSettings::default()
+    };
+    // Jobs that run gated now: the planner keeps them gated.
+    let gate = tensile_planner::Gate {
+        period_ns: 1,
+        phase_ns: 0,
+        epoch_ns: 0,
+    };
+    let inputs: Vec<JobInput<'_>> = graphs
+        .iter()
+        .map(|g| JobInput {
+            gate: Some(gate),
+            ..JobInput::new(g, lat.clone(), settings)
+        })
+        .collect();
+    let at = |recompute_first: bool| {
+        let mut cfg = tensile_planner::PlannerConfig::new(copy);
+        cfg.budget_bytes = Some(budget);
+        cfg.coordinate = true;
+        cfg.recompute_first = recompute_first;
+        plan(&inputs, &cfg).unwrap()
+    };
+    let recomputed =
+        |mp: &MultiPlan| -> usize { mp.plans.iter().map(|p| p.prediction.recomputed_ops).sum() };
+    let swaps = at(false);
+    let first = at(true);
+    assert!(swaps.cycle_ns > 0 && first.cycle_ns > 0);
+    assert!(swaps.aligned_peak_bytes <= budget && first.aligned_peak_bytes <= budget);
+    assert!(
+        first.cycle_ns < swaps.cycle_ns,
+        "recomputing first: cycle {} ns, swaps alone {} ns",
+        first.cycle_ns,
+        swaps.cycle_ns
+    );
+    assert!(recomputed(&first) > recomputed(&swaps));
+    let truth: Vec<Vec<u64>> = (0..3).map(|j| skew(&lat, 7 + j)).collect();
+    let jobs = sim_jobs(&graphs, &lives, first.plans, &truth);
+    let config = SimConfig {
+        sharing_slowdown: 0.9,
+        base_bytes: BASE,
+        budget_bytes: Some(budget),
+        shared_link: true,
+        ..SimConfig::new(4, copy)
+    };
+    let r = simulate(jobs, &config, &mut FixedPlans);
+    assert!(r.peak_bytes <= budget, "{} over {budget}", r.peak_bytes);
+    assert!(
+        r.jobs
+            .iter()
+            .all(|j| j.error.is_none() && j.iterations.len() == 4)
+    );
+}
