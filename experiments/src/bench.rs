@@ -147,6 +147,7 @@ pub fn run_bench(
         starts: Vec::new(),
         cold_start: ColdStart::Auto,
         coordinate: true,
+        recompute_first: false,
     };
     let work = config.workloads();
     let pool = rayon::ThreadPoolBuilder::new()

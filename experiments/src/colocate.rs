@@ -75,6 +75,8 @@ pub struct ColocateConfig {
     /// Iterations left out of the steady-state EOR.
     pub warmup: usize,
     pub threads: usize,
+    /// Ours plans with `PlannerConfig::recompute_first`.
+    pub recompute_first: bool,
 }
 
 impl ColocateConfig {
@@ -229,7 +231,7 @@ fn graphs(case: &ColocateCase, batch: u64) -> Result<Vec<Graph>, ExperimentError
     Ok(vec![g; case.copies])
 }
 
-fn options(iterations: usize, seed: u64, budget: Option<u64>) -> SimOptions {
+fn options(iterations: usize, seed: u64, budget: Option<u64>, recompute_first: bool) -> SimOptions {
     SimOptions {
         iterations,
         seed,
@@ -241,6 +243,7 @@ fn options(iterations: usize, seed: u64, budget: Option<u64>) -> SimOptions {
         starts: Vec::new(),
         cold_start: ColdStart::Roofline,
         coordinate: true,
+        recompute_first,
     }
 }
 
@@ -259,7 +262,7 @@ fn one_copy_peak(case: &ColocateCase, device: &DeviceProfile) -> Result<u64, Exp
         &lives,
         Policy::Vanilla,
         device,
-        &options(1, 1, None),
+        &options(1, 1, None, false),
         None,
     )?;
     Ok(run.result.peak_bytes)
@@ -282,7 +285,7 @@ fn run_row(
         &lives,
         Policy::Vanilla,
         device,
-        &options(n, seed, None),
+        &options(n, seed, None, false),
         None,
     )?;
     let ours = run_policy(
@@ -290,7 +293,7 @@ fn run_row(
         &lives,
         Policy::Tensile,
         device,
-        &options(n, seed, Some(budget)),
+        &options(n, seed, Some(budget), config.recompute_first),
         None,
     );
     let bound = bound_peak(&graphs, device, seed, ours.as_ref().ok());

@@ -42,6 +42,9 @@ pub struct SimOptions {
     /// each), copies on one common time line over the whole link, the
     /// budget on the aligned sum (`PlannerConfig::coordinate`).
     pub coordinate: bool,
+    /// Ours plans coordinated jobs that swaps alone leave over the budget
+    /// again recomputing first (`PlannerConfig::recompute_first`).
+    pub recompute_first: bool,
 }
 
 /// What one policy did on one workload.
@@ -117,6 +120,7 @@ pub fn run_policy(
     let mut cfg = planner_config(profile, opts.budget_bytes, opts.stop_at_budget);
     let ours = policy == Policy::Tensile;
     cfg.coordinate = ours && opts.coordinate && graphs.len() >= 2;
+    cfg.recompute_first = opts.recompute_first;
 
     let truth: Vec<Vec<u64>> = graphs
         .iter()

@@ -191,6 +191,11 @@ pub(crate) struct BenchColocateArgs {
     /// Runs in parallel on at most this many threads.
     #[arg(long, default_value_t = 2)]
     pub(crate) jobs: usize,
+    /// Plan coordinated jobs that swaps alone leave over the budget again,
+    /// recomputing first and swapping around the recomputations, and keep
+    /// the lower plan (several times the planning time; off by default).
+    #[arg(long)]
+    pub(crate) recompute_first: bool,
     /// Print JSON.
     #[arg(long)]
     pub(crate) json: bool,
@@ -441,6 +446,11 @@ pub(crate) struct SimArgs {
     /// gating their iterations so that their memory curves interleave.
     #[arg(long)]
     pub(crate) no_gates: bool,
+    /// Plan coordinated jobs that swaps alone leave over the budget again,
+    /// recomputing first and swapping around the recomputations, and keep
+    /// the lower plan (several times the planning time; off by default).
+    #[arg(long)]
+    pub(crate) recompute_first: bool,
     /// Print JSON.
     #[arg(long)]
     pub(crate) json: bool,

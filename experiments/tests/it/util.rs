@@ -27,6 +27,7 @@ pub(crate) fn options(iterations: usize) -> SimOptions {
         starts: Vec::new(),
         cold_start: ColdStart::Auto,
         coordinate: true,
+        recompute_first: false,
     }
 }
 
