@@ -95,6 +95,12 @@ pub struct Args {
     /// iterations jitter by more (a loaded CPU) wants more.
     #[arg(long, env = "TENSILE_GATE_SLACK")]
     pub gate_slack: Option<f64>,
+    /// Gated jobs that swaps alone leave over the budget are planned again
+    /// recomputing first, then swapping around the recomputations, and the
+    /// lower plan is kept: a shorter cycle where the link is full, at
+    /// several times the planning time (bounded by --plan-cap-s).
+    #[arg(long, env = "TENSILE_RECOMPUTE_FIRST")]
+    pub recompute_first: bool,
     /// A TOML file with any of the settings above (snake_case keys, e.g.
     /// `budget_mb = 20000`, `gpus = "0,1"` or `gpus = [0, 1]`,
     /// `listen = ["127.0.0.1:50051"]`).
@@ -122,6 +128,7 @@ pub struct FileConfig {
     pub shutdown_s: Option<f64>,
     pub no_gates: Option<bool>,
     pub gate_slack: Option<f64>,
+    pub recompute_first: Option<bool>,
 }
 
 /// `gpus` in the TOML file: `"all"`, `"0,1"` or `[0, 1]`.
@@ -326,6 +333,7 @@ impl Args {
             config.shutdown_deadline = seconds("shutdown-s", s)?;
         }
         config.gates = !(self.no_gates || file.no_gates.unwrap_or(false));
+        config.recompute_first = self.recompute_first || file.recompute_first.unwrap_or(false);
         if let Some(s) = self.gate_slack.or(file.gate_slack) {
             if !(s.is_finite() && (0.0..=1.0).contains(&s)) {
                 return Err(format!("--gate-slack must be in 0..=1, got {s}"));
@@ -419,7 +427,7 @@ mod tests {
         let file = dir.path().join("s.toml");
         std::fs::write(
             &file,
-            "budget_mb = 1000\nlease_s = 3.0\nlisten = [\"127.0.0.1:0\"]\nstate = \"none\"\ndevice = \"h100\"\n",
+            "budget_mb = 1000\nlease_s = 3.0\nlisten = [\"127.0.0.1:0\"]\nstate = \"none\"\ndevice = \"h100\"\nrecompute_first = true\n",
         )
         .unwrap();
         let args = Args {
@@ -431,6 +439,8 @@ mod tests {
         assert_eq!(r.config.budget_bytes, 2_000_000_000);
         assert_eq!(r.config.lease, Duration::from_secs(3));
         assert_eq!(r.config.device.name, "h100");
+        assert!(r.config.recompute_first);
+        assert!(!Args::default().resolve().unwrap().config.recompute_first);
         assert_eq!(r.config.state_dir, None);
         assert_eq!(
             r.serve,

@@ -90,6 +90,9 @@ pub struct Config {
     /// period is (`PlannerConfig::gate_slack`): room for iterations that
     /// run a little long before a job falls off its phase.
     pub gate_slack: f64,
+    /// Gated jobs are planned recomputing first too
+    /// (`PlannerConfig::recompute_first`).
+    pub recompute_first: bool,
 }
 
 impl Config {
@@ -110,6 +113,7 @@ impl Config {
             shutdown_deadline: Duration::from_secs(5),
             metrics_listen: None,
             gates: true,
+            recompute_first: false,
             gate_slack: 0.005,
         }
     }

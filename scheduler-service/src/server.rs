@@ -338,6 +338,7 @@ async fn start_domain(
     pc.budget_bytes = Some(config.budget_bytes);
     pc.coordinate = config.gates;
     pc.gate_slack = config.gate_slack;
+    pc.recompute_first = config.recompute_first;
     let planner = Planner::new(
         shared.clone(),
         pc,
