@@ -80,7 +80,6 @@ impl<'g> Lengthen<'_, 'g> {
         let mut tried = MultiPlan::default();
         let cap = search_coordinated(
             &mut trial,
-            self.fresh,
             self.config,
             &next,
             self.limits,
@@ -94,32 +93,31 @@ impl<'g> Lengthen<'_, 'g> {
 /// How many times [`search_coordinated`] tries recomputing more first.
 const RECOMPUTE_FIRST_TRIES: usize = 4;
 
-/// [`search`] for coordinated jobs: swaps alone first (they add no time);
-/// with `recompute_first`, when those leave the jobs over the budget, the jobs are planned again
-/// from `fresh`, recomputing first what the swaps fell short by, then
-/// swapping around the recomputations, and the lowest is kept; while that
-/// is still over the budget, the recomputations' share grows by what it
-/// fell short by. On a link the coordinated jobs' swaps fill, a
-/// recomputation inserted after the swaps moves their copies into one
-/// another's and is refused; inserted first, the swaps are placed around
-/// it.
-pub(crate) fn search_coordinated<'g>(
-    state: &mut Vec<Job<'g>>,
-    fresh: &[Job<'g>],
+/// [`search`] for coordinated jobs, `state` installed at `coord` and not
+/// yet planned: swaps alone first (they add no time); with
+/// `recompute_first`, when those leave the jobs over the budget, the jobs
+/// are planned again from `state` as it came, recomputing first what the
+/// swaps fell short by, then swapping around the recomputations, and the
+/// lowest is kept; while that is still over the budget, the
+/// recomputations' share grows by what it fell short by. On a link the
+/// coordinated jobs' swaps fill, a recomputation inserted after the swaps
+/// moves their copies into one another's and is refused; inserted first,
+/// the swaps are placed around it.
+pub(crate) fn search_coordinated(
+    state: &mut Vec<Job<'_>>,
     config: &PlannerConfig,
     coord: &Coord,
     limits: &[u64],
     deadline: Deadline,
     out: &mut MultiPlan,
 ) -> bool {
+    let installed = config.recompute_first.then(|| state.clone());
     let mut capped = search(state, config, Some(coord), limits, deadline, out);
-    let Some(budget) = config.budget_bytes.filter(|_| config.recompute_first) else {
+    let (Some(budget), Some(installed)) = (config.budget_bytes, installed) else {
         return capped;
     };
     let mut best = global_peak(state, Some(coord));
     let mut short = 0;
-    let mut installed = fresh.to_vec();
-    coord.install(&mut installed);
     let start = global_peak(&installed, Some(coord));
     let mut last = best;
     for _ in 0..RECOMPUTE_FIRST_TRIES {

@@ -299,18 +299,9 @@ fn plan_with(
         None
     };
     out.profile.setup = started.elapsed();
-    let mut capped = match (&coord, &fresh) {
-        (Some(c), Some(fresh)) => {
-            lengthen::search_coordinated(&mut state, fresh, config, c, &limits, deadline, &mut out)
-        }
-        _ => search(
-            &mut state,
-            config,
-            coord.as_ref(),
-            &limits,
-            deadline,
-            &mut out,
-        ),
+    let mut capped = match &coord {
+        Some(c) => lengthen::search_coordinated(&mut state, config, c, &limits, deadline, &mut out),
+        None => search(&mut state, config, None, &limits, deadline, &mut out),
     };
     if let (Some(c), Some(fresh), Some(budget)) = (&mut coord, &fresh, config.budget_bytes) {
         let at = Lengthen {
