@@ -296,8 +296,17 @@ fn emit(
                 ),
             )]
         }
-        GradFn::View { x } => {
+        GradFn::View { x, grad_copies } => {
             let shape = b.shape(*x).to_vec();
+            let g = if *grad_copies {
+                let name = format!("{bw}.clone");
+                let c = b.grad_like(name.clone(), g);
+                let a = attrs([("memory_format", AttrValue::Str("contiguous".into()))]);
+                b.op(&name, "aten::clone", vec![g], vec![c], a, vec![]);
+                c
+            } else {
+                g
+            };
             vec![(
                 *x,
                 b.grad_view(

@@ -48,9 +48,12 @@ pub(crate) enum GradFn {
         x: TensorId,
         count: u64,
     },
-    /// A view with another shape: the gradient is viewed back.
+    /// A view with another shape: the gradient is viewed back, copied
+    /// first when `grad_copies` (autograd reshapes it, and the gradient
+    /// that arrives has strides no view can merge).
     View {
         x: TensorId,
+        grad_copies: bool,
     },
     /// A permutation of dims: the gradient is permuted back.
     Permute {
@@ -153,7 +156,7 @@ impl GradFn {
             | AvgPool { x, .. }
             | AdaptiveAvgPool { x }
             | Mean { x, .. }
-            | View { x }
+            | View { x, .. }
             | Permute { x, .. }
             | Scale { x, .. }
             | Dropout { x, .. }
@@ -511,6 +514,24 @@ impl Builder {
 
     /// A view with a new shape (`view`, `flatten`, `reshape` of a contiguous tensor).
     pub fn view(&mut self, name: &str, x: TensorId, shape: Vec<u64>) -> TensorId {
+        self.view_with(name, x, shape, false)
+    }
+
+    /// A view whose backward copies: autograd's `grad.reshape(sizes)` on a
+    /// gradient that arrives permuted, so that no view of it has `x`'s
+    /// shape (ATen's batched `matmul` ends with such a view, and attention
+    /// permutes what comes out of it).
+    pub fn view_grad_copies(&mut self, name: &str, x: TensorId, shape: Vec<u64>) -> TensorId {
+        self.view_with(name, x, shape, true)
+    }
+
+    fn view_with(
+        &mut self,
+        name: &str,
+        x: TensorId,
+        shape: Vec<u64>,
+        grad_copies: bool,
+    ) -> TensorId {
         let numel = |s: &[u64]| s.iter().product::<u64>();
         if numel(&shape) != numel(self.shape(x)) {
             self.fail(
@@ -521,7 +542,7 @@ impl Builder {
         let a = attrs([("size", ints(shape.clone()))]);
         let out = self.view_as(name, "aten::view", x, shape, a);
         let op = self.producer_of_last();
-        self.record(op, GradFn::View { x });
+        self.record(op, GradFn::View { x, grad_copies });
         out
     }
 

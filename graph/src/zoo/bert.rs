@@ -148,7 +148,13 @@ fn self_attention(b: &mut Builder, name: &str, x: TensorId, mask: TensorId) -> T
     let heads = |b: &mut Builder, proj: &str| {
         let p = format!("{name}.{proj}");
         let y = b.linear(&p, x, HIDDEN, true);
-        let y = b.view(&format!("{p}.view"), y, vec![batch, seq, HEADS, HEAD_DIM]);
+        // Its gradient arrives permuted back: autograd's reshape copies it.
+        let shape = vec![batch, seq, HEADS, HEAD_DIM];
+        let y = if split_copies {
+            b.view_grad_copies(&format!("{p}.view"), y, shape)
+        } else {
+            b.view(&format!("{p}.view"), y, shape)
+        };
         b.permute(&format!("{p}.transpose"), y, vec![0, 2, 1, 3])
     };
     let q = heads(b, "query");
@@ -161,6 +167,7 @@ fn self_attention(b: &mut Builder, name: &str, x: TensorId, mask: TensorId) -> T
         &format!("{name}.matmul_qk"),
         (q, split_copies),
         (kt, split_copies),
+        false,
     );
     let scores = b.scale(&format!("{name}.scaling"), scores, SCALING);
     let scores = b.add(&format!("{name}.add_mask"), scores, mask);
@@ -171,6 +178,7 @@ fn self_attention(b: &mut Builder, name: &str, x: TensorId, mask: TensorId) -> T
         &format!("{name}.matmul_pv"),
         (probs, false),
         (v, split_copies),
+        split_copies,
     );
 
     let context = b.permute(&format!("{name}.transpose_out"), context, vec![0, 2, 1, 3]);
@@ -189,12 +197,15 @@ fn self_attention(b: &mut Builder, name: &str, x: TensorId, mask: TensorId) -> T
 /// `torch.matmul` of two 4-D tensors `[B, H, n, k]` and `[B, H, k, m]` as
 /// ATen's batched path runs it: each operand reshaped to 3-D (copied first
 /// when its flag says its strides forbid a view), `bmm`, and the product
-/// viewed back to `[B, H, n, m]`.
+/// viewed back to `[B, H, n, m]`. `grad_copies`: the product's gradient
+/// arrives permuted (attention transposes the product), so the backward of
+/// that last view copies it before viewing it as 3-D.
 fn matmul(
     b: &mut Builder,
     name: &str,
     (a, a_copies): (TensorId, bool),
     (c, c_copies): (TensorId, bool),
+    grad_copies: bool,
 ) -> TensorId {
     let to_3d = |b: &mut Builder, operand: &str, t: TensorId, copies: bool| {
         let s = b.shape(t).to_vec();
@@ -213,11 +224,12 @@ fn matmul(
     let a3 = to_3d(b, "mat1", a, a_copies);
     let c3 = to_3d(b, "mat2", c, c_copies);
     let out = b.bmm(name, a3, c3);
-    b.view(
-        &format!("{name}.view"),
-        out,
-        vec![sa[0], sa[1], sa[2], sc[3]],
-    )
+    let shape = vec![sa[0], sa[1], sa[2], sc[3]];
+    if grad_copies {
+        b.view_grad_copies(&format!("{name}.view"), out, shape)
+    } else {
+        b.view(&format!("{name}.view"), out, shape)
+    }
 }
 
 /// `BertPooler`: the first token's hidden state, dense, tanh.
