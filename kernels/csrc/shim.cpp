@@ -382,4 +382,13 @@ int tk_device_memory(int32_t device_type, int32_t index, int32_t reset, int64_t*
   return 1;
 }
 
+// cuDNN's deterministic algorithms on (or off): with them, and with its
+// autotuner off, the same kernels on the same device give bit-identical
+// results run to run (without them, a convolution's backward may sum in any
+// order).
+void tk_set_deterministic_cudnn(int32_t on) {
+  at::globalContext().setDeterministicCuDNN(on != 0);
+  at::globalContext().setBenchmarkCuDNN(false);
+}
+
 }  // extern "C"

@@ -46,6 +46,14 @@ unsafe extern "C" {
         out: *mut i64,
         err: *mut *mut c_char,
     ) -> i32;
+    fn tk_set_deterministic_cudnn(on: i32);
+}
+
+/// cuDNN's deterministic algorithms on or off (its autotuner off).
+pub(crate) fn set_deterministic_cudnn(on: bool) {
+    // SAFETY: the shim sets two flags of ATen's global context; it takes no
+    // pointers and throws nothing.
+    unsafe { tk_set_deterministic_cudnn(i32::from(on)) }
 }
 
 /// The caching allocator's `[allocated now, allocated peak, reserved now,

@@ -93,6 +93,14 @@ pub fn cuda_memory(index: usize, reset_peak: bool) -> Result<DeviceMemory, Kerne
     })
 }
 
+/// cuDNN's deterministic algorithms on or off, its autotuner off (as
+/// `torch.backends.cudnn.deterministic = True; benchmark = False`): the
+/// same kernels on the same GPU then give bit-identical results run to run,
+/// which numeric tests that compare runs need. No effect without cuDNN.
+pub fn set_deterministic_cudnn(on: bool) {
+    ffi::set_deterministic_cudnn(on);
+}
+
 /// Writes `src` into the memory of `dst`, a contiguous CPU tensor of
 /// exactly `src.len()` bytes, without allocating: for copy engines that
 /// refill buffers they reuse (a fresh allocation of tens of MB page-faults

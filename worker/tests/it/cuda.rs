@@ -52,11 +52,14 @@ fn settle(e: &mut CudaCopies<Flat>, epoch: Instant, id: CopyId) -> CopyStatus {
     }
 }
 
+/// The pinned host copy of `s`, rebuilt as the payload it came from (on
+/// the device) and brought to the CPU, to compare with CPU tensors.
 fn host_bytes(e: &CudaCopies<Flat>, s: u32) -> Tensor {
     e.host_payload(StorageId(s))
         .expect("a host copy")
         .expect("rebuilt")
         .0
+        .to_device(Device::Cpu)
 }
 
 #[test]
