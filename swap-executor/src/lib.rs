@@ -27,12 +27,14 @@
 
 #[allow(unsafe_code)]
 mod cuda;
+mod cuda_clock;
 mod engine;
 mod host;
 mod queue;
 mod virtual_time;
 
 pub use cuda::{CudaConfig, CudaCopies, CudaUnavailable, DevicePayload, cuda_available};
+pub use cuda_clock::CudaOpClock;
 pub use engine::{Copy, CopyEngine, CopyError, CopyId, CopyStatus, Dir};
 pub use host::{HostConfig, HostCopies, Payload};
 pub use queue::ExecutionQueue;

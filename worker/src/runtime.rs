@@ -26,7 +26,7 @@ use tensile_executor::{Effect, ExecError, Executor, IterationStats, Next};
 use tensile_graph::{Graph, Liveness, OpId, StorageId, TensorId};
 use tensile_planner::{Event, GateClock, Plan};
 use tensile_proto::clock::monotonic_ns;
-use tensile_swap_executor::{CudaUnavailable, HostConfig, Payload};
+use tensile_swap_executor::{CudaOpClock, CudaUnavailable, HostConfig, Payload};
 
 use crate::copies::{Copies, Engine};
 use crate::ledger::{Ledger, LedgerError, SlotState};
@@ -267,6 +267,9 @@ pub struct Worker<'g, K> {
     guard: bool,
     /// The CUDA device whose allocator statistics the reports carry.
     cuda: Option<usize>,
+    /// Times each op on the CUDA device with events (a launch returns
+    /// before the kernel runs, so the wall clock would time launches).
+    op_clock: Option<CudaOpClock>,
     /// The memory ledger shared with the other workers of the device.
     ledger: Option<Ledger>,
     /// The most bytes the job may hold now: the budget, or with a ledger
@@ -365,6 +368,12 @@ impl<'g, K: Kernels> Worker<'g, K> {
                 Engine::Cuda { ordinal } => Some(ordinal),
                 Engine::Host => None,
             },
+            op_clock: match config.engine {
+                Engine::Cuda { ordinal } => CudaOpClock::new(ordinal)
+                    .map_err(|why| eprintln!("tensile-worker: {}", clock_off(&why)))
+                    .ok(),
+                Engine::Host => None,
+            },
             ledger,
             room: config.memory_budget_bytes,
             others_bytes: 0,
@@ -435,6 +444,26 @@ impl<'g, K: Kernels> Worker<'g, K> {
             }
         }
         Ok(flat)
+    }
+
+    /// This iteration's op times on the CUDA device (empty without a
+    /// clock): the reports carry them instead of the wall clock's.
+    fn device_op_ns(&mut self) -> Vec<Option<u64>> {
+        let n = self.graph.ops().len();
+        match self.op_clock.as_mut().map(|c| c.take(n)) {
+            Some(Ok(t)) => t,
+            Some(Err(why)) => {
+                self.stop_clock(&why);
+                Vec::new()
+            }
+            None => Vec::new(),
+        }
+    }
+
+    /// The CUDA clock failed: op times fall back to the wall clock.
+    fn stop_clock(&mut self, why: &str) {
+        eprintln!("tensile-worker: {}", clock_off(why));
+        self.op_clock = None;
     }
 
     fn record(&mut self, t: TensorId, v: Tensor, flat: &Flat) -> Result<(), WorkerError> {
@@ -588,6 +617,9 @@ impl<'g, K: Kernels> Worker<'g, K> {
         for &t in &o.inputs {
             self.input(t)?;
         }
+        if let Some(Err(why)) = self.op_clock.as_mut().map(|c| c.begin(op.index())) {
+            self.stop_clock(&why);
+        }
         let inputs: Vec<&Tensor> = o
             .inputs
             .iter()
@@ -601,6 +633,9 @@ impl<'g, K: Kernels> Worker<'g, K> {
         let t0 = Instant::now();
         let outs = self.kernels.run(op, &inputs).map_err(kernel_error);
         self.kernel_ns += t0.elapsed().as_nanos() as u64;
+        if let Some(Err(why)) = self.op_clock.as_mut().map(CudaOpClock::end) {
+            self.stop_clock(&why);
+        }
         let outs = outs?;
         if outs.len() != o.outputs.len() {
             return Err(kernel_error(format!(
@@ -700,10 +735,16 @@ impl<'g, K: Kernels> Worker<'g, K> {
                 Next::WaitForMemory => return Err(self.no_memory()),
                 Next::IterationDone => {
                     let i = reports.len();
+                    let device_ns = self.device_op_ns();
                     let Some(stats) = self.exec.iterations_done().last() else {
                         continue;
                     };
                     let mut r = IterationReport::new(i, stats, self.peak, self.kernel_ns);
+                    for (slot, t) in r.op_ns.iter_mut().zip(device_ns) {
+                        if let Some(t) = t {
+                            *slot = t;
+                        }
+                    }
                     r.memory = self.take_memory_log();
                     r.allocator_peak_bytes = self.allocator_peak();
                     r.gate_wait_ns = self.gate_wait_ns;
@@ -923,4 +964,9 @@ fn unix_ns_at(t: Instant) -> u64 {
     } else {
         unix.saturating_sub((at - t).as_nanos() as u64)
     }
+}
+
+/// Why op latencies on a CUDA device are the wall clock's (launch times).
+fn clock_off(why: &str) -> String {
+    format!("timing ops with CUDA events failed ({why}): op latencies are launch times")
 }
