@@ -4,7 +4,8 @@
 # network). Run from anywhere; it works in the repository root.
 #
 #   scripts/gpu-check.sh [--results DIR] [--only STEP] [--force] [--time-limit S]
-#                        [--bin-dir DIR] [--profile NAME] [--dry-run]
+#                        [--bin-dir DIR] [--profile NAME] [--latency-args ARGS]
+#                        [--dry-run]
 #
 # Steps, in order: tests, copy-bw, worker, hook, colocate, latency. Each one
 # writes its rows as they end (DIR/STEP.rows.jsonl) and its result when it
@@ -27,6 +28,10 @@
 #                     else target/debug
 #   --profile NAME    tensilectl's device profile (default: from the GPU's
 #                     name, h100 for an H100 or H200; cpu in a dry run)
+#   --latency-args ARGS  more flags for scripts/gpu_check/latency.py, one
+#                     string, after the built-in ones (a later flag wins):
+#                     e.g. "--max-profile-s 90 --reserve-s 40 --accept-partial"
+#                     to fit the latency step into a short lease
 #   --dry-run         the same steps on the CPU at toy sizes, so that CI
 #                     tests this script; GPU-only steps say "skipped: no GPU"
 set -euo pipefail
@@ -48,6 +53,7 @@ TIME_LIMIT=540
 BIN_DIR=""
 PROFILE=""
 DRY=0
+LATENCY_EXTRA=""
 while (($#)); do
   case $1 in
     --results) RESULTS=${2:?--results needs a folder}; shift 2 ;;
@@ -56,6 +62,7 @@ while (($#)); do
     --time-limit) TIME_LIMIT=${2:?--time-limit needs seconds}; shift 2 ;;
     --bin-dir) BIN_DIR=${2:?--bin-dir needs a folder}; shift 2 ;;
     --profile) PROFILE=${2:?--profile needs a name}; shift 2 ;;
+    --latency-args) LATENCY_EXTRA=${2?--latency-args needs a string}; shift 2 ;;
     --dry-run) DRY=1; shift ;;
     -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
@@ -82,6 +89,13 @@ command -v "$PY" >/dev/null || die "no $PY: Python 3 with PyTorch is needed (set
 TORCH_LIB=$("$PY" -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))' 2>/dev/null) ||
   die "$PY cannot import torch: PyTorch 2.11 is needed (the binaries link its libtorch)"
 export LD_LIBRARY_PATH=$TORCH_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+# ONNX Runtime for the shipped cold-start latency models (the hook's tests
+# plan on the cpu profile): the binaries' built-in path is the build
+# machine's, so this machine's onnxruntime package is named instead.
+if [[ -z ${ORT_DYLIB_PATH:-} ]]; then
+  ORT_LIB=$("$PY" -c 'import sys; sys.path.insert(0, sys.argv[1]); import latency; print(latency.ort_library() or "")' "$HERE" 2>/dev/null) || ORT_LIB=""
+  if [[ -n $ORT_LIB ]]; then export ORT_DYLIB_PATH=$ORT_LIB; fi
+fi
 export PYTHONPATH=$ROOT/clients/python/src${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1 RUST_BACKTRACE=0
 
@@ -180,6 +194,11 @@ else
   HOOK_ARGS=(--steps 10 --warmup 3)
   COLOCATE_JOB=resnet50:32
   LATENCY_ARGS=(--profile-args "--batches 4,16,32 --resolution 0 --random-builds 4 --random-nets 100 --loads 0,1")
+fi
+
+if [[ -n $LATENCY_EXTRA ]]; then
+  read -ra extra <<<"$LATENCY_EXTRA"
+  LATENCY_ARGS+=("${extra[@]}")
 fi
 
 # -- the steps ---------------------------------------------------------------

@@ -172,16 +172,21 @@ def copy_table(rows: list[Row]) -> str:
 
 def worker_table(rows: list[Row]) -> str:
     head = ["model", "batch", "mode", "iteration ms", "predicted ms", "measured peak MB", "predicted peak MB",
-            "measured / predicted", "allocator peak MB", "nvidia-smi MiB", "stall ms", "late prefetches", "status"]
+            "measured / predicted", "predicted with base MB", "allocator peak MB", "nvidia-smi MiB", "stall ms",
+            "late prefetches", "status"]
     body = [
         [fmt(r.get("model")), fmt(r.get("batch")), fmt(r.get("mode")), fmt(r.get("time_ms")), fmt(r.get("predicted_time_ms")),
-         fmt(r.get("measured_peak_mb")), fmt(r.get("predicted_peak_mb")), fmt(r.get("peak_vs_predicted")),
+         fmt(r.get("measured_peak_mb")), fmt(r.get("predicted_tensors_mb", r.get("predicted_peak_mb"))),
+         fmt(r.get("peak_vs_predicted")), fmt(r.get("predicted_peak_mb")),
          fmt(r.get("allocator_peak_mb")), fmt(r.get("smi_peak_mib")), fmt(r.get("stall_ms")),
          fmt(r.get("late_prefetches")), status_cell(r)]
         for r in rows
     ]
     note = ("Medians over the iterations after the warm-up; peaks are the worker's own `measured_peak_bytes` (MB, "
-            "10^6 bytes: the storages the plan moves), predictions `tensilectl plan`'s; the allocator peak is the "
+            "10^6 bytes: the storages the plan moves), predictions `tensilectl plan`'s. The predicted peak is the "
+            "plan's less the device profile's `base_bytes` (the CUDA context and the cuDNN and cuBLAS workspaces "
+            "that the plan adds to every job and the worker's storages never hold); 'with base' is the plan's own "
+            "figure. The allocator peak is the "
             "CUDA caching allocator's `allocator_peak_bytes` (every tensor of the process, kernels' temporaries "
             "included; none on the CPU); nvidia-smi's figure is the whole process, CUDA context included.\n\n")
     return note + table(head, body)

@@ -33,6 +33,30 @@ import proc
 import results
 
 
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def base_mb(profile: str) -> float:
+    """The device profile's ``base_bytes`` in MB: what ``tensilectl plan``
+    adds to every predicted peak for the CUDA context and the cuDNN and
+    cuBLAS workspaces, and what the worker's own storages never include.
+    0 for a profile with no file (the CPU)."""
+    path = ROOT / "latency-model" / "profiles" / f"{profile}.json"
+    if not path.exists():
+        return 0.0
+    return round(json.loads(path.read_text())["base_bytes"] / 1e6, 1)
+
+
+def predict_tensors(row: dict[str, Any], profile: str) -> None:
+    """The predicted peak of the tensors alone (the plan's less the
+    profile's base), and the measured peak against it."""
+    if row.get("predicted_peak_mb") is None:
+        return
+    row["predicted_base_mb"] = base_mb(profile)
+    row["predicted_tensors_mb"] = round(row["predicted_peak_mb"] - row["predicted_base_mb"], 1)
+    row["peak_vs_predicted"] = ratio(row.get("measured_peak_mb"), row["predicted_tensors_mb"])
+
+
 @dataclasses.dataclass(frozen=True)
 class Job:
     model: str
@@ -181,7 +205,7 @@ def solo(ctx: Ctx, jobs: list[Job]) -> int:
             its = iterations(r.stdout)
             row.update(summarize(its, ctx.warmup))
             row["smi_peak_mib"] = r.smi_peak_mib
-            row["peak_vs_predicted"] = ratio(row.get("measured_peak_mb"), row.get("predicted_peak_mb"))
+            predict_tensors(row, ctx.profile)
             row["time_vs_predicted"] = ratio(row.get("time_ms"), row.get("predicted_time_ms"))
             if r.rc != 0 or not its:
                 row.update(status="failed", reason=r.error() if r.rc != 0 else "no iteration printed")
@@ -191,7 +215,7 @@ def solo(ctx: Ctx, jobs: list[Job]) -> int:
             else:
                 print(
                     f"  {row_id}: {row['time_ms']} ms/iteration, peak {row['measured_peak_mb']} MB "
-                    f"(predicted {row.get('predicted_peak_mb')})"
+                    f"(predicted {row.get('predicted_tensors_mb')})"
                 )
     return 0
 
