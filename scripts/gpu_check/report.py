@@ -211,21 +211,24 @@ def hook_table(rows: list[Row]) -> str:
 
 
 def colocate_table(rows: list[Row]) -> str:
-    head = ["model", "batch", "mode", "budget MB", "iteration ms (each job)", "alone ms", "slowdown",
+    head = ["model", "batch", "mode", "budget MB", "storage budget MB", "iteration ms (each job)", "alone ms", "slowdown",
             "peaks MB (each job)", "sum of peaks MB", "joint peak MB", "within budget", "ledger", "status"]
     body = []
     for r in rows:
         jobs = r.get("jobs") or []
         body.append([fmt(r.get("model")), fmt(r.get("batch")), fmt(r.get("mode")), fmt(r.get("budget_mb")),
+                     fmt(r.get("storage_budget_mb")),
                      " / ".join(fmt(j.get("time_ms")) for j in jobs) or "-", fmt(r.get("solo_time_ms")),
                      fmt(r.get("slowdown_vs_solo")), " / ".join(fmt(j.get("measured_peak_mb")) for j in jobs) or "-",
                      fmt(r.get("sum_peak_mb")), fmt(r.get("joint_peak_mb")), fmt(r.get("within_budget")),
                      fmt(r.get("ledger")), status_cell(r)])
     note = ("Two workers of the same job at once: without plans (`vanilla`), then through one scheduler whose "
-            "budget is ONE job's predicted vanilla peak (the plan's, its base included). The joint peak is the "
-            "most storage bytes the two held at one time, from their `--memory-trace` files (warm-up included); "
-            "'within budget' compares it, or where it is missing the sum of the two peaks (an upper bound), "
-            "with the budget. Each process's CUDA context is outside both (nvidia-smi's figures hold it). "
+            "budget is ONE job's predicted vanilla peak (the plan's, its base included). The scheduler plans "
+            "each job with the profile's base inside it; the storage budget, what the two bases leave, is what "
+            "the workers' ledger holds their storages to. The joint peak is the most storage bytes the two held "
+            "at one time, from their `--memory-trace` files (warm-up included); 'within budget' compares it, or "
+            "where it is missing the sum of the two peaks (an upper bound), with the storage budget. nvidia-smi's "
+            "figures hold each process's real CUDA context. "
             "Slowdown is the slower job against the job alone (the worker step's vanilla row).\n\n")
     return note + table(head, body)
 
