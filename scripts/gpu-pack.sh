@@ -6,7 +6,9 @@
 # the swap executor's unit tests), with their debug info stripped, a COMMIT
 # file and a MANIFEST. What travels to the GPU machine is limited (64 MiB
 # with the working tree), so it fails when the bundle is over
-# GPU_BUNDLE_MAX_MIB (default 56).
+# GPU_BUNDLE_MAX_MIB (default 56), and strips every symbol when the bundle
+# and the working tree together are over GPU_BUNDLE_ROOM_MIB (default 48:
+# room is left for a results folder carried back to resume a check).
 #
 #   scripts/gpu-pack.sh
 #
@@ -16,6 +18,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 OUT=gpu-bundle
 MAX_MIB=${GPU_BUNDLE_MAX_MIB:-56}
+ROOM_MIB=${GPU_BUNDLE_ROOM_MIB:-48}
 step() { printf '\n==> %s\n' "$*"; }
 die() {
   printf 'gpu-pack: %s\n' "$*" >&2
@@ -73,20 +76,24 @@ pack() {
 bytes() { du -cb "$@" | tail -n1 | cut -f1; }
 mib() { awk -v b="$1" 'BEGIN { printf "%.1f", b / 1048576 }'; }
 
+tree=$(git ls-files -z --cached --others --exclude-standard | xargs -0 du -cb 2>/dev/null | awk '/\ttotal$/ { s += $1 } END { print s + 0 }')
+
 step "stripping into $OUT/"
 pack debug
 total=$(bytes "$OUT")
-if ((total > MAX_MIB * 1048576)); then
-  echo "$(mib "$total") MiB with symbols kept: over $MAX_MIB MiB, stripping everything"
+stripped="stripped"
+if ((total > MAX_MIB * 1048576 || total + tree > ROOM_MIB * 1048576)); then
+  echo "$(mib "$total") MiB with symbols kept ($(mib $((total + tree))) MiB with the working tree): stripping everything"
   pack all
   total=$(bytes "$OUT")
+  stripped="stripped of all symbols"
 fi
 
 commit=$(git rev-parse --short=12 HEAD)
 if [[ -n $(git status --porcelain --untracked-files=no) ]]; then
   commit+=" with uncommitted changes"
 fi
-printf '%s (built %s, release, stripped)\n' "$commit" "$(date -u '+%Y-%m-%d %H:%M UTC')" >"$OUT/COMMIT"
+printf '%s (built %s, release, %s)\n' "$commit" "$(date -u '+%Y-%m-%d %H:%M UTC')" "$stripped" >"$OUT/COMMIT"
 {
   echo "# gpu-bundle: what scripts/gpu-pack.sh built; run scripts/gpu-check.sh on the GPU machine"
   echo "# commit: $(cat "$OUT/COMMIT")"
@@ -104,7 +111,6 @@ if command -v readelf >/dev/null && [[ -n $("$PY" -c 'import torch, os; print(os
   done
 fi
 
-tree=$(git ls-files -z --cached --others --exclude-standard | xargs -0 du -cb 2>/dev/null | awk '/\ttotal$/ { s += $1 } END { print s + 0 }')
 echo
 echo "bundle: $(mib "$total") MiB in $OUT/ (limit $MAX_MIB MiB); the working tree: $(mib "$tree") MiB; together $(mib $((total + tree))) MiB"
 if ((total > MAX_MIB * 1048576)); then
