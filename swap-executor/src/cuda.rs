@@ -245,7 +245,8 @@ impl<P: DevicePayload> std::fmt::Debug for CudaCopies<P> {
     }
 }
 
-fn driver(what: &str) -> impl FnOnce(result::DriverError) -> String + '_ {
+/// A driver error as a message that says what was being done.
+pub(crate) fn driver(what: &str) -> impl FnOnce(result::DriverError) -> String + '_ {
     move |e| format!("{what}: {e}")
 }
 

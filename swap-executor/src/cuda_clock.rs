@@ -13,7 +13,7 @@ use std::sync::Arc;
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaContext, CudaEvent, CudaStream};
 
-use crate::cuda::cuda_available;
+use crate::cuda::{cuda_available, driver};
 
 /// Per-op times on CUDA device `ordinal`'s compute stream (see the module).
 pub struct CudaOpClock {
@@ -33,10 +33,6 @@ impl std::fmt::Debug for CudaOpClock {
             .field("marks", &self.marks.len())
             .finish_non_exhaustive()
     }
-}
-
-fn driver(what: &str) -> impl FnOnce(cudarc::driver::result::DriverError) -> String + '_ {
-    move |e| format!("{what}: {e}")
 }
 
 impl CudaOpClock {

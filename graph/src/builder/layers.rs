@@ -514,18 +514,15 @@ impl Builder {
 
     /// A view with a new shape (`view`, `flatten`, `reshape` of a contiguous tensor).
     pub fn view(&mut self, name: &str, x: TensorId, shape: Vec<u64>) -> TensorId {
-        self.view_with(name, x, shape, false)
+        self.view_grad_copies(name, x, shape, false)
     }
 
-    /// A view whose backward copies: autograd's `grad.reshape(sizes)` on a
-    /// gradient that arrives permuted, so that no view of it has `x`'s
-    /// shape (ATen's batched `matmul` ends with such a view, and attention
-    /// permutes what comes out of it).
-    pub fn view_grad_copies(&mut self, name: &str, x: TensorId, shape: Vec<u64>) -> TensorId {
-        self.view_with(name, x, shape, true)
-    }
-
-    fn view_with(
+    /// A view whose backward copies the gradient first when `grad_copies`:
+    /// autograd's `grad.reshape(sizes)` on a gradient that arrives
+    /// permuted, so that no view of it has `x`'s shape (ATen's batched
+    /// `matmul` ends with such a view, and attention permutes what comes
+    /// out of it).
+    pub fn view_grad_copies(
         &mut self,
         name: &str,
         x: TensorId,

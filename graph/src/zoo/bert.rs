@@ -150,11 +150,7 @@ fn self_attention(b: &mut Builder, name: &str, x: TensorId, mask: TensorId) -> T
         let y = b.linear(&p, x, HIDDEN, true);
         // Its gradient arrives permuted back: autograd's reshape copies it.
         let shape = vec![batch, seq, HEADS, HEAD_DIM];
-        let y = if split_copies {
-            b.view_grad_copies(&format!("{p}.view"), y, shape)
-        } else {
-            b.view(&format!("{p}.view"), y, shape)
-        };
+        let y = b.view_grad_copies(&format!("{p}.view"), y, shape, split_copies);
         b.permute(&format!("{p}.transpose"), y, vec![0, 2, 1, 3])
     };
     let q = heads(b, "query");
@@ -225,11 +221,7 @@ fn matmul(
     let c3 = to_3d(b, "mat2", c, c_copies);
     let out = b.bmm(name, a3, c3);
     let shape = vec![sa[0], sa[1], sa[2], sc[3]];
-    if grad_copies {
-        b.view_grad_copies(&format!("{name}.view"), out, shape)
-    } else {
-        b.view(&format!("{name}.view"), out, shape)
-    }
+    b.view_grad_copies(&format!("{name}.view"), out, shape, grad_copies)
 }
 
 /// `BertPooler`: the first token's hidden state, dense, tanh.
