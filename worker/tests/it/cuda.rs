@@ -64,6 +64,7 @@ fn host_bytes(e: &CudaCopies<Flat>, s: u32) -> Tensor {
 
 #[test]
 fn on_a_gpu_copies_are_ordered_against_the_compute_stream() {
+    let _heavy = crate::heavy();
     if !gpu() {
         return;
     }
@@ -101,6 +102,7 @@ fn on_a_gpu_copies_are_ordered_against_the_compute_stream() {
 
 #[test]
 fn on_a_gpu_injected_failures_and_a_full_pool_lose_nothing() {
+    let _heavy = crate::heavy();
     if !gpu() {
         return;
     }

@@ -109,6 +109,55 @@ fn a_plan_holds_memory_mb_with_the_guard_whatever_it_got_wrong() {
     );
 }
 
+/// How long the slowest op of `g` takes on the mock here when two workers
+/// run at once with a `floor` (its median over three iterations after a
+/// warm-up).
+fn slowest_co_run_op(g: &Graph, live: &Liveness, floor: Duration, host: HostConfig) -> Duration {
+    let plan = tensile_worker::vanilla_plan(live);
+    let runs: Vec<Vec<IterationReport>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..2)
+            .map(|_| {
+                let plan = &plan;
+                s.spawn(move || {
+                    let config = WorkerConfig {
+                        iterations: 4,
+                        memory_budget_bytes: None,
+                        host,
+                        engine: tensile_worker::Engine::Host,
+                        guard: false,
+                        ledger: None,
+                    };
+                    let kernels = mock::Mock::new(g, floor);
+                    let mut w = Worker::new(g, live, plan, kernels, mock::initial(g), config)
+                        .expect("worker");
+                    w.run(|_| None).expect("runs")
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("joins"))
+            .collect()
+    });
+    // Each op's median over the samples (a single spike of the machine is
+    // jitter the test tolerates), the slowest op's.
+    let mut samples = vec![Vec::new(); g.ops().len()];
+    for r in runs.iter().flat_map(|r| r.iter().skip(1)) {
+        for (s, &t) in samples.iter_mut().zip(&r.op_ns) {
+            s.push(t);
+        }
+    }
+    let most = samples
+        .iter_mut()
+        .map(|s| {
+            s.sort_unstable();
+            s.get(s.len() / 2).copied().unwrap_or(0)
+        })
+        .max()
+        .unwrap_or(0);
+    Duration::from_nanos(most)
+}
+
 /// Two workers (threads of this process share the host's monotonic clock
 /// as processes do) with the gates of one coordinated plan: every
 /// iteration starts at its slot, the second job half a cycle or so after
@@ -119,11 +168,29 @@ fn a_plan_holds_memory_mb_with_the_guard_whatever_it_got_wrong() {
 fn two_gated_workers_interleave_their_memory_as_planned() {
     let _timing = crate::timing();
     let g = mlp(512, 1024, 6, Optimizer::adam());
-    let floor = Duration::from_millis(4);
-    let lat = vec![4_500_000u64; g.ops().len()];
     let live = Liveness::analyze(&g);
     let vanilla_peak = live.vanilla_footprint().peak;
-    let link = CopyModel::duplex(2e9, 2e9, 20_000);
+    // Every op sleeps to a floor and is planned at 1.125 times it, with a
+    // 2 GB/s link. Where the mock's work takes longer than a 4 ms floor on
+    // this machine, time runs slower for the whole test: the floor, the
+    // latencies and the link are scaled alike, so that the plan is the same
+    // and every op takes its floor (a period shorter than the iterations it
+    // gates could not hold).
+    let probe = HostConfig {
+        bytes_per_s: Some(2e9),
+        ..HostConfig::default()
+    };
+    let slowest = slowest_co_run_op(&g, &live, Duration::from_millis(4), probe);
+    let scale = (slowest.as_secs_f64() / 4e-3).max(1.0) * 1.05;
+    let floor = Duration::from_secs_f64(4e-3 * scale);
+    eprintln!("slowest op {slowest:?} at a 4 ms floor: time scaled by {scale:.2}");
+    let lat = vec![(4.5e6 * scale) as u64; g.ops().len()];
+    let gbps = 2e9 / scale;
+    let host = HostConfig {
+        bytes_per_s: Some(gbps),
+        ..HostConfig::default()
+    };
+    let link = CopyModel::duplex(gbps, gbps, (20_000.0 * scale) as u64);
     let mut cfg = PlannerConfig::new(link);
     cfg.coordinate = true;
     // Threads sleeping and copying on a shared CPU jitter by milliseconds:
@@ -162,10 +229,6 @@ fn two_gated_workers_interleave_their_memory_as_planned() {
             p
         })
         .collect();
-    let host = HostConfig {
-        bytes_per_s: Some(2e9),
-        ..HostConfig::default()
-    };
     let runs: Vec<Vec<IterationReport>> = std::thread::scope(|s| {
         let handles: Vec<_> = plans
             .iter()

@@ -61,6 +61,7 @@ fn slots(dir: &Path) -> usize {
 
 #[test]
 fn two_ledgers_on_one_directory_see_each_others_bytes() {
+    let _heavy = crate::heavy();
     let dir = TempDir::new("see");
     let mut a = Ledger::open(dir.path()).expect("opens");
     let mut b = Ledger::open(dir.path()).expect("opens");
@@ -85,6 +86,7 @@ fn two_ledgers_on_one_directory_see_each_others_bytes() {
 
 #[test]
 fn a_claim_takes_only_what_the_others_leave_and_stands_until_published() {
+    let _heavy = crate::heavy();
     let dir = TempDir::new("claim");
     let mut a = Ledger::open(dir.path()).expect("opens");
     let mut b = Ledger::open(dir.path()).expect("opens");
@@ -105,6 +107,7 @@ fn a_claim_takes_only_what_the_others_leave_and_stands_until_published() {
 
 #[test]
 fn a_ledger_that_is_dropped_or_dies_stops_counting() {
+    let _heavy = crate::heavy();
     let dir = TempDir::new("gone");
     let mut a = Ledger::open(dir.path()).expect("opens");
     {
@@ -133,6 +136,7 @@ fn a_ledger_that_is_dropped_or_dies_stops_counting() {
 
 #[test]
 fn garbage_and_torn_slots_are_not_trusted() {
+    let _heavy = crate::heavy();
     let dir = TempDir::new("garbage");
     let mut a = Ledger::open(dir.path()).expect("opens");
     let mut b = Ledger::open(dir.path()).expect("opens");
@@ -182,6 +186,7 @@ fn garbage_and_torn_slots_are_not_trusted() {
 
 #[test]
 fn a_bad_ledger_directory_is_a_clear_error() {
+    let _heavy = crate::heavy();
     let dir = TempDir::new("bad");
     fs::create_dir_all(dir.path()).expect("creates");
     let file = dir.path().join("a-file");

@@ -18,19 +18,28 @@ mod session_gpus;
 
 pub(crate) use common::{Outcome, mlp, planned, run, vanilla};
 
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use tch::Tensor;
 use tensile_graph::zoo::{self, ZooConfig};
 use tensile_graph::{Graph, TensorId};
 use tensile_planner::{CopyModel, JobSettings, Plan};
 
+static TIMING: RwLock<()> = RwLock::new(());
+
 /// Tests whose figures depend on timing (gates, several workers at once)
-/// hold this while they run, so that on a small machine they do not run
-/// beside each other.
-pub(crate) fn timing() -> MutexGuard<'static, ()> {
-    static LOCK: Mutex<()> = Mutex::new(());
-    LOCK.lock().unwrap_or_else(PoisonError::into_inner)
+/// hold this while they run, so that on a small machine they run alone:
+/// beside each other and beside the heavy tests ([`heavy`]) the threads'
+/// jitter on two cores would be what they measure.
+pub(crate) fn timing() -> RwLockWriteGuard<'static, ()> {
+    TIMING.write().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Tests that keep the cores busy (real kernels, long runs of random
+/// plans) hold this: they run beside each other, never beside a timing
+/// test. A test holds one of the two, never both.
+pub(crate) fn heavy() -> RwLockReadGuard<'static, ()> {
+    TIMING.read().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Proptest cases for the fuzzers: `default` in CI, `TENSILE_FUZZ_CASES`

@@ -57,6 +57,7 @@ fn same_as_vanilla(
 
 #[test]
 fn swaps_and_host_copy_reuse_lose_nothing() {
+    let _heavy = crate::heavy();
     let g = graph();
     let settings = JobSettings {
         recompute: false,
@@ -71,6 +72,7 @@ fn swaps_and_host_copy_reuse_lose_nothing() {
 
 #[test]
 fn recomputation_loses_nothing() {
+    let _heavy = crate::heavy();
     // ResNet-50 at 64 x 64, batch 1, SGD: the MLP has nothing the planner
     // recomputes.
     let config = ZooConfig {
@@ -92,6 +94,7 @@ fn recomputation_loses_nothing() {
 
 #[test]
 fn across_iteration_swaps_lose_nothing() {
+    let _heavy = crate::heavy();
     let g = graph();
     let p = planned(&g, latencies(&g), copy(), JobSettings::default(), 0.3);
     assert!(
@@ -103,6 +106,7 @@ fn across_iteration_swaps_lose_nothing() {
 
 #[test]
 fn copy_delays_and_failures_lose_nothing() {
+    let _heavy = crate::heavy();
     let g = graph();
     let p = planned(&g, latencies(&g), copy(), JobSettings::default(), 0.4);
     for fail_every in [2, 3, 7] {
@@ -119,6 +123,7 @@ fn copy_delays_and_failures_lose_nothing() {
 
 #[test]
 fn failed_copies_of_a_resnet_plan_lose_nothing() {
+    let _heavy = crate::heavy();
     // Parameters swapped out, released and fetched again from their host
     // copy before the optimizer, recomputation, across-iteration swaps:
     // every 3rd or 4th copy fails.
@@ -142,6 +147,7 @@ fn failed_copies_of_a_resnet_plan_lose_nothing() {
 
 #[test]
 fn a_full_host_pool_loses_nothing() {
+    let _heavy = crate::heavy();
     let g = graph();
     let settings = JobSettings {
         across_iteration: false,
@@ -161,6 +167,7 @@ fn a_full_host_pool_loses_nothing() {
 
 #[test]
 fn plans_switched_at_iteration_boundaries_lose_nothing() {
+    let _heavy = crate::heavy();
     let g = graph();
     let live = Liveness::analyze(&g);
     let (want, _) = run(
@@ -220,6 +227,7 @@ proptest! {
         gbps in prop::sample::select(vec![0.5f64, 4.0, 50.0]),
         sgd in any::<bool>(),
     ) {
+        let _heavy = crate::heavy();
         let g = mlp(32, 128, 3, if sgd { Optimizer::sgd() } else { Optimizer::adam() });
         let settings = JobSettings { swap, recompute, across_iteration: across, ..JobSettings::default() };
         let p = planned(&g, latencies(&g), CopyModel::duplex(gbps * 1e9, gbps * 1e9, 5_000), settings, budget);
