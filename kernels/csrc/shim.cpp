@@ -8,6 +8,7 @@
 #include <ATen/ScalarOps.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
+#include <c10/core/AllocatorConfig.h>
 #include <c10/core/CachingDeviceAllocator.h>
 
 #include <cstdint>
@@ -389,6 +390,24 @@ int tk_device_memory(int32_t device_type, int32_t index, int32_t reset, int64_t*
 void tk_set_deterministic_cudnn(int32_t on) {
   at::globalContext().setDeterministicCuDNN(on != 0);
   at::globalContext().setBenchmarkCuDNN(false);
+}
+
+// The caching allocators' settings, in PYTORCH_ALLOC_CONF's syntax (e.g.
+// "expandable_segments:True"), as torch.cuda.memory._set_allocator_settings:
+// the device parser (CUDA's, when libc10_cuda is loaded) reads them too. 0,
+// or 1 with *err set when the string does not parse.
+int tk_set_allocator_settings(const char* conf, char** err) {
+  try {
+    c10::CachingAllocator::setAllocatorSettings(conf);
+    return 0;
+  } catch (const c10::Error& e) {
+    set_error(err, e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    set_error(err, e.what());
+  } catch (...) {
+    set_error(err, "unknown C++ exception");
+  }
+  return 1;
 }
 
 }  // extern "C"

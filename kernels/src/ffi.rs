@@ -47,6 +47,7 @@ unsafe extern "C" {
         err: *mut *mut c_char,
     ) -> i32;
     fn tk_set_deterministic_cudnn(on: i32);
+    fn tk_set_allocator_settings(conf: *const c_char, err: *mut *mut c_char) -> i32;
 }
 
 /// cuDNN's deterministic algorithms on or off (its autotuner off).
@@ -54,6 +55,20 @@ pub(crate) fn set_deterministic_cudnn(on: bool) {
     // SAFETY: the shim sets two flags of ATen's global context; it takes no
     // pointers and throws nothing.
     unsafe { tk_set_deterministic_cudnn(i32::from(on)) }
+}
+
+/// Sets the caching allocators' settings (PYTORCH_ALLOC_CONF's syntax).
+pub(crate) fn set_allocator_settings(conf: &str) -> Result<(), String> {
+    let c = CString::new(conf).map_err(|_| "a NUL byte in the settings".to_string())?;
+    let mut err: *mut c_char = ptr::null_mut();
+    // SAFETY: `c` is a NUL-terminated string alive for the call, which
+    // copies it; `err` is a valid out-pointer; the shim catches every C++
+    // exception.
+    let rc = unsafe { tk_set_allocator_settings(c.as_ptr(), &mut err) };
+    if rc != 0 {
+        return Err(take_str(err));
+    }
+    Ok(())
 }
 
 /// The caching allocator's `[allocated now, allocated peak, reserved now,

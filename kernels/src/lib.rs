@@ -101,6 +101,16 @@ pub fn set_deterministic_cudnn(on: bool) {
     ffi::set_deterministic_cudnn(on);
 }
 
+/// Sets PyTorch's caching allocators' settings, in the syntax of
+/// `PYTORCH_ALLOC_CONF` (`"expandable_segments:True"`, say), as
+/// `torch.cuda.memory._set_allocator_settings` does: before the first device
+/// allocation they apply to everything; later, to what is allocated next.
+/// An error names a setting the allocator refuses.
+pub fn set_allocator_settings(conf: &str) -> Result<(), KernelError> {
+    ffi::set_allocator_settings(conf)
+        .map_err(|e| KernelError::Values(format!("allocator settings {conf:?}: {e}")))
+}
+
 /// Writes `src` into the memory of `dst`, a contiguous CPU tensor of
 /// exactly `src.len()` bytes, without allocating: for copy engines that
 /// refill buffers they reuse (a fresh allocation of tens of MB page-faults

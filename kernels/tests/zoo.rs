@@ -316,3 +316,23 @@ fn an_overload_in_the_op_name_binds() {
     }));
     assert!(e.contains("relu_") && e.contains("sideways"), "{e}");
 }
+
+#[test]
+fn allocator_settings_apply_or_name_what_is_wrong() {
+    let _turn = turn();
+    let e = tensile_kernels::set_allocator_settings("expandable_segments:maybe")
+        .expect_err("not a boolean");
+    assert!(e.to_string().contains("expandable_segments:maybe"), "{e}");
+    let e = tensile_kernels::set_allocator_settings("max_split_size_mb").expect_err("no value");
+    assert!(e.to_string().contains("max_split_size_mb"), "{e}");
+    tensile_kernels::set_allocator_settings("expandable_segments:True").expect("a valid setting");
+    if tch::Cuda::is_available() {
+        // Allocations still work, and come back to the allocator's stats.
+        let before = tensile_kernels::cuda_memory(0, false).expect("stats");
+        let t = Tensor::zeros([1 << 20], (tch::Kind::Float, Device::Cuda(0)));
+        let during = tensile_kernels::cuda_memory(0, false).expect("stats");
+        assert!(during.allocated >= before.allocated + (4 << 20));
+        drop(t);
+    }
+    tensile_kernels::set_allocator_settings("expandable_segments:False").expect("back");
+}

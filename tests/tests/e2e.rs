@@ -476,6 +476,65 @@ fn the_demo_keeps_its_jobs_within_the_budget_they_share() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `--base-mb`: the memory a worker's process holds outside its tensors
+/// reaches the scheduler, which plans the job with it in the budget; an
+/// absurd figure is refused by name, and nothing runs.
+#[test]
+fn a_workers_measured_base_is_planned_in_the_budget() {
+    let _serial = one_at_a_time();
+    let dir = tempdir();
+    let sched = start_scheduler(&dir, 4000, 10.0);
+    let server = format!("unix:{}", sched.socket.display());
+    // One job per run (the seed tells them apart in the status).
+    let run = |seed: u64, base: Option<&str>, iterations: usize| {
+        let job = Job {
+            model: "resnet50",
+            batch: 2,
+            resolution: 32,
+            seed,
+        };
+        let mut policy = vec!["--scheduler".to_string(), server.clone()];
+        if let Some(mb) = base {
+            policy.extend(["--base-mb".to_string(), mb.to_string()]);
+        }
+        let p = job.spawn(&dir, "base", iterations, &policy);
+        (p, file(&dir, "base", &job, "log"), job.name())
+    };
+    let running = [run(1, None, 20), run(2, Some("40"), 20)];
+    // The scheduler forgets a job that is done: read it while both run.
+    let deadline = Instant::now() + LIMIT;
+    let peaks = loop {
+        let s = status(&sched.socket).expect("status");
+        let peak = |name: &str| {
+            let j = s.jobs.iter().find(|j| j.name == name)?;
+            Some(j.prediction.as_ref()?.vanilla_peak_bytes)
+        };
+        if let (Some(a), Some(b)) = (peak(&running[0].2), peak(&running[1].2)) {
+            break (a, b);
+        }
+        assert!(Instant::now() < deadline, "no plans for both jobs: {s:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    // The CPU profile has no base of its own: 40 MB is all the difference.
+    assert_eq!(peaks.1 - peaks.0, 40_000_000);
+    for (p, log, name) in running {
+        wait_ok(p, &name, &log, LIMIT);
+    }
+    // 2^64 bytes and more: refused, named, and the worker says so.
+    let (mut p, log, _) = run(3, Some("18446744073709"), 1);
+    let code = p.0.wait().expect("wait");
+    let err = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(!code.success(), "an absurd base ran: {err}");
+    assert!(err.contains("settings.base_bytes"), "{err}");
+    // Zero is not a measurement: the flag refuses it.
+    let (mut p, log, _) = run(4, Some("0"), 1);
+    let code = p.0.wait().expect("wait");
+    let err = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(!code.success() && err.contains("--base-mb"), "{err}");
+    drop(sched);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Sends `signal` (`STOP`, `CONT`) to a worker with the system's `kill`.
 fn signal(p: &Proc, signal: &str) {
     let ok = Command::new("kill")

@@ -50,6 +50,10 @@ pub struct SessionConfig {
     pub name: String,
     pub priority: i32,
     pub allow_recompute: Option<bool>,
+    /// Device bytes the process holds outside the job's storages (CUDA
+    /// context, handles, allocator slack); `None`: the scheduler's device
+    /// profile says.
+    pub base_bytes: Option<u64>,
     /// Longest pause between reconnection attempts.
     pub max_backoff: Duration,
 }
@@ -386,6 +390,7 @@ impl Connection {
         let settings = pb::JobSettings {
             priority: self.config.priority,
             allow_recompute: self.config.allow_recompute,
+            base_bytes: self.config.base_bytes.unwrap_or(0),
             ..Default::default()
         };
         let request = pb::RegisterJobRequest {

@@ -240,7 +240,7 @@ fn demo(
                 "--ledger".into(),
                 dir.join("ledger").display().to_string(),
                 "--memory-mb".into(),
-                (budget >> 20).max(1).to_string(),
+                (budget / 1_000_000).max(1).to_string(),
             ]
         },
         Some((runtime, server.as_str())),
@@ -262,7 +262,7 @@ fn demo(
     println!("\nvanilla again, each job under the most device memory its planned run used:");
     let caps: Vec<u64> = planned
         .iter()
-        .map(|r| r.max_peak().div_ceil(1 << 20).max(1))
+        .map(|r| r.max_peak().div_ceil(1_000_000).max(1))
         .collect();
     let (capped, _) = pass(
         &DemoArgs {

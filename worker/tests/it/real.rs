@@ -90,6 +90,7 @@ fn assert_same(g: &Graph, want: &[(TensorId, Tensor)], got: &[(TensorId, Tensor)
 /// the worker holds the bytes the graph counts.
 #[test]
 fn bert_trains_where_the_backward_of_a_view_copies() {
+    let _heavy = crate::heavy();
     let config = ZooConfig {
         resolution: Some(8),
         optimizer: Optimizer::sgd(),
@@ -103,6 +104,7 @@ fn bert_trains_where_the_backward_of_a_view_copies() {
 
 #[test]
 fn the_worker_computes_what_the_kernels_back_to_back_compute() {
+    let _heavy = crate::heavy();
     let g = resnet();
     tch::set_num_threads(1);
     let mut program = Program::new(&g, Device::Cpu).expect("every op runs");
@@ -123,6 +125,7 @@ fn the_worker_computes_what_the_kernels_back_to_back_compute() {
 
 #[test]
 fn plans_with_real_kernels_lose_nothing() {
+    let _heavy = crate::heavy();
     let g = resnet();
     let live = Liveness::analyze(&g);
     let want = worker_run(&g, &vanilla_plan(&live), 2, HostConfig::default());
@@ -145,6 +148,7 @@ fn plans_with_real_kernels_lose_nothing() {
 
 #[test]
 fn on_a_gpu_the_cuda_engine_loses_nothing_even_under_faults() {
+    let _heavy = crate::heavy();
     if !gpu() {
         return;
     }
@@ -175,6 +179,7 @@ fn on_a_gpu_the_cuda_engine_loses_nothing_even_under_faults() {
 
 #[test]
 fn without_a_gpu_the_cuda_engine_is_a_clear_error() {
+    let _heavy = crate::heavy();
     let g = resnet();
     let live = Liveness::analyze(&g);
     if tensile_swap_executor::cuda_available(0).is_ok() {
@@ -220,6 +225,7 @@ fn worker_bin() -> Command {
 
 #[test]
 fn the_binary_trains_under_vanilla_and_a_plan_file_and_runs_out_of_memory_clearly() {
+    let _heavy = crate::heavy();
     let g = resnet();
     let copy = CopyModel::duplex(4e9, 4e9, 5_000);
     let p = planned(&g, latencies(&g), copy, JobSettings::default(), 0.5);
@@ -274,7 +280,7 @@ fn the_binary_trains_under_vanilla_and_a_plan_file_and_runs_out_of_memory_clearl
     // Under a budget between the plan's peak and vanilla's.
     let mb = (p.prediction.planned_peak_bytes
         + (p.prediction.vanilla_peak_bytes - p.prediction.planned_peak_bytes) / 2)
-        >> 20;
+        / 1_000_000;
     let out = worker_bin()
         .args(job)
         .args(["--vanilla", "--memory-mb", &mb.to_string()])
@@ -314,6 +320,7 @@ fn the_binary_trains_under_vanilla_and_a_plan_file_and_runs_out_of_memory_clearl
 
 #[test]
 fn the_binary_reads_graph_files_and_parameter_files() {
+    let _heavy = crate::heavy();
     let g = resnet();
     let dir = std::env::temp_dir().join(format!("tensile-worker-files-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
@@ -375,6 +382,7 @@ fn the_binary_reads_graph_files_and_parameter_files() {
 
 #[test]
 fn the_binary_says_what_is_wrong() {
+    let _heavy = crate::heavy();
     let job = ["--model", "resnet50", "--batch", "1", "--resolution", "64"];
     let cases: [(&[&str], &str); 6] = [
         (&["--vanilla", "--device", "tpu"], "unknown device"),
