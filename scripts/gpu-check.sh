@@ -5,6 +5,7 @@
 #
 #   scripts/gpu-check.sh [--results DIR] [--only STEP] [--force] [--time-limit S]
 #                        [--bin-dir DIR] [--profile NAME] [--latency-args ARGS]
+#                        [--colocate-base-mb MB]
 #                        [--dry-run]
 #
 # Steps, in order: tests, copy-bw, worker, hook, colocate, latency. Each one
@@ -32,6 +33,9 @@
 #                     string, after the built-in ones (a later flag wins):
 #                     e.g. "--max-profile-s 90 --reserve-s 40 --accept-partial"
 #                     to fit the latency step into a short lease
+#   --colocate-base-mb MB  the colocate step's base of each process (what it
+#                     holds outside its storages), instead of the one the
+#                     vanilla run alone showed; its row is named for it
 #   --dry-run         the same steps on the CPU at toy sizes, so that CI
 #                     tests this script; GPU-only steps say "skipped: no GPU"
 set -euo pipefail
@@ -54,6 +58,7 @@ BIN_DIR=""
 PROFILE=""
 DRY=0
 LATENCY_EXTRA=""
+COLOCATE_EXTRA=()
 while (($#)); do
   case $1 in
     --results) RESULTS=${2:?--results needs a folder}; shift 2 ;;
@@ -63,6 +68,9 @@ while (($#)); do
     --bin-dir) BIN_DIR=${2:?--bin-dir needs a folder}; shift 2 ;;
     --profile) PROFILE=${2:?--profile needs a name}; shift 2 ;;
     --latency-args) LATENCY_EXTRA=${2?--latency-args needs a string}; shift 2 ;;
+    --colocate-base-mb)
+      [[ ${2-} =~ ^[1-9][0-9]*$ ]] || die "--colocate-base-mb needs a positive whole number of MB"
+      COLOCATE_EXTRA=(--base-mb "$2"); shift 2 ;;
     --dry-run) DRY=1; shift ;;
     -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
@@ -235,7 +243,7 @@ step_hook() {
 
 step_colocate() {
   "$PY" "$HERE/worker.py" colocate --results "$RESULTS" --bin "$BINS" --device "$DEVICE" --profile "$PROFILE" \
-    --job "$COLOCATE_JOB" "${WORKER_ARGS[@]}"
+    --job "$COLOCATE_JOB" "${WORKER_ARGS[@]}" "${COLOCATE_EXTRA[@]}"
 }
 
 step_latency() {

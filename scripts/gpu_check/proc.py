@@ -30,12 +30,14 @@ def tch_env() -> dict[str, str]:
 
 class SmiSampler:
     """Polls nvidia-smi for the device memory of a set of processes; keeps
-    each one's maximum (MiB, CUDA context included)."""
+    each one's maximum and the most they held together in one poll
+    (``joint_peak_mib``), MiB, CUDA contexts included."""
 
     def __init__(self, period_s: float = 0.2) -> None:
         self.period_s = period_s
         self.pids: set[int] = set()
         self.peak_mib: dict[int, int] = {}
+        self.joint_peak_mib = 0
         self.enabled = bool(os.environ.get("GPU_CHECK_SMI")) and shutil.which("nvidia-smi") is not None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -58,13 +60,20 @@ class SmiSampler:
                 out = subprocess.run(query, capture_output=True, text=True, timeout=5).stdout
             except (OSError, subprocess.SubprocessError):
                 out = ""
-            for line in out.splitlines():
-                parts = [p.strip() for p in line.split(",")]
-                if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit():
-                    pid, mib = int(parts[0]), int(parts[1])
-                    if pid in self.pids:
-                        self.peak_mib[pid] = max(self.peak_mib.get(pid, 0), mib)
+            self.take(out)
             self._stop.wait(self.period_s)
+
+    def take(self, out: str) -> None:
+        """One poll's ``pid, used MiB`` lines."""
+        held = 0
+        for line in out.splitlines():
+            parts = [p.strip() for p in line.split(",")]
+            if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit():
+                pid, mib = int(parts[0]), int(parts[1])
+                if pid in self.pids:
+                    self.peak_mib[pid] = max(self.peak_mib.get(pid, 0), mib)
+                    held += mib
+        self.joint_peak_mib = max(self.joint_peak_mib, held)
 
 
 @dataclasses.dataclass

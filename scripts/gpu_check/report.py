@@ -211,25 +211,34 @@ def hook_table(rows: list[Row]) -> str:
 
 
 def colocate_table(rows: list[Row]) -> str:
-    head = ["model", "batch", "mode", "budget MB", "storage budget MB", "iteration ms (each job)", "alone ms", "slowdown",
-            "peaks MB (each job)", "sum of peaks MB", "joint peak MB", "within budget", "ledger", "status"]
+    head = ["model", "batch", "mode", "budget MB", "base MB (each)", "storage budget MB", "iteration ms (each job)",
+            "alone ms", "slowdown", "peaks MB (each job)", "joint peak MB", "within storage budget",
+            "nvidia-smi MiB (each)", "nvidia-smi MiB (both)", "GPU within budget", "ledger", "status"]
     body = []
     for r in rows:
         jobs = r.get("jobs") or []
+        base = r.get("base_mb")
         body.append([fmt(r.get("model")), fmt(r.get("batch")), fmt(r.get("mode")), fmt(r.get("budget_mb")),
+                     f"{fmt(base)} ({r['base_source']})" if base is not None else "-",
                      fmt(r.get("storage_budget_mb")),
                      " / ".join(fmt(j.get("time_ms")) for j in jobs) or "-", fmt(r.get("solo_time_ms")),
                      fmt(r.get("slowdown_vs_solo")), " / ".join(fmt(j.get("measured_peak_mb")) for j in jobs) or "-",
-                     fmt(r.get("sum_peak_mb")), fmt(r.get("joint_peak_mb")), fmt(r.get("within_budget")),
+                     fmt(r.get("joint_peak_mb")), fmt(r.get("within_budget")),
+                     " / ".join(fmt(j.get("smi_peak_mib")) for j in jobs) or "-", fmt(r.get("smi_joint_peak_mib")),
+                     fmt(r.get("device_within_budget")),
                      fmt(r.get("ledger")), status_cell(r)])
     note = ("Two workers of the same job at once: without plans (`vanilla`), then through one scheduler whose "
-            "budget is ONE job's predicted vanilla peak (the plan's, its base included). The scheduler plans "
-            "each job with the profile's base inside it; the storage budget, what the two bases leave, is what "
-            "the workers' ledger holds their storages to. The joint peak is the most storage bytes the two held "
-            "at one time, from their `--memory-trace` files (warm-up included); 'within budget' compares it, or "
-            "where it is missing the sum of the two peaks (an upper bound), with the storage budget. nvidia-smi's "
-            "figures hold each process's real CUDA context. "
-            "Slowdown is the slower job against the job alone (the worker step's vanilla row).\n\n")
+            "budget is ONE copy's memory. On a GPU that is the job's vanilla process alone as nvidia-smi saw it "
+            "(CUDA context and allocator included), and each process's base, passed to `--base-mb`, is that "
+            "process's memory outside its storages (`measured`); without nvidia-smi, the plan's predicted "
+            "vanilla peak and the device profile's base (`profile`). The scheduler plans each job with its "
+            "base inside the budget; the storage budget, what the two bases leave, is what the workers' ledger "
+            "holds their storages to. The joint peak is the most storage bytes the two held at one time, from "
+            "their `--memory-trace` files (warm-up included); 'within storage budget' compares it (or, where it "
+            "is missing, the sum of the two peaks) with the storage budget. 'nvidia-smi (both)' is the most "
+            "nvidia-smi saw the two processes hold in one poll (5 a second: a shorter spike can pass unseen); "
+            "'GPU within budget' compares it with the budget. Slowdown is the slower job against the job alone (the worker step's "
+            "vanilla row).\n\n")
     return note + table(head, body)
 
 

@@ -47,6 +47,37 @@ def base_mb(profile: str) -> float:
     return round(json.loads(path.read_text())["base_bytes"] / 1e6, 1)
 
 
+MB_PER_MIB = 2**20 / 1e6
+
+
+def colocate_budget(
+    solo: dict[str, Any] | None, vanilla_peak_bytes: int, profile: str, given_base_mb: int | None = None
+) -> dict[str, Any]:
+    """The budget of two co-located workers of one job, and what each
+    process holds outside its storages (its base), in MB.
+
+    Where nvidia-smi measured the job's vanilla run alone (a GPU): the budget
+    is that whole process (one copy's memory as the GPU sees it, CUDA context
+    and allocator included) and the base is the part of it outside the
+    storages, passed to the workers' ``--base-mb``. Else (no nvidia-smi, a dry
+    run): the plan's predicted vanilla peak and the device profile's base.
+    ``given_base_mb`` replaces the base (say, one measured under a plan,
+    where the allocator keeps more). The storage budget is what the two
+    bases leave: the ledger holds the workers' storages to it."""
+    smi = solo.get("smi_peak_mib") if solo else None
+    peak = solo.get("measured_peak_mb") if solo else None
+    if smi and peak:
+        budget = math.floor(smi * MB_PER_MIB)
+        base, source = max(1, math.ceil(budget - peak)), "measured"
+    else:
+        budget = math.ceil(vanilla_peak_bytes / 1e6)
+        base, source = math.ceil(base_mb(profile)), "profile"
+    if given_base_mb is not None:
+        base, source = given_base_mb, "given"
+    return {"budget_mb": budget, "base_mb": base, "base_source": source,
+            "storage_budget_mb": max(1, budget - 2 * base)}
+
+
 def predict_tensors(row: dict[str, Any], profile: str) -> None:
     """The predicted peak of the tensors alone (the plan's less the
     profile's base), and the measured peak against it."""
@@ -275,10 +306,11 @@ def joint_peak_mb(traces: list[Path]) -> float | None:
 
 def pair(
     ctx: Ctx, job: Job, extra: list[str], tag: str, traces: Path
-) -> tuple[list[dict[str, Any]], list[str], int, float | None]:
+) -> tuple[list[dict[str, Any]], list[str], tuple[int, int], float | None]:
     """Two workers of ``job`` at once: their summaries, their errors, the
-    sum of their nvidia-smi peaks (0 when not sampled) and their joint peak
-    (from memory traces written in ``traces``)."""
+    sum of their nvidia-smi peaks and the most nvidia-smi saw them hold in
+    one poll (0, 0 when not sampled), and their joint storage peak (from
+    memory traces written in ``traces``)."""
     t0 = time.time()
     started = []
     files = [traces / f"{tag}-{name}.trace" for name in ("a", "b")]
@@ -301,10 +333,10 @@ def pair(
         jobs.append(s)
         if r.rc != 0 or "time_ms" not in s:
             errors.append(f"{s['name']}: {r.error() if r.rc != 0 else 'no iteration printed'}")
-    return jobs, errors, sum(smi.peak_mib.values()), joint_peak_mb(files)
+    return jobs, errors, (sum(smi.peak_mib.values()), smi.joint_peak_mib), joint_peak_mb(files)
 
 
-def colocate(ctx: Ctx, job: Job) -> int:
+def colocate(ctx: Ctx, job: Job, given_base_mb: int | None = None) -> int:
     step = "colocate"
     summary, _, plan_error = plan_summary(ctx, job, step)
     solo_row = results.row_of(ctx.results, "worker", f"{job.id}-vanilla")
@@ -312,6 +344,10 @@ def colocate(ctx: Ctx, job: Job) -> int:
     base = {"model": job.model, "batch": job.batch, "resolution": job.resolution, "device": ctx.device, "solo_time_ms": solo_ms}
     for tag in ("vanilla", "scheduler"):
         row_id = f"{job.id}-x2-{tag}"
+        if given_base_mb is not None:
+            if tag == "vanilla":
+                continue  # the same with any base
+            row_id += f"-base{given_base_mb}"
         if results.has_row(ctx.results, step, row_id):
             print(f"  {row_id}: done before")
             continue
@@ -321,20 +357,17 @@ def colocate(ctx: Ctx, job: Job) -> int:
         sched: subprocess.Popen[str] | None = None
         try:
             if tag == "vanilla":
-                jobs, errors, smi_sum, joint = pair(ctx, job, ["--vanilla"], tag, tmp)
+                jobs, errors, smi, joint = pair(ctx, job, ["--vanilla"], tag, tmp)
             else:
                 if summary is None:
                     row.update(status="failed", reason=plan_error)
                     results.add_row(ctx.results, step, row)
                     continue
-                budget_mb = math.ceil(summary["vanilla_peak_bytes"] / 1e6)
-                row["budget_mb"] = budget_mb
-                # The scheduler plans each job with the profile's base (its
-                # CUDA context and workspaces) inside the budget; the ledger
-                # counts storages alone, so it holds them to what the two
-                # bases leave.
-                room_mb = max(1, math.floor(budget_mb - 2 * base_mb(ctx.profile)))
-                row["storage_budget_mb"] = room_mb
+                budget = colocate_budget(
+                    solo_row if solo_ms else None, summary["vanilla_peak_bytes"], ctx.profile, given_base_mb
+                )
+                row.update(budget)
+                budget_mb, room_mb = budget["budget_mb"], budget["storage_budget_mb"]
                 sock = tmp / "scheduler.sock"
                 sched_cmd = [
                     ctx.exe("tensile-scheduler"), "--listen", f"unix:{sock}", "--device", ctx.profile,
@@ -347,10 +380,12 @@ def colocate(ctx: Ctx, job: Job) -> int:
                     results.add_row(ctx.results, step, row)
                     continue
                 extra = ["--scheduler", f"unix:{sock}", "--plan-timeout-s", str(max(30, int(results.time_left() - 30)))]
+                if budget["base_source"] != "profile":
+                    extra += ["--base-mb", str(budget["base_mb"])]
                 row["ledger"] = ledger_supported(ctx)
                 if row["ledger"]:
                     extra += ["--ledger", str(tmp / "ledger"), "--memory-mb", str(room_mb)]
-                jobs, errors, smi_sum, joint = pair(ctx, job, extra, tag, tmp)
+                jobs, errors, smi, joint = pair(ctx, job, extra, tag, tmp)
         finally:
             if sched is not None:
                 stop(sched)
@@ -366,7 +401,10 @@ def colocate(ctx: Ctx, job: Job) -> int:
         times = [j["time_ms"] for j in jobs if "time_ms" in j]
         if times and solo_ms:
             row["slowdown_vs_solo"] = round(max(times) / solo_ms, 3)
-        row["smi_sum_peak_mib"] = smi_sum or None
+        row["smi_sum_peak_mib"] = smi[0] or None
+        row["smi_joint_peak_mib"] = smi[1] or None
+        if smi[1] and "budget_mb" in row:
+            row["device_within_budget"] = smi[1] * MB_PER_MIB <= row["budget_mb"]
         if errors:
             row.update(status="failed", reason="; ".join(errors))
         results.add_row(ctx.results, step, row)
@@ -387,12 +425,13 @@ def main() -> int:
     p.add_argument("--iterations", type=int, default=12)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--threads", type=int)
+    p.add_argument("--base-mb", type=int, help="colocate: each process's base, MB (default: measured alone)")
     a = p.parse_args()
     ctx = Ctx(a.results, a.bin, a.device, a.profile, a.iterations, a.warmup, a.threads)
     try:
         if a.what == "solo":
             return solo(ctx, [Job.parse(j) for j in a.jobs.split(",") if j])
-        return colocate(ctx, Job.parse(a.job))
+        return colocate(ctx, Job.parse(a.job), a.base_mb)
     except results.OutOfTime as e:
         print(f"  {e}")
         return results.INCOMPLETE

@@ -44,3 +44,33 @@ def test_the_prediction_is_compared_without_the_profiles_base():
     cpu = {"predicted_peak_mb": 426.1, "measured_peak_mb": 426.1}
     worker.predict_tensors(cpu, "cpu")
     assert cpu["predicted_base_mb"] == 0.0 and cpu["peak_vs_predicted"] == 1.0
+
+
+def test_the_colocated_budget_is_one_process_as_the_gpu_saw_it():
+    # nvidia-smi saw the vanilla process at 3764 MiB, its storages at 3089.8 MB.
+    b = worker.colocate_budget({"smi_peak_mib": 3764, "measured_peak_mb": 3089.8}, 3_760_900_000, "h100")
+    assert b["base_source"] == "measured"
+    assert b["budget_mb"] == 3946  # 3764 MiB, in MB, rounded down
+    assert b["base_mb"] == 857  # 3946 - 3089.8, rounded up
+    assert b["storage_budget_mb"] == 3946 - 2 * 857
+    # No nvidia-smi figure (a dry run): the plan's peak and the profile's base.
+    p = worker.colocate_budget({"smi_peak_mib": None, "measured_peak_mb": 10.0}, 3_760_900_000, "h100")
+    assert (p["base_source"], p["budget_mb"], p["base_mb"]) == ("profile", 3761, 672)
+    assert p["storage_budget_mb"] == 3761 - 2 * 672
+    # Bases larger than half the budget leave no room: 1 MB, and the
+    # scheduler queues the second job rather than run over.
+    assert worker.colocate_budget(None, 1_000_000, "h100")["storage_budget_mb"] == 1
+
+
+def test_nvidia_smi_polls_give_each_process_its_peak_and_both_theirs_together():
+    import proc
+
+    smi = proc.SmiSampler()
+    smi.pids = {11, 12}
+    smi.take("11, 3000\n12, 500\n99, 7000\n")  # 99 is not ours
+    smi.take("11, 1000\n12, 3200\n")
+    smi.take("garbage\n12, [N/A]\n")
+    assert smi.peak_mib == {11: 3000, 12: 3200}
+    # Their peaks came at different polls: together they held 4200 at most,
+    # not the 6200 their peaks add up to.
+    assert smi.joint_peak_mib == 4200
