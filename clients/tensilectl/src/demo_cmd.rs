@@ -573,7 +573,7 @@ fn summary(
             Some(why) => why.clone(),
             None => "ran (its peak fits that much memory too)".into(),
         };
-        let _ = writeln!(out, "  {} with {} MiB: {what}", j.label(), caps[i]);
+        let _ = writeln!(out, "  {} with {} MB: {what}", j.label(), caps[i]);
     }
     out
 }
