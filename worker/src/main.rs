@@ -74,8 +74,10 @@ struct Args {
     /// Device memory this process holds outside its tensors' storages, MB
     /// (CUDA context, library handles, the allocator's slack), which the
     /// scheduler plans beside the job's tensors: measure it on the GPU as
-    /// nvidia-smi's figure for a vanilla run less its printed peak (unset:
-    /// the scheduler's device profile says).
+    /// nvidia-smi's figure for a run less the peak it prints, under a plan
+    /// and beside the other jobs where possible (the allocator then holds
+    /// more than for a vanilla run alone). Unset: the scheduler's device
+    /// profile says.
     #[arg(long, value_name = "MB", value_parser = clap::value_parser!(u64).range(1..))]
     base_mb: Option<u64>,
     /// How long to wait for the scheduler's first plan (queued jobs wait
