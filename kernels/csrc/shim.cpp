@@ -72,6 +72,23 @@ void set_error(char** err, const std::string& s) {
   if (err != nullptr) *err = dup(s);
 }
 
+// Runs `body` and returns what it returns; a C++ exception becomes *err (a
+// c10::Error without its backtrace) and `failed` is returned: none unwinds
+// into Rust.
+template <typename R, typename F>
+R guarded(char** err, R failed, F&& body) {
+  try {
+    return body();
+  } catch (const c10::Error& e) {
+    set_error(err, e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    set_error(err, e.what());
+  } catch (...) {
+    set_error(err, "unknown C++ exception");
+  }
+  return failed;
+}
+
 // A number where the schema wants a Tensor: a wrapped-number tensor, as
 // PyTorch's argument parser makes for `tensor + 1.0`.
 at::Tensor wrapped(const c10::Scalar& s) {
@@ -236,17 +253,10 @@ void tk_free_str(char* s) { std::free(s); }
 // The operator `name` (e.g. "aten::add") with overload `overload` ("" for the
 // default one), or null with *err set.
 void* tk_op_find(const char* name, const char* overload, char** err) {
-  try {
+  return guarded<void*>(err, nullptr, [&]() -> void* {
     auto h = c10::Dispatcher::singleton().findSchemaOrThrow(name, overload);
     return new c10::OperatorHandle(h);
-  } catch (const c10::Error& e) {
-    set_error(err, e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    set_error(err, e.what());
-  } catch (...) {
-    set_error(err, "unknown C++ exception");
-  }
-  return nullptr;
+  });
 }
 
 void tk_op_free(void* op) { delete static_cast<c10::OperatorHandle*>(op); }
@@ -307,7 +317,7 @@ char* tk_op_schema(void* op, char** err) {
 int tk_op_call(void* op, const tk_arg* args, size_t nargs, at::Tensor*** outs, size_t* nouts,
                char** err) {
   std::vector<at::Tensor*> result;
-  try {
+  int rc = guarded(err, 1, [&]() {
     auto& handle = *static_cast<c10::OperatorHandle*>(op);
     const auto& schema = handle.schema();
     if (nargs != schema.arguments().size()) {
@@ -340,15 +350,11 @@ int tk_op_call(void* op, const tk_arg* args, size_t nargs, at::Tensor*** outs, s
     *outs = arr;
     *nouts = result.size();
     return 0;
-  } catch (const c10::Error& e) {
-    set_error(err, e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    set_error(err, e.what());
-  } catch (...) {
-    set_error(err, "unknown C++ exception");
+  });
+  if (rc != 0) {
+    for (auto t : result) delete t;
   }
-  for (auto t : result) delete t;
-  return 1;
+  return rc;
 }
 
 void tk_free_outs(at::Tensor** outs) { std::free(outs); }
@@ -359,7 +365,7 @@ void tk_free_outs(at::Tensor** outs) { std::free(outs); }
 // afterwards. Returns 0, or 1 with *err set (no such allocator, not
 // initialized, no such device).
 int tk_device_memory(int32_t device_type, int32_t index, int32_t reset, int64_t* out, char** err) {
-  try {
+  return guarded(err, 1, [&]() {
     auto type = static_cast<c10::DeviceType>(device_type);
     c10::DeviceAllocator* alloc = c10::getDeviceAllocator(type);
     if (alloc == nullptr || !alloc->initialized()) {
@@ -373,14 +379,7 @@ int tk_device_memory(int32_t device_type, int32_t index, int32_t reset, int64_t*
     out[3] = stats.reserved_bytes[agg].peak;
     if (reset != 0) alloc->resetPeakStats(static_cast<c10::DeviceIndex>(index));
     return 0;
-  } catch (const c10::Error& e) {
-    set_error(err, e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    set_error(err, e.what());
-  } catch (...) {
-    set_error(err, "unknown C++ exception");
-  }
-  return 1;
+  });
 }
 
 // cuDNN's deterministic algorithms on (or off): with them, and with its
@@ -397,17 +396,10 @@ void tk_set_deterministic_cudnn(int32_t on) {
 // the device parser (CUDA's, when libc10_cuda is loaded) reads them too. 0,
 // or 1 with *err set when the string does not parse.
 int tk_set_allocator_settings(const char* conf, char** err) {
-  try {
+  return guarded(err, 1, [&]() {
     c10::CachingAllocator::setAllocatorSettings(conf);
     return 0;
-  } catch (const c10::Error& e) {
-    set_error(err, e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    set_error(err, e.what());
-  } catch (...) {
-    set_error(err, "unknown C++ exception");
-  }
-  return 1;
+  });
 }
 
 }  // extern "C"
