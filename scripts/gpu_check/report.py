@@ -237,8 +237,8 @@ def colocate_table(rows: list[Row]) -> str:
             "their `--memory-trace` files (warm-up included); 'within storage budget' compares it (or, where it "
             "is missing, the sum of the two peaks) with the storage budget. 'nvidia-smi (both)' is the most "
             "nvidia-smi saw the two processes hold in one poll (5 a second: a shorter spike can pass unseen); "
-            "'GPU within budget' compares it with the budget. Slowdown is the slower job against the job alone (the worker step's "
-            "vanilla row).\n\n")
+            "'GPU within budget' compares it with the budget. Slowdown is the slower job against the job alone "
+            "(the worker step's vanilla row).\n\n")
     return note + table(head, body)
 
 

@@ -109,18 +109,24 @@ fn a_plan_holds_memory_mb_with_the_guard_whatever_it_got_wrong() {
     );
 }
 
-/// How long the slowest op of `g` takes on the mock here when two workers
-/// run at once with a `floor` (its median over three iterations after a
-/// warm-up).
-fn slowest_co_run_op(g: &Graph, live: &Liveness, floor: Duration, host: HostConfig) -> Duration {
-    let plan = tensile_worker::vanilla_plan(live);
-    let runs: Vec<Vec<IterationReport>> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..2)
-            .map(|_| {
-                let plan = &plan;
+/// Workers of `g` under `plans`, one thread each, all at once (threads of
+/// this process share the host's monotonic clock as processes do), on the
+/// mock kernels with a `floor`, recording their memory: each one's reports.
+fn run_at_once(
+    g: &Graph,
+    live: &Liveness,
+    plans: &[&Plan],
+    iterations: usize,
+    floor: Duration,
+    host: HostConfig,
+) -> Vec<Vec<IterationReport>> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = plans
+            .iter()
+            .map(|&p| {
                 s.spawn(move || {
                     let config = WorkerConfig {
-                        iterations: 4,
+                        iterations,
                         memory_budget_bytes: None,
                         host,
                         engine: tensile_worker::Engine::Host,
@@ -128,8 +134,9 @@ fn slowest_co_run_op(g: &Graph, live: &Liveness, floor: Duration, host: HostConf
                         ledger: None,
                     };
                     let kernels = mock::Mock::new(g, floor);
-                    let mut w = Worker::new(g, live, plan, kernels, mock::initial(g), config)
-                        .expect("worker");
+                    let mut w =
+                        Worker::new(g, live, p, kernels, mock::initial(g), config).expect("worker");
+                    w.record_memory();
                     w.run(|_| None).expect("runs")
                 })
             })
@@ -138,7 +145,15 @@ fn slowest_co_run_op(g: &Graph, live: &Liveness, floor: Duration, host: HostConf
             .into_iter()
             .map(|h| h.join().expect("joins"))
             .collect()
-    });
+    })
+}
+
+/// How long the slowest op of `g` takes on the mock here when two workers
+/// run at once with a `floor` (its median over three iterations after a
+/// warm-up).
+fn slowest_co_run_op(g: &Graph, live: &Liveness, floor: Duration, host: HostConfig) -> Duration {
+    let plan = tensile_worker::vanilla_plan(live);
+    let runs = run_at_once(g, live, &[&plan, &plan], 4, floor, host);
     // Each op's median over the samples (a single spike of the machine is
     // jitter the test tolerates), the slowest op's.
     let mut samples = vec![Vec::new(); g.ops().len()];
@@ -229,33 +244,7 @@ fn two_gated_workers_interleave_their_memory_as_planned() {
             p
         })
         .collect();
-    let runs: Vec<Vec<IterationReport>> = std::thread::scope(|s| {
-        let handles: Vec<_> = plans
-            .iter()
-            .map(|p| {
-                let (g, live) = (&g, &live);
-                s.spawn(move || {
-                    let config = WorkerConfig {
-                        iterations: 5,
-                        memory_budget_bytes: None,
-                        host,
-                        engine: tensile_worker::Engine::Host,
-                        guard: false,
-                        ledger: None,
-                    };
-                    let kernels = mock::Mock::new(g, floor);
-                    let mut w =
-                        Worker::new(g, live, p, kernels, mock::initial(g), config).expect("worker");
-                    w.record_memory();
-                    w.run(|_| None).expect("runs")
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("joins"))
-            .collect()
-    });
+    let runs = run_at_once(&g, &live, &plans.iter().collect::<Vec<_>>(), 5, floor, host);
     let gates: Vec<_> = plans.iter().map(|p| p.gate.expect("gated")).collect();
     let period = gates[0].period_ns;
     // Every iteration starts at its slot (or, late, right after it); the
