@@ -19,11 +19,23 @@ mod schema;
 mod values;
 
 use std::path::PathBuf;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use thiserror::Error;
 
 pub use program::Program;
 pub use values::{Values, initial_values, kind_of, run_iteration, save_params};
+
+/// PyTorch's default random generator is one per device for the whole
+/// process. Seeding it and drawing a job's initial tensors, and each random
+/// op (dropout), take turns through this lock, so that the tensors seeded
+/// on one thread do not depend on what other threads (copies of a job in
+/// one process, tests) draw meanwhile.
+static RNG: Mutex<()> = Mutex::new(());
+
+fn rng_turn() -> MutexGuard<'static, ()> {
+    RNG.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 /// Why a graph cannot run, or an op failed.
 #[derive(Debug, Error)]

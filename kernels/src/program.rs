@@ -142,6 +142,7 @@ impl Program {
     /// share storage with their input, views are views.
     pub fn run(&mut self, op: OpId, inputs: &[&Tensor]) -> Result<Vec<Tensor>, KernelError> {
         let device = self.device;
+        let random = self.is_random(op);
         let Some(b) = self.ops.get_mut(op.index()) else {
             return Err(KernelError::Values(format!(
                 "{op} is not an op of this program ({} ops)",
@@ -212,7 +213,9 @@ impl Program {
                 }
             });
         }
+        let turn = random.then(crate::rng_turn);
         let flat = b.bound.handle.call(&args).map_err(|e| fail(b, e))?;
+        drop(turn);
         drop(args);
         b.runs += 1;
         let flat: Vec<Option<Tensor>> = match &b.bound.mask {

@@ -169,7 +169,7 @@ fn take(
 
 /// The initial tensors of `graph` (inputs, parameters, buffers, optimizer
 /// state) on `device`: seeded (`tch::manual_seed(seed)`, then in graph
-/// order), except parameters (and buffers or optimizer state, when present)
+/// order; other threads' random ops wait meanwhile), except parameters (and buffers or optimizer state, when present)
 /// read from `init_params` by name, and graph inputs read from `inputs` by
 /// name. Every parameter must be in `init_params` and every input in
 /// `inputs` when given; a name there that is no such tensor is an error.
@@ -180,6 +180,7 @@ pub fn initial_values(
     init_params: Option<&Path>,
     inputs: Option<&Path>,
 ) -> Result<Values, KernelError> {
+    let _turn = crate::rng_turn();
     tch::manual_seed(seed);
     let mut params = init_params.map(load).transpose()?;
     let mut batch = inputs.map(load).transpose()?;
