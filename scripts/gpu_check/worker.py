@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """The worker on the device: each job alone (vanilla, then under its plan),
-and two jobs at once under one job's memory through a scheduler.
+and two copies of a job at once under one job's memory through a
+scheduler, as two processes and as one process that trains both.
 
     worker.py solo --results DIR --bin DIR --device cuda --profile h100 --jobs resnet50:32,bert_base:16
     worker.py colocate --results DIR --bin DIR --device cuda --profile h100 --job resnet50:32
@@ -51,7 +52,11 @@ MB_PER_MIB = 2**20 / 1e6
 
 
 def colocate_budget(
-    solo: dict[str, Any] | None, vanilla_peak_bytes: int, profile: str, given_base_mb: int | None = None
+    solo: dict[str, Any] | None,
+    vanilla_peak_bytes: int,
+    profile: str,
+    given_base_mb: int | None = None,
+    processes: int = 2,
 ) -> dict[str, Any]:
     """The budget of two co-located workers of one job, and what each
     process holds outside its storages (its base), in MB.
@@ -62,8 +67,10 @@ def colocate_budget(
     storages, passed to the workers' ``--base-mb``. Else (no nvidia-smi, a dry
     run): the plan's predicted vanilla peak and the device profile's base.
     ``given_base_mb`` replaces the base (say, one measured under a plan,
-    where the allocator keeps more). The storage budget is what the two
-    bases leave: the ledger holds the workers' storages to it."""
+    where the allocator keeps more). The storage budget is what the bases
+    of ``processes`` worker processes leave (two, one per copy; one, when
+    one process trains both copies): the ledger holds the copies' storages
+    to it."""
     smi = solo.get("smi_peak_mib") if solo else None
     peak = solo.get("measured_peak_mb") if solo else None
     if smi and peak:
@@ -75,7 +82,7 @@ def colocate_budget(
     if given_base_mb is not None:
         base, source = given_base_mb, "given"
     return {"budget_mb": budget, "base_mb": base, "base_source": source,
-            "storage_budget_mb": max(1, budget - 2 * base)}
+            "storage_budget_mb": max(1, budget - processes * base)}
 
 
 def predict_tensors(row: dict[str, Any], profile: str) -> None:
@@ -251,9 +258,17 @@ def solo(ctx: Ctx, jobs: list[Job]) -> int:
     return 0
 
 
-def ledger_supported(ctx: Ctx) -> bool:
+def worker_help(ctx: Ctx) -> str:
     r = subprocess.run([ctx.exe("tensile-worker"), "--help"], capture_output=True, text=True, env=proc.tch_env())
-    return "--ledger" in r.stdout
+    return r.stdout
+
+
+def ledger_supported(ctx: Ctx) -> bool:
+    return "--ledger" in worker_help(ctx)
+
+
+def copies_supported(ctx: Ctx) -> bool:
+    return "--copies" in worker_help(ctx)
 
 
 def wait_for_socket(sock: Path, p: subprocess.Popen[str], seconds: float) -> str:
@@ -305,20 +320,27 @@ def joint_peak_mb(traces: list[Path]) -> float | None:
 
 
 def pair(
-    ctx: Ctx, job: Job, extra: list[str], tag: str, traces: Path
+    ctx: Ctx, job: Job, extra: list[str], tag: str, traces: Path, one_process: bool = False
 ) -> tuple[list[dict[str, Any]], list[str], tuple[int, int], float | None]:
-    """Two workers of ``job`` at once: their summaries, their errors, the
-    sum of their nvidia-smi peaks and the most nvidia-smi saw them hold in
-    one poll (0, 0 when not sampled), and their joint storage peak (from
-    memory traces written in ``traces``)."""
+    """Two copies of ``job`` at once, as two worker processes or, with
+    ``one_process``, as one process that trains both (``--copies 2``):
+    their summaries, their errors, the sum of the processes' nvidia-smi
+    peaks and the most nvidia-smi saw them hold in one poll (0, 0 when not
+    sampled), and the copies' joint storage peak (from memory traces
+    written in ``traces``)."""
     t0 = time.time()
     started = []
-    files = [traces / f"{tag}-{name}.trace" for name in ("a", "b")]
+    names = ("a", "b")
+    if one_process:
+        files = [traces / f"{tag}.{i}.trace" for i in range(len(names))]
+        procs = [("ab", ["--copies", str(len(names)), "--memory-trace", str(traces / f"{tag}.trace")])]
+    else:
+        files = [traces / f"{tag}-{name}.trace" for name in names]
+        procs = [(name, ["--name", f"{job.model}-{name}", "--memory-trace", str(f)]) for name, f in zip(names, files)]
     with proc.SmiSampler() as smi:
-        for name, trace in zip(("a", "b"), files):
+        for name, own in procs:
             log = ctx.logs() / f"colocate-{tag}-{name}.log"
-            cmd = [ctx.exe("tensile-worker"), *job.args(), *ctx.worker_args(), "--name", f"{job.model}-{name}",
-                   "--memory-trace", str(trace), *extra]
+            cmd = [ctx.exe("tensile-worker"), *job.args(), *ctx.worker_args(), *own, *extra]
             p = proc.start(cmd, log, proc.tch_env())
             smi.pids.add(p.pid)
             started.append((name, p, log))
@@ -327,12 +349,16 @@ def pair(
         r.check_time(f"worker {job.model}-{name} ({tag})")
     jobs, errors = [], []
     for name, pid, r in runs:
-        s = summarize(iterations(r.stdout), ctx.warmup)
-        s["name"] = f"{job.model}-{name}"
-        s["smi_peak_mib"] = smi.peak_mib.get(pid) if smi.enabled else None
-        jobs.append(s)
-        if r.rc != 0 or "time_ms" not in s:
-            errors.append(f"{s['name']}: {r.error() if r.rc != 0 else 'no iteration printed'}")
+        its = iterations(r.stdout)
+        # One process prints both copies' lines, each naming its copy.
+        copies = [[it for it in its if it.get("copy") == i] for i in range(len(names))] if one_process else [its]
+        for i, mine in enumerate(copies):
+            s = summarize(mine, ctx.warmup)
+            s["name"] = f"{job.model}-{names[i] if one_process else name}"
+            s["smi_peak_mib"] = smi.peak_mib.get(pid) if smi.enabled else None
+            jobs.append(s)
+            if r.rc != 0 or "time_ms" not in s:
+                errors.append(f"{s['name']}: {r.error() if r.rc != 0 else 'no iteration printed'}")
     return jobs, errors, (sum(smi.peak_mib.values()), smi.joint_peak_mib), joint_peak_mb(files)
 
 
@@ -342,7 +368,7 @@ def colocate(ctx: Ctx, job: Job, given_base_mb: int | None = None) -> int:
     solo_row = results.row_of(ctx.results, "worker", f"{job.id}-vanilla")
     solo_ms = solo_row.get("time_ms") if solo_row and solo_row.get("status") == "ok" else None
     base = {"model": job.model, "batch": job.batch, "resolution": job.resolution, "device": ctx.device, "solo_time_ms": solo_ms}
-    for tag in ("vanilla", "scheduler"):
+    for tag in ("vanilla", "scheduler", "one-process"):
         row_id = f"{job.id}-x2-{tag}"
         if given_base_mb is not None:
             if tag == "vanilla":
@@ -363,8 +389,17 @@ def colocate(ctx: Ctx, job: Job, given_base_mb: int | None = None) -> int:
                     row.update(status="failed", reason=plan_error)
                     results.add_row(ctx.results, step, row)
                     continue
+                one_process = tag == "one-process"
+                if one_process and not copies_supported(ctx):
+                    row.update(status="failed", reason="this tensile-worker has no --copies")
+                    results.add_row(ctx.results, step, row)
+                    continue
                 budget = colocate_budget(
-                    solo_row if solo_ms else None, summary["vanilla_peak_bytes"], ctx.profile, given_base_mb
+                    solo_row if solo_ms else None,
+                    summary["vanilla_peak_bytes"],
+                    ctx.profile,
+                    given_base_mb,
+                    processes=1 if one_process else 2,
                 )
                 row.update(budget)
                 budget_mb, room_mb = budget["budget_mb"], budget["storage_budget_mb"]
@@ -385,7 +420,7 @@ def colocate(ctx: Ctx, job: Job, given_base_mb: int | None = None) -> int:
                 row["ledger"] = ledger_supported(ctx)
                 if row["ledger"]:
                     extra += ["--ledger", str(tmp / "ledger"), "--memory-mb", str(room_mb)]
-                jobs, errors, smi, joint = pair(ctx, job, extra, tag, tmp)
+                jobs, errors, smi, joint = pair(ctx, job, extra, tag, tmp, one_process)
         finally:
             if sched is not None:
                 stop(sched)

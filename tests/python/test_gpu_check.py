@@ -60,6 +60,10 @@ def test_the_colocated_budget_is_one_process_as_the_gpu_saw_it():
     # Bases larger than half the budget leave no room: 1 MB, and the
     # scheduler queues the second job rather than run over.
     assert worker.colocate_budget(None, 1_000_000, "h100")["storage_budget_mb"] == 1
+    # One process training both copies pays its base once.
+    one = worker.colocate_budget({"smi_peak_mib": 3764, "measured_peak_mb": 3089.8}, 3_760_900_000, "h100",
+                                 processes=1)
+    assert (one["base_mb"], one["storage_budget_mb"]) == (857, 3946 - 857)
 
 
 def test_nvidia_smi_polls_give_each_process_its_peak_and_both_theirs_together():

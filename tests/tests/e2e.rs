@@ -15,6 +15,9 @@
 //!   a client flooding reports, all at once: the surviving workers end
 //!   bit-identical to their vanilla runs, the scheduler never panics, and
 //!   no job is left behind.
+//! - `--copies 2`: two copies of a job in one worker process are two jobs
+//!   at the scheduler, each trains bit-identical to its vanilla run, and
+//!   together they hold the budget they share.
 //! - `tensilectl demo`, the main command, on small jobs: the planned jobs
 //!   together (on one memory ledger) stay within the budget at every
 //!   moment, vanilla capped at the planned runs' memory runs out, and the
@@ -531,6 +534,139 @@ fn a_workers_measured_base_is_planned_in_the_budget() {
     let code = p.0.wait().expect("wait");
     let err = std::fs::read_to_string(&log).unwrap_or_default();
     assert!(!code.success() && err.contains("--base-mb"), "{err}");
+    drop(sched);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Resident bytes over time from a worker's `--memory-trace` file.
+fn trace(path: &Path) -> Vec<(f64, u64)> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| {
+            let (t, b) = l.split_once(',')?;
+            Some((t.parse().ok()?, b.parse().ok()?))
+        })
+        .collect()
+}
+
+/// The most the traces held at once, added up at every change.
+fn joint_peak(traces: &[Vec<(f64, u64)>]) -> u64 {
+    let mut changes: Vec<(f64, usize, u64)> = traces
+        .iter()
+        .enumerate()
+        .flat_map(|(j, t)| t.iter().map(move |&(s, b)| (s, j, b)))
+        .collect();
+    changes.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    let mut cur = vec![0u64; traces.len()];
+    let mut best = 0;
+    for (_, j, b) in changes {
+        cur[j] = b;
+        best = best.max(cur.iter().sum());
+    }
+    best
+}
+
+/// `--copies 2`: one process trains two copies of a job as two jobs of the
+/// scheduler (named apart, each planned with half the process's base),
+/// each copy ends bit-identical to the job's vanilla run alone, and the
+/// two hold their storages together within `--memory-mb`, 30% less than
+/// their vanilla peaks add up to.
+#[test]
+fn copies_in_one_process_are_jobs_of_their_own_and_train_as_alone() {
+    let _serial = one_at_a_time();
+    let dir = tempdir();
+    let job = Job {
+        model: "resnet50",
+        batch: 2,
+        resolution: 32,
+        seed: 1,
+    };
+    let peak = job.vanilla_peak();
+    let base_mb = 40;
+    // The two copies' storages in 70% of what their vanilla peaks add up
+    // to, and the process's base beside them.
+    let storages_mb = peak * 2 * 7 / 10 / 1_000_000;
+    let sched = start_scheduler(&dir, storages_mb + base_mb, 10.0);
+    let traces = dir.join("copies.mem");
+    let policy: Vec<String> = [
+        "--copies",
+        "2",
+        "--base-mb",
+        &base_mb.to_string(),
+        "--memory-mb",
+        &storages_mb.to_string(),
+        "--memory-trace",
+        &traces.display().to_string(),
+        "--scheduler",
+        &format!("unix:{}", sched.socket.display()),
+    ]
+    .map(String::from)
+    .to_vec();
+    let p = job.spawn(&dir, "copies", 4, &policy);
+    let log = file(&dir, "copies", &job, "log");
+    // Both copies are jobs of the scheduler, each planned with half the
+    // base (the CPU profile has none of its own).
+    let names = [0, 1].map(|i| format!("{}-{i}", job.name()));
+    let deadline = Instant::now() + LIMIT;
+    let planned = loop {
+        let s = status(&sched.socket).expect("status");
+        let peaks: Vec<u64> = names
+            .iter()
+            .filter_map(|n| {
+                let j = s.jobs.iter().find(|j| &j.name == n)?;
+                Some(j.prediction.as_ref()?.vanilla_peak_bytes)
+            })
+            .collect();
+        if peaks.len() == 2 {
+            break peaks;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no plans for both copies: {s:?}\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(planned, vec![peak + base_mb * 500_000; 2]);
+    wait_ok(p, "two copies", &log, LIMIT);
+    let vanilla = job.spawn(&dir, "vanilla", 4, &["--vanilla".to_string()]);
+    wait_ok(
+        vanilla,
+        "vanilla",
+        &file(&dir, "vanilla", &job, "log"),
+        LIMIT,
+    );
+    let want = std::fs::read(file(&dir, "vanilla", &job, "safetensors")).expect("parameters");
+    for i in 0..2 {
+        let path = dir.join(format!("copies-{}.{i}.safetensors", job.name()));
+        let got = std::fs::read(&path).expect("a copy's parameters");
+        assert!(got == want, "copy {i} trained differently from vanilla");
+    }
+    // Each JSON line names its copy; both copies ran every iteration and
+    // moved bytes to meet the budget.
+    let lines: Vec<serde_json::Value> =
+        std::fs::read_to_string(file(&dir, "copies", &job, "jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+    for i in 0..2u64 {
+        let mine: Vec<_> = lines
+            .iter()
+            .filter(|v| v.get("copy").and_then(serde_json::Value::as_u64) == Some(i))
+            .collect();
+        assert_eq!(mine.len(), 4, "copy {i}: {lines:?}");
+    }
+    assert!(
+        swapped_bytes(&dir, "copies", &job) > 0,
+        "under 70% of the copies' vanilla peaks, the plans moved nothing"
+    );
+    let held = joint_peak(&[0, 1].map(|i| trace(&dir.join(format!("copies.{i}.mem")))));
+    eprintln!(
+        "two copies in one process: together {held} B of {} B",
+        storages_mb * 1_000_000
+    );
+    assert!(held > 0 && held <= storages_mb * 1_000_000);
     drop(sched);
     let _ = std::fs::remove_dir_all(&dir);
 }

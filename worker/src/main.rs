@@ -2,15 +2,19 @@
 //! model or a graph file, under a plan file (`tensilectl plan -o`) or none
 //! (`--vanilla`), for K iterations, with real copies to a capped host pool
 //! at a configured link bandwidth and a device memory budget. Prints one
-//! line (or one JSON object) per iteration; progress goes to stderr.
+//! line (or one JSON object) per iteration; progress goes to stderr. With
+//! `--copies N` it trains N copies of the job at once, each on a thread of
+//! its own, as N jobs that share this one process (on a GPU: one CUDA
+//! context, one set of library handles, one caching allocator).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::{ArgGroup, Parser, ValueEnum};
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+use serde::Serialize;
 use tch::Device;
 use tensile_graph::zoo::{self, ZooConfig};
 use tensile_graph::{Graph, Limits, Liveness, json};
@@ -160,6 +164,74 @@ struct Args {
     /// Threads of the CPU kernels (unset: libtorch's default).
     #[arg(long)]
     threads: Option<i32>,
+    /// Train N copies of the job at once in this process, each on a thread
+    /// of its own and each a job of its own (its own plan, copies and
+    /// guard; at the scheduler, named NAME-0, NAME-1, ...). On a GPU the
+    /// copies share one CUDA context, the libraries' handles and one
+    /// caching allocator, so the memory a process holds outside its
+    /// tensors (--base-mb) is paid once, not once per job: --base-mb is
+    /// then the whole process's, split evenly among the copies. They share
+    /// --memory-mb through --ledger, or through a private ledger of their
+    /// own when none is named. Every copy starts from the same tensors
+    /// (--seed, --init-params, --inputs). --memory-trace and --save-params
+    /// get the copy's number before the extension (trace.csv:
+    /// trace.0.csv, trace.1.csv, ...); with --json each line names its
+    /// copy ("copy": N), without, each line starts with "copy N:".
+    #[arg(long, value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u16).range(1..=64))]
+    copies: u16,
+}
+
+/// Which of the process's copies of the job one thread trains.
+#[derive(Debug, Clone, Copy)]
+struct JobCopy {
+    index: usize,
+    of: usize,
+}
+
+impl JobCopy {
+    /// The copy's own file: `PATH` alone, else the copy's number before
+    /// the extension.
+    fn path(self, path: &Path) -> PathBuf {
+        if self.of == 1 {
+            return path.to_path_buf();
+        }
+        let stem = path
+            .file_stem()
+            .map_or_else(Default::default, |s| s.to_os_string());
+        let mut name = stem;
+        name.push(format!(".{}", self.index));
+        if let Some(ext) = path.extension() {
+            name.push(".");
+            name.push(ext);
+        }
+        path.with_file_name(name)
+    }
+
+    /// The job's name at the scheduler.
+    fn name(self, name: &str) -> String {
+        if self.of == 1 {
+            name.to_string()
+        } else {
+            format!("{name}-{}", self.index)
+        }
+    }
+
+    /// The copy's share of the process's base, rounded up so that the
+    /// shares add up to at least the whole.
+    fn base_share(self, bytes: u64) -> u64 {
+        bytes.div_ceil(self.of as u64)
+    }
+}
+
+/// What the copies of one process share: the device, the copy engine's
+/// kind, the host pool's settings, the memory ledger, where they print.
+struct Shared {
+    device: Device,
+    engine: Engine,
+    host: HostConfig,
+    ledger: Option<PathBuf>,
+    bars: MultiProgress,
 }
 
 fn device(s: &str) -> Result<Device> {
@@ -250,12 +322,28 @@ fn host_config(args: &Args) -> Result<HostConfig> {
     })
 }
 
-fn print(r: &IterationReport, json: bool) -> Result<()> {
+/// One iteration's JSON line: the report, and its copy's number when the
+/// process trains several.
+#[derive(Serialize)]
+struct Line<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    copy: Option<usize>,
+    #[serde(flatten)]
+    report: &'a IterationReport,
+}
+
+fn print(r: &IterationReport, copy: JobCopy, json: bool) -> Result<()> {
+    let number = (copy.of > 1).then_some(copy.index);
     if json {
-        println!("{}", serde_json::to_string(r)?);
+        let line = Line {
+            copy: number,
+            report: r,
+        };
+        println!("{}", serde_json::to_string(&line)?);
     } else {
+        let prefix = number.map_or_else(String::new, |n| format!("copy {n}: "));
         println!(
-            "iteration {}: {:.1} ms, peak {:.1} MB, stalls {:.1} ms, {} passive swaps, {} late prefetches, {} failed copies, {} recomputed ops, {:.1} MB swapped",
+            "{prefix}iteration {}: {:.1} ms, peak {:.1} MB, stalls {:.1} ms, {} passive swaps, {} late prefetches, {} failed copies, {} recomputed ops, {:.1} MB swapped",
             r.iteration,
             r.time_ns as f64 / 1e6,
             r.measured_peak_bytes as f64 / 1e6,
@@ -278,7 +366,7 @@ fn write_trace(out: &mut impl std::io::Write, memory: &[(u64, u64)]) -> Result<(
     Ok(())
 }
 
-fn start_session(args: &Args, g: &Graph) -> Result<Session> {
+fn start_session(args: &Args, g: &Graph, copy: JobCopy) -> Result<Session> {
     let device_ordinal = tensile_proto::endpoint::device_ordinal(&args.device);
     // Found again at every connection; once here so that a scheduler that
     // cannot be found is a clear error at once.
@@ -289,10 +377,10 @@ fn start_session(args: &Args, g: &Graph) -> Result<Session> {
     let config = SessionConfig {
         server: args.scheduler.clone(),
         device_ordinal,
-        name: args.name.clone().unwrap_or_else(|| g.name().to_string()),
+        name: copy.name(args.name.as_deref().unwrap_or(g.name())),
         priority: args.priority,
         allow_recompute: None,
-        base_bytes: args.base_mb.map(|m| m.saturating_mul(MB)),
+        base_bytes: args.base_mb.map(|m| copy.base_share(m.saturating_mul(MB))),
         max_backoff: Duration::from_secs(2),
     };
     Session::start(Arc::new(g.clone()), config).context("starting the scheduler session")
@@ -329,8 +417,106 @@ fn main() -> Result<()> {
     }
     let g = graph(&args)?;
     let live = Liveness::analyze(&g);
+    let copies = usize::from(args.copies);
+    // Copies under one budget and no ledger named share a private one,
+    // removed when they are done.
+    let private = match (&args.ledger, args.memory_mb) {
+        (None, Some(_)) if copies > 1 => Some(private_ledger()?),
+        _ => None,
+    };
+    let shared = Shared {
+        device,
+        engine,
+        host,
+        ledger: args
+            .ledger
+            .clone()
+            .or_else(|| private.as_ref().map(|d| d.path().to_path_buf())),
+        bars: MultiProgress::new(),
+    };
+    // Every copy's initial tensors are made here, one after the other,
+    // before any copy runs: the seed is the process's default generator's,
+    // which a copy's random ops (dropout) would otherwise draw from while
+    // another is being seeded.
+    let mut values = Vec::with_capacity(copies);
+    for _ in 0..copies {
+        values.push(tensile_kernels::initial_values(
+            &g,
+            device,
+            args.seed,
+            args.init_params.as_deref(),
+            args.inputs.as_deref(),
+        )?);
+    }
+    if copies == 1 {
+        let copy = JobCopy { index: 0, of: 1 };
+        return run_copy(&args, &g, &live, &shared, copy, values.remove(0));
+    }
+    let results: Vec<Result<()>> = std::thread::scope(|s| {
+        let threads: Vec<_> = values
+            .into_iter()
+            .enumerate()
+            .map(|(index, values)| {
+                let copy = JobCopy { index, of: copies };
+                let (args, g, live, shared) = (&args, &g, &live, &shared);
+                std::thread::Builder::new()
+                    .name(format!("copy-{index}"))
+                    .spawn_scoped(s, move || run_copy(args, g, live, shared, copy, values))
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| match t {
+                Ok(handle) => handle
+                    .join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("the copy's thread panicked"))),
+                Err(e) => Err(anyhow::Error::new(e).context("starting the copy's thread")),
+            })
+            .collect()
+    });
+    // Every copy ran to its end (one that fails does not stop the others);
+    // each failure is named.
+    let failed: Vec<String> = results
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| r.as_ref().err().map(|e| format!("copy {i}: {e:#}")))
+        .collect();
+    if !failed.is_empty() {
+        bail!(
+            "{} of {copies} copies failed:\n{}",
+            failed.len(),
+            failed.join("\n")
+        );
+    }
+    Ok(())
+}
+
+/// A fresh ledger directory for this process's copies alone, on tmpfs
+/// where there is one.
+fn private_ledger() -> Result<tempfile::TempDir> {
+    let shm = Path::new("/dev/shm");
+    let mut b = tempfile::Builder::new();
+    b.prefix("tensile-copies-");
+    let dir = if shm.is_dir() {
+        b.tempdir_in(shm).or_else(|_| b.tempdir())
+    } else {
+        b.tempdir()
+    };
+    dir.context("making a ledger for the copies")
+}
+
+/// Trains one copy of the job: plan, kernels and initial tensors of its
+/// own, its own session with the scheduler, its own files.
+fn run_copy(
+    args: &Args,
+    g: &Graph,
+    live: &Liveness,
+    shared: &Shared,
+    copy: JobCopy,
+    values: tensile_kernels::Values,
+) -> Result<()> {
     let session = if args.plan.is_none() && !args.vanilla {
-        Some(start_session(&args, &g)?)
+        Some(start_session(args, g, copy)?)
     } else {
         None
     };
@@ -338,7 +524,7 @@ fn main() -> Result<()> {
         (Some(path), _) => {
             let bytes =
                 std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-            tensile_proto::plan_json::plan_from_json(&bytes, &g)
+            tensile_proto::plan_json::plan_from_json(&bytes, g)
                 .with_context(|| format!("plan file {}", path.display()))?
         }
         (None, Some(session)) => {
@@ -350,45 +536,43 @@ fn main() -> Result<()> {
                 }
                 bail!("no plan from the scheduler within {wait:?}");
             };
-            eprintln!(
-                "scheduler: plan version {} of job {}",
-                pushed.version, pushed.job_id
-            );
+            shared.bars.suspend(|| {
+                eprintln!(
+                    "scheduler: plan version {} of job {}",
+                    pushed.version, pushed.job_id
+                )
+            });
             session.applied(&pushed);
             pushed.plan
         }
-        (None, None) => vanilla_plan(&live),
+        (None, None) => vanilla_plan(live),
     };
-    let program = tensile_kernels::Program::new(&g, device)
+    let program = tensile_kernels::Program::new(g, shared.device)
         .with_context(|| format!("graph {:?} cannot run", g.name()))?;
-    let values = tensile_kernels::initial_values(
-        &g,
-        device,
-        args.seed,
-        args.init_params.as_deref(),
-        args.inputs.as_deref(),
-    )?;
-    let initial = tensile_worker::initial_of(&g, &values);
+    let initial = tensile_worker::initial_of(g, &values);
     let config = WorkerConfig {
         iterations: args.iterations,
         memory_budget_bytes: args.memory_mb.map(|m| m.saturating_mul(MB)),
-        host,
-        engine,
+        host: shared.host,
+        engine: shared.engine,
         // A plan's run holds --memory-mb with the executor's guard;
         // vanilla runs out of memory past it, as a GPU would.
         guard: !args.vanilla,
-        ledger: args.ledger.clone(),
+        ledger: shared.ledger.clone(),
     };
-    let mut worker = Worker::new(&g, &live, &plan, program, initial, config)?;
-    let bar = ProgressBar::new(args.iterations as u64).with_style(
-        ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} iterations ({elapsed})")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    let mut worker = Worker::new(g, live, &plan, program, initial, config)?;
+    let bar = shared.bars.add(
+        ProgressBar::new(args.iterations as u64).with_style(
+            ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} iterations ({elapsed})")
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        ),
     );
-    bar.set_message(g.name().to_string());
+    bar.set_message(copy.name(g.name()));
     let mut trace = match &args.memory_trace {
         Some(path) => {
             worker.record_memory();
-            let file = std::fs::File::create(path)
+            let path = copy.path(path);
+            let file = std::fs::File::create(&path)
                 .with_context(|| format!("creating {}", path.display()))?;
             Some(std::io::BufWriter::new(file))
         }
@@ -397,16 +581,16 @@ fn main() -> Result<()> {
     let mut printed = Ok(());
     worker.run(|r| {
         bar.inc(1);
-        bar.suspend(|| {
+        shared.bars.suspend(|| {
             if printed.is_ok() {
-                printed = print(r, args.json);
+                printed = print(r, copy, args.json);
             }
             if let (Some(out), true) = (&mut trace, printed.is_ok()) {
                 printed = write_trace(out, &r.memory);
             }
         });
-        let pushed = session.as_ref()?.iteration_done(&g, r)?;
-        bar.suspend(|| {
+        let pushed = session.as_ref()?.iteration_done(g, r)?;
+        shared.bars.suspend(|| {
             eprintln!(
                 "scheduler: plan version {} of job {} from the next iteration",
                 pushed.version, pushed.job_id
@@ -417,9 +601,12 @@ fn main() -> Result<()> {
     bar.finish_and_clear();
     printed?;
     if let Some(path) = &args.save_params {
+        let path = copy.path(path);
         let values = worker.persistent_values()?;
-        tensile_worker::save_params(&g, values, path)?;
-        eprintln!("parameters written to {}", path.display());
+        tensile_worker::save_params(g, values, &path)?;
+        shared
+            .bars
+            .suspend(|| eprintln!("parameters written to {}", path.display()));
     }
     // The device memory goes before the scheduler hears the job is done
     // (which may take seconds): the other jobs of the device get it now,
@@ -432,4 +619,26 @@ fn main() -> Result<()> {
         session.finish(Duration::from_secs(5));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_copys_files_carry_its_number_before_the_extension() {
+        let one = JobCopy { index: 0, of: 1 };
+        let second = JobCopy { index: 1, of: 3 };
+        let p = |s: &str| PathBuf::from(s);
+        assert_eq!(one.path(&p("out/trace.csv")), p("out/trace.csv"));
+        assert_eq!(second.path(&p("out/trace.csv")), p("out/trace.1.csv"));
+        assert_eq!(second.path(&p("trace")), p("trace.1"));
+        assert_eq!(second.path(&p("a.b.pt")), p("a.b.1.pt"));
+        assert_eq!(
+            (one.name("r50"), second.name("r50")),
+            ("r50".into(), "r50-1".into())
+        );
+        // Shares of the base add up to at least the whole.
+        assert_eq!(second.base_share(1_000_000_001), 333_333_334);
+    }
 }
