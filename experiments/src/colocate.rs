@@ -77,6 +77,11 @@ pub struct ColocateConfig {
     pub threads: usize,
     /// Ours plans with `PlannerConfig::recompute_first`.
     pub recompute_first: bool,
+    /// The k copies are threads of one process (`tensile-worker
+    /// --copies`): they pay the device's base once, a share each
+    /// ([`crate::device::one_process`]), instead of once per job. The
+    /// budget is one copy alone either way (its own whole base).
+    pub one_process: bool,
 }
 
 impl ColocateConfig {
@@ -139,6 +144,8 @@ pub struct ColocateReport {
     pub iterations: usize,
     pub warmup: usize,
     pub eor_target: f64,
+    /// The copies ran as threads of one process (one base for all).
+    pub one_process: bool,
     pub rows: Vec<ColocateRow>,
     pub cases: Vec<CaseSummary>,
 }
@@ -196,6 +203,7 @@ pub fn run_colocate(
         }
     }
     Ok(ColocateReport {
+        one_process: config.one_process,
         iterations: config.iterations,
         warmup: config.warmup,
         eor_target: EOR_TARGET,
@@ -277,6 +285,13 @@ fn run_row(
     seed: u64,
 ) -> Result<ColocateRow, ExperimentError> {
     let batch = ((case.reference_batch as f64 * fraction).round() as u64).max(1);
+    let shared;
+    let device = if config.one_process {
+        shared = crate::device::one_process(device, case.copies);
+        &shared
+    } else {
+        device
+    };
     let graphs = graphs(case, batch)?;
     let lives: Vec<Liveness> = graphs.iter().map(Liveness::analyze).collect();
     let n = config.iterations;

@@ -47,6 +47,17 @@ pub fn copy_model(p: &DeviceProfile) -> CopyModel {
     }
 }
 
+/// The profile as each of `jobs` jobs sees it when they are threads of one
+/// process (`tensile-worker --copies`): the base (CUDA context, library
+/// handles) is the process's, paid once, so each job holds its share of it
+/// (rounded up) instead of a whole one.
+pub fn one_process(p: &DeviceProfile, jobs: usize) -> DeviceProfile {
+    DeviceProfile {
+        base_bytes: p.base_bytes.div_ceil(jobs.max(1) as u64),
+        ..p.clone()
+    }
+}
+
 pub fn planner_config(
     p: &DeviceProfile,
     budget_bytes: Option<u64>,

@@ -196,6 +196,12 @@ pub(crate) struct BenchColocateArgs {
     /// the lower plan (several times the planning time; off by default).
     #[arg(long)]
     pub(crate) recompute_first: bool,
+    /// Run each case's copies as threads of one process (`tensile-worker
+    /// --copies`), which pay the device's base (CUDA context, library
+    /// handles) once, a share each, instead of a process per copy, each
+    /// with its own base. The budget stays one copy alone, with its base.
+    #[arg(long)]
+    pub(crate) one_process: bool,
     /// Print JSON.
     #[arg(long)]
     pub(crate) json: bool,
@@ -451,6 +457,11 @@ pub(crate) struct SimArgs {
     /// the lower plan (several times the planning time; off by default).
     #[arg(long)]
     pub(crate) recompute_first: bool,
+    /// The jobs are threads of one process (`tensile-worker --copies`):
+    /// they pay the device's base (CUDA context, library handles) once, a
+    /// share each, instead of once per job.
+    #[arg(long)]
+    pub(crate) one_process: bool,
     /// Print JSON.
     #[arg(long)]
     pub(crate) json: bool,

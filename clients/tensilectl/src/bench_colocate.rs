@@ -45,6 +45,11 @@ fn print_report(r: &ColocateReport) {
         r.warmup + 1,
         r.iterations
     );
+    if r.one_process {
+        println!(
+            "one process: the copies are threads of one process (tensile-worker --copies) and share one base"
+        );
+    }
     let mut groups: Vec<(&str, &str)> = r
         .rows
         .iter()

@@ -85,6 +85,11 @@ impl SimCommand {
         }
         let profile = device_profile(&a.device.device)?;
         let graphs = parse_jobs(&a.jobs, a)?;
+        let profile = if a.one_process {
+            tensile_experiments::device::one_process(&profile, graphs.len())
+        } else {
+            profile
+        };
         let policy = Policy::parse(&a.policy)?;
         check_activation_budget(a.activation_budget)?;
         Ok(SimCommand {
@@ -219,6 +224,7 @@ impl ColocateCommand {
                 warmup: a.warmup,
                 threads: a.jobs.max(1),
                 recompute_first: a.recompute_first,
+                one_process: a.one_process,
             },
             json: a.json,
             plot: a.plot.clone(),

@@ -361,6 +361,27 @@ fn sim_jobs_mix_zoo_models_and_graph_files() {
     assert_rejected(&out, "missing", "missing.json");
 }
 
+/// `--one-process`: two copies as threads of one process pay the a6000's
+/// base (512 MiB) once, so together they peak lower by exactly one base.
+#[test]
+fn sim_one_process_pays_the_base_once() {
+    let peak = |extra: &[&str]| {
+        let mut args = vec![
+            "sim",
+            "--jobs",
+            "resnet50:2,resnet50:2",
+            "--policy",
+            "vanilla",
+            "--iterations",
+            "2",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        json_of(&args)["system"]["peak_bytes"].as_u64().unwrap()
+    };
+    assert_eq!(peak(&[]) - peak(&["--one-process"]), 512 << 20);
+}
+
 #[test]
 fn sim_with_exact_latencies_and_no_sharing_never_stalls() {
     let out = tensilectl(&[

@@ -139,3 +139,30 @@ fn ours_at_a_baselines_peak_counts_for_the_pareto_summary() {
     let json = serde_json::to_value(loss).unwrap();
     assert_eq!(json["baseline"], "knapsack");
 }
+
+/// Copies that are threads of one process (`tensile-worker --copies`) pay
+/// the device's base once: two vanilla ResNet-50 copies together peak
+/// lower by exactly one base than two processes do, and the shares of
+/// three add up to at least the whole.
+#[test]
+fn copies_in_one_process_pay_the_base_once() {
+    use tensile_experiments::device::one_process;
+    let profile = device_profile("a6000").unwrap();
+    let graphs = vec![resnet50(2), resnet50(2)];
+    let lives: Vec<tensile_graph::Liveness> = graphs
+        .iter()
+        .map(tensile_graph::Liveness::analyze)
+        .collect();
+    let peak = |p| {
+        tensile_experiments::run_policy(&graphs, &lives, Policy::Vanilla, p, &options(2), None)
+            .unwrap()
+            .result
+            .peak_bytes
+    };
+    let shared = one_process(&profile, 2);
+    assert_eq!(shared.base_bytes * 2, profile.base_bytes);
+    assert_eq!(peak(&profile) - peak(&shared), profile.base_bytes);
+    let three = one_process(&profile, 3);
+    assert!(three.base_bytes * 3 >= profile.base_bytes);
+    assert!(three.base_bytes * 3 < profile.base_bytes + 3);
+}
