@@ -135,8 +135,14 @@ fn print_report(r: &ColocateReport) {
 
 /// Capacity per case, a bar per device.
 fn capacity_bars(r: &ColocateReport) -> Bars {
-    let mut cases: Vec<String> = r.cases.iter().map(|s| s.case.clone()).collect();
-    cases.dedup();
+    // Each case once, in the order of the first device's (the summaries
+    // come device by device).
+    let mut cases: Vec<String> = Vec::new();
+    for s in &r.cases {
+        if !cases.contains(&s.case) {
+            cases.push(s.case.clone());
+        }
+    }
     let mut devices: Vec<String> = r.cases.iter().map(|s| s.device.clone()).collect();
     devices.sort();
     devices.dedup();
@@ -162,5 +168,44 @@ fn capacity_bars(r: &ColocateReport) -> Bars {
         y_label: "fraction of the reference batch".to_string(),
         groups: cases,
         series,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tensile_experiments::colocate::CaseSummary;
+
+    #[test]
+    fn the_capacity_plot_has_each_case_once_with_a_bar_per_device() {
+        let case = |device: &str, case: &str, capacity| CaseSummary {
+            device: device.into(),
+            case: case.into(),
+            budget_bytes: 1,
+            capacity,
+            over: 0,
+        };
+        let report = ColocateReport {
+            iterations: 12,
+            warmup: 4,
+            eor_target: EOR_TARGET,
+            one_process: false,
+            rows: Vec::new(),
+            cases: vec![
+                case("a6000", "x2", Some(1.0)),
+                case("a6000", "x3", None),
+                case("h100", "x2", Some(0.5)),
+                case("h100", "x3", Some(0.625)),
+            ],
+        };
+        let bars = capacity_bars(&report);
+        assert_eq!(bars.groups, ["x2", "x3"]);
+        assert_eq!(
+            bars.series,
+            [
+                ("a6000".to_string(), vec![Some(1.0), Some(0.0)]),
+                ("h100".to_string(), vec![Some(0.5), Some(0.625)]),
+            ]
+        );
     }
 }
