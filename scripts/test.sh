@@ -33,6 +33,16 @@ scripts/gpu-check.sh --dry-run --bin-dir target/debug --results "$gpu_results"
 rerun=$(scripts/gpu-check.sh --dry-run --bin-dir target/debug --results "$gpu_results")
 [[ $(grep -c "done before" <<<"$rerun") == 6 ]] || { printf 'gpu-check did not resume:\n%s\n' "$rerun"; exit 1; }
 grep -q "^## 6. Latency models" "$gpu_results/gpu-results.md" || { echo "gpu-check wrote no report"; exit 1; }
+# The colocate step's rows (two processes, one process training both
+# copies) ran and held their storage budget.
+.venv/bin/python - "$gpu_results/colocate.rows.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]
+modes = {r["id"].rsplit("-x2-", 1)[-1] for r in rows}
+bad = [r["id"] for r in rows if r.get("status") != "ok" or r.get("within_budget") is False]
+if bad or not {"vanilla", "scheduler", "one-process"} <= modes:
+    sys.exit(f"gpu-check colocate: failed or over budget {bad}, modes {sorted(modes)}")
+PY
 rm -rf "$gpu_results"
 
 step "all tests passed"

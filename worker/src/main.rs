@@ -366,14 +366,14 @@ fn write_trace(out: &mut impl std::io::Write, memory: &[(u64, u64)]) -> Result<(
     Ok(())
 }
 
-fn start_session(args: &Args, g: &Graph, copy: JobCopy) -> Result<Session> {
+fn start_session(args: &Args, g: &Graph, copy: JobCopy, bars: &MultiProgress) -> Result<Session> {
     let device_ordinal = tensile_proto::endpoint::device_ordinal(&args.device);
     // Found again at every connection; once here so that a scheduler that
     // cannot be found is a clear error at once.
     let address =
         tensile_proto::endpoint::resolve_server(args.scheduler.as_deref(), device_ordinal)
             .context("finding the scheduler (--scheduler ADDR names one)")?;
-    eprintln!("scheduler: {address}");
+    bars.suspend(|| eprintln!("scheduler: {address}"));
     let config = SessionConfig {
         server: args.scheduler.clone(),
         device_ordinal,
@@ -516,7 +516,7 @@ fn run_copy(
     values: tensile_kernels::Values,
 ) -> Result<()> {
     let session = if args.plan.is_none() && !args.vanilla {
-        Some(start_session(args, g, copy)?)
+        Some(start_session(args, g, copy, &shared.bars)?)
     } else {
         None
     };
