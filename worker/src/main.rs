@@ -434,34 +434,17 @@ fn main() -> Result<()> {
             .or_else(|| private.as_ref().map(|d| d.path().to_path_buf())),
         bars: MultiProgress::new(),
     };
-    // Every copy's initial tensors are made here, one after the other,
-    // before any copy runs: the seed is the process's default generator's,
-    // which a copy's random ops (dropout) would otherwise draw from while
-    // another is being seeded.
-    let mut values = Vec::with_capacity(copies);
-    for _ in 0..copies {
-        values.push(tensile_kernels::initial_values(
-            &g,
-            device,
-            args.seed,
-            args.init_params.as_deref(),
-            args.inputs.as_deref(),
-        )?);
-    }
     if copies == 1 {
-        let copy = JobCopy { index: 0, of: 1 };
-        return run_copy(&args, &g, &live, &shared, copy, values.remove(0));
+        return run_copy(&args, &g, &live, &shared, JobCopy { index: 0, of: 1 });
     }
     let results: Vec<Result<()>> = std::thread::scope(|s| {
-        let threads: Vec<_> = values
-            .into_iter()
-            .enumerate()
-            .map(|(index, values)| {
+        let threads: Vec<_> = (0..copies)
+            .map(|index| {
                 let copy = JobCopy { index, of: copies };
                 let (args, g, live, shared) = (&args, &g, &live, &shared);
                 std::thread::Builder::new()
                     .name(format!("copy-{index}"))
-                    .spawn_scoped(s, move || run_copy(args, g, live, shared, copy, values))
+                    .spawn_scoped(s, move || run_copy(args, g, live, shared, copy))
             })
             .collect();
         threads
@@ -507,14 +490,7 @@ fn private_ledger() -> Result<tempfile::TempDir> {
 
 /// Trains one copy of the job: plan, kernels and initial tensors of its
 /// own, its own session with the scheduler, its own files.
-fn run_copy(
-    args: &Args,
-    g: &Graph,
-    live: &Liveness,
-    shared: &Shared,
-    copy: JobCopy,
-    values: tensile_kernels::Values,
-) -> Result<()> {
+fn run_copy(args: &Args, g: &Graph, live: &Liveness, shared: &Shared, copy: JobCopy) -> Result<()> {
     let session = if args.plan.is_none() && !args.vanilla {
         Some(start_session(args, g, copy, &shared.bars)?)
     } else {
@@ -549,6 +525,15 @@ fn run_copy(
     };
     let program = tensile_kernels::Program::new(g, shared.device)
         .with_context(|| format!("graph {:?} cannot run", g.name()))?;
+    // Seeded under the kernels' lock on the process's generator, so every
+    // copy starts from the same tensors whatever the others draw meanwhile.
+    let values = tensile_kernels::initial_values(
+        g,
+        shared.device,
+        args.seed,
+        args.init_params.as_deref(),
+        args.inputs.as_deref(),
+    )?;
     let initial = tensile_worker::initial_of(g, &values);
     let config = WorkerConfig {
         iterations: args.iterations,
