@@ -11,6 +11,8 @@
 //!   in flight).
 //! - `evict`: Capuchin's passive mode (LRU eviction under a budget).
 //! - `sim`: N jobs on one virtual GPU, processor-shared kernels.
+//! - `trace`: memory over time, written and read as the worker's
+//!   `--memory-trace` CSV and added up over jobs.
 //! - `replan`: the simulator's side of re-planning: measurements of an
 //!   iteration handed to the planner's re-planner.
 
@@ -21,6 +23,7 @@ mod machine;
 pub mod replan;
 pub mod sim;
 mod state;
+pub mod trace;
 
 pub use interface::{Effect, ExecError, ExecOptions, IterationStats, Next};
 pub use machine::Executor;

@@ -406,23 +406,6 @@ fn limit(config: &SimConfig, memory: &[Memory<'_>], runs: &[Run], j: usize) -> O
 /// The peak of the sum of the jobs' traces, taking each job's last value
 /// at every instant.
 pub fn global_peak(jobs: &[JobResult]) -> u64 {
-    let mut changes: Vec<(u64, usize, u64)> = Vec::new();
-    for (j, r) in jobs.iter().enumerate() {
-        changes.extend(r.trace.iter().map(|&(t, m)| (t, j, m)));
-    }
-    changes.sort_by_key(|c| (c.0, c.1));
-    let mut cur = vec![0u64; jobs.len()];
-    let (mut sum, mut best) = (0u64, 0u64);
-    let mut i = 0;
-    while i < changes.len() {
-        let t = changes[i].0;
-        while i < changes.len() && changes[i].0 == t {
-            let (_, j, m) = changes[i];
-            sum = sum - cur[j] + m;
-            cur[j] = m;
-            i += 1;
-        }
-        best = best.max(sum);
-    }
-    best
+    let traces: Vec<&[(u64, u64)]> = jobs.iter().map(|r| r.trace.as_slice()).collect();
+    crate::trace::joint_peak(&traces)
 }

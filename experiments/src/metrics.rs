@@ -223,23 +223,9 @@ pub fn phase_metrics(vanilla: &Run, run: &Run, first: bool) -> Option<(f64, f64)
     Some((msr, eor))
 }
 
-/// The jobs' memory added up over time: (ns, bytes) at every change of any
-/// job's memory (ties in job order).
+/// The jobs' memory added up over time: (ns, bytes) at every instant at
+/// which any job's memory changes.
 pub fn total_trace(result: &SimResult) -> Vec<(u64, u64)> {
-    let mut changes: Vec<(u64, usize, u64)> = result
-        .jobs
-        .iter()
-        .enumerate()
-        .flat_map(|(j, job)| job.trace.iter().map(move |&(t, m)| (t, j, m)))
-        .collect();
-    changes.sort_by_key(|c| (c.0, c.1));
-    let mut current = vec![0u64; result.jobs.len()];
-    let mut sum = 0u64;
-    let mut out = Vec::with_capacity(changes.len());
-    for (t, j, m) in changes {
-        sum = sum - current[j] + m;
-        current[j] = m;
-        out.push((t, sum));
-    }
-    out
+    let traces: Vec<&[(u64, u64)]> = result.jobs.iter().map(|j| j.trace.as_slice()).collect();
+    tensile_executor::trace::summed(&traces)
 }

@@ -538,32 +538,9 @@ fn a_workers_measured_base_is_planned_in_the_budget() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Resident bytes over time from a worker's `--memory-trace` file.
+/// A worker's `--memory-trace` file: (seconds, bytes) at every change.
 fn trace(path: &Path) -> Vec<(f64, u64)> {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    text.lines()
-        .filter_map(|l| {
-            let (t, b) = l.split_once(',')?;
-            Some((t.parse().ok()?, b.parse().ok()?))
-        })
-        .collect()
-}
-
-/// The most the traces held at once, added up at every change.
-fn joint_peak(traces: &[Vec<(f64, u64)>]) -> u64 {
-    let mut changes: Vec<(f64, usize, u64)> = traces
-        .iter()
-        .enumerate()
-        .flat_map(|(j, t)| t.iter().map(move |&(s, b)| (s, j, b)))
-        .collect();
-    changes.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-    let mut cur = vec![0u64; traces.len()];
-    let mut best = 0;
-    for (_, j, b) in changes {
-        cur[j] = b;
-        best = best.max(cur.iter().sum());
-    }
-    best
+    tensile_executor::trace::parse_csv(&std::fs::read_to_string(path).unwrap_or_default())
 }
 
 /// `--copies 2`: one process trains two copies of a job as two jobs of the
@@ -661,7 +638,8 @@ fn copies_in_one_process_are_jobs_of_their_own_and_train_as_alone() {
         swapped_bytes(&dir, "copies", &job) > 0,
         "under 70% of the copies' vanilla peaks, the plans moved nothing"
     );
-    let held = joint_peak(&[0, 1].map(|i| trace(&dir.join(format!("copies.{i}.mem")))));
+    let traces = [0, 1].map(|i| trace(&dir.join(format!("copies.{i}.mem"))));
+    let held = tensile_executor::trace::joint_peak(&[&traces[0][..], &traces[1][..]]);
     eprintln!(
         "two copies in one process: together {held} B of {} B",
         storages_mb * 1_000_000

@@ -358,14 +358,6 @@ fn print(r: &IterationReport, copy: JobCopy, json: bool) -> Result<()> {
     Ok(())
 }
 
-fn write_trace(out: &mut impl std::io::Write, memory: &[(u64, u64)]) -> Result<()> {
-    for &(t, bytes) in memory {
-        writeln!(out, "{:.6},{bytes}", t as f64 * 1e-9)?;
-    }
-    out.flush()?;
-    Ok(())
-}
-
 fn start_session(args: &Args, g: &Graph, copy: JobCopy, bars: &MultiProgress) -> Result<Session> {
     let device_ordinal = tensile_proto::endpoint::device_ordinal(&args.device);
     // Found again at every connection; once here so that a scheduler that
@@ -571,7 +563,7 @@ fn run_copy(args: &Args, g: &Graph, live: &Liveness, shared: &Shared, copy: JobC
                 printed = print(r, copy, args.json);
             }
             if let (Some(out), true) = (&mut trace, printed.is_ok()) {
-                printed = write_trace(out, &r.memory);
+                printed = tensile_executor::trace::write_csv(out, &r.memory).map_err(Into::into);
             }
         });
         let pushed = session.as_ref()?.iteration_done(g, r)?;
@@ -598,7 +590,7 @@ fn run_copy(args: &Args, g: &Graph, live: &Liveness, shared: &Shared, copy: JobC
     // and the trace says when it went.
     let rest = worker.close();
     if let Some(mut out) = trace {
-        write_trace(&mut out, &rest)?;
+        tensile_executor::trace::write_csv(&mut out, &rest)?;
     }
     if let Some(session) = session {
         session.finish(Duration::from_secs(5));

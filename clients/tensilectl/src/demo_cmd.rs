@@ -709,18 +709,14 @@ fn series(jobs: &[Job], budget: u64, planned: &[Run], vanilla: &[Run]) -> Vec<Se
 
 /// The sum of the jobs' resident bytes over time.
 fn total(runs: &[Run]) -> Vec<(f64, f64)> {
-    let mut changes: Vec<(f64, usize, f64)> = Vec::new();
-    for (k, r) in runs.iter().enumerate() {
-        changes.extend(r.memory.iter().map(|&(t, b)| (t, k, b)));
-    }
-    changes.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let mut now = vec![0.0; runs.len()];
-    changes
+    let bytes: Vec<Vec<(f64, u64)>> = runs
+        .iter()
+        .map(|r| r.memory.iter().map(|&(t, b)| (t, b as u64)).collect())
+        .collect();
+    let bytes: Vec<&[(f64, u64)]> = bytes.iter().map(Vec::as_slice).collect();
+    tensile_executor::trace::summed(&bytes)
         .into_iter()
-        .map(|(t, k, b)| {
-            now[k] = b;
-            (t, now.iter().sum())
-        })
+        .map(|(t, b)| (t, b as f64))
         .collect()
 }
 
@@ -770,12 +766,9 @@ fn read_iterations(dir: &Path, tag: &str, i: usize, start_mono: u64) -> Iteratio
 /// counts what it held last until it was seen to exit.
 fn read_memory(dir: &Path, tag: &str, i: usize, start_unix: f64, ended: f64) -> Vec<(f64, f64)> {
     let text = fs::read_to_string(dir.join(format!("{tag}-{i}.mem"))).unwrap_or_default();
-    let mut out: Vec<(f64, f64)> = text
-        .lines()
-        .filter_map(|line| {
-            let (t, b) = line.split_once(',')?;
-            Some((t.parse::<f64>().ok()? - start_unix, b.parse::<f64>().ok()?))
-        })
+    let mut out: Vec<(f64, f64)> = tensile_executor::trace::parse_csv(&text)
+        .into_iter()
+        .map(|(t, b)| (t - start_unix, b as f64))
         .collect();
     if let Some(&(t, b)) = out.last()
         && b > 0.0

@@ -300,20 +300,17 @@ fn switching(
 /// The most device memory the workers held together at any moment, from
 /// their memory logs (the threads of one process log on one clock).
 fn sum_peak(runs: &[Vec<IterationReport>]) -> u64 {
-    let mut changes: Vec<(u64, usize, u64)> = Vec::new();
-    for (j, reports) in runs.iter().enumerate() {
-        for r in reports {
-            changes.extend(r.memory.iter().map(|&(t, m)| (t, j, m)));
-        }
-    }
-    changes.sort();
-    let mut cur = vec![0u64; runs.len()];
-    let mut best = 0;
-    for (_, j, m) in changes {
-        cur[j] = m;
-        best = best.max(cur.iter().sum());
-    }
-    best
+    let logs: Vec<Vec<(u64, u64)>> = runs
+        .iter()
+        .map(|reports| {
+            reports
+                .iter()
+                .flat_map(|r| r.memory.iter().copied())
+                .collect()
+        })
+        .collect();
+    let logs: Vec<&[(u64, u64)]> = logs.iter().map(Vec::as_slice).collect();
+    tensile_executor::trace::joint_peak(&logs)
 }
 
 /// Each run's parameters (and optimizer state) against `want`, bit for
