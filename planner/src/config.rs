@@ -103,10 +103,8 @@ pub struct PlannerConfig {
     pub coordinate: bool,
     /// The gates' period is the longest planned iteration times `1 +
     /// gate_slack`, so that gates keep the phases when iterations run a
-    /// little longer than predicted (a job that runs late does not wait).
-    /// 2% by default: a job that overruns its period by 1% at every
-    /// iteration (late prefetches, within the 3% a re-plan waits for)
-    /// drifts onto the next job's phase within a few iterations at 0.5%.
+    /// little longer than predicted (a job that runs late does not wait);
+    /// for three jobs or more, at least [`crate::MANY_JOBS_SLACK`].
     pub gate_slack: f64,
     /// Coordinated jobs are planned on their latencies times `1 +
     /// pace_pad`, and their executors keep to that time line (never ahead):
@@ -140,7 +138,7 @@ impl PlannerConfig {
             max_overhead: 3.0,
             time_cap: None,
             coordinate: false,
-            gate_slack: 0.02,
+            gate_slack: 0.005,
             pace_pad: 0.03,
             coordinated_link: 0.95,
             coordinated_margin: 0.03,

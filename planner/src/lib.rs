@@ -537,10 +537,18 @@ const PHASE_STEPS: u64 = 12;
 const PHASE_STEPS_MANY: u64 = 8;
 /// Passes of that search over the jobs (coordinate descent) beyond two.
 const PHASE_PASSES: usize = 2;
+/// The least slack of the gates' period for three coordinated jobs or
+/// more (`PlannerConfig::gate_slack` for two). Their phases are a third of
+/// the period apart or less, and a job whose iterations each overrun by 1%
+/// (prefetches a little late, under the 3% a re-plan waits for) falls
+/// behind its slot until its peak meets a neighbour's; two jobs, half a
+/// period apart, lose more to a longer period than to that drift.
+pub const MANY_JOBS_SLACK: f64 = 0.02;
 
 /// The cycle and phases of coordinated jobs. Each job is planned alone on
 /// the whole link (swaps that add no time); the cycle is the longest of
-/// those iterations plus `gate_slack`. The phases are searched with the
+/// those iterations plus `gate_slack` (at least [`MANY_JOBS_SLACK`] for
+/// three jobs or more). The phases are searched with the
 /// real objective: the aligned peak of the jobs planned together (swaps
 /// that add no time) at those phases, starting from the phases at which
 /// the curves planned alone interleave best, then trying for each job in
@@ -578,7 +586,12 @@ fn choose_gates(
         })
         .collect();
     let longest = curves.iter().map(|c| c.end).max().unwrap_or(0);
-    let cycle = ((longest as f64) * (1.0 + config.gate_slack.max(0.0))).ceil() as u64;
+    let slack = if state.len() >= 3 {
+        config.gate_slack.max(MANY_JOBS_SLACK)
+    } else {
+        config.gate_slack
+    };
+    let cycle = ((longest as f64) * (1.0 + slack.max(0.0))).ceil() as u64;
     let cycle = cycle.max(longest).max(1);
     // The gates in use stay as long as every job still fits its period and
     // the period is not much longer than needed (re-plans must not move

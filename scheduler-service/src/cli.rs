@@ -91,8 +91,9 @@ pub struct Args {
     #[arg(long, env = "TENSILE_NO_GATES")]
     pub no_gates: bool,
     /// How much longer than the longest planned iteration the gates'
-    /// period is, as a share of it (0 to 1). Default 0.02; a host whose
-    /// iterations jitter by more (a loaded CPU) wants more.
+    /// period is, as a share of it (0 to 1). Default 0.005 (at least 0.02 for
+    /// three jobs or more); a host whose iterations jitter by more (a
+    /// loaded CPU) wants more.
     #[arg(long, env = "TENSILE_GATE_SLACK")]
     pub gate_slack: Option<f64>,
     /// Gated jobs that swaps alone leave over the budget are planned again

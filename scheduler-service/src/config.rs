@@ -114,7 +114,7 @@ impl Config {
             metrics_listen: None,
             gates: true,
             recompute_first: false,
-            gate_slack: 0.02,
+            gate_slack: 0.005,
         }
     }
 
