@@ -26,44 +26,29 @@ use tensile_graph::builder::Optimizer;
 use tensile_graph::zoo::{self, ZooConfig};
 
 const GIB: f64 = (1u64 << 30) as f64;
+
+#[path = "common/mod.rs"]
+mod common;
+
 const USAGE: &str = "usage: phase_bound MODEL BATCH COPIES [DEVICE] [STRETCH] [GRID] [SEED]";
 
 fn main() -> ExitCode {
-    match run() {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("phase_bound: {e}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-fn arg<T: std::str::FromStr>(
-    args: &[String],
-    i: usize,
-    name: &str,
-    default: Option<T>,
-) -> Result<T, String> {
-    match (args.get(i), default) {
-        (Some(s), _) => s
-            .parse()
-            .map_err(|_| format!("{name} must be a number, got {s:?}")),
-        (None, Some(d)) => Ok(d),
-        (None, None) => Err(format!("missing {name}; {USAGE}")),
-    }
+    common::exit("phase_bound", run)
 }
 
 fn run() -> Result<(), String> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let model = args
-        .first()
-        .ok_or_else(|| format!("missing MODEL; {USAGE}"))?;
-    let batch: u64 = arg(&args, 1, "BATCH", None)?;
-    let copies: usize = arg(&args, 2, "COPIES", None)?;
+    let p = common::Positional {
+        args: &args,
+        usage: USAGE,
+    };
+    let model = p.text(0, "MODEL")?;
+    let batch: u64 = p.get(1, "BATCH", None)?;
+    let copies: usize = p.get(2, "COPIES", None)?;
     let device = args.get(3).map_or("a6000", String::as_str);
-    let stretch: f64 = arg(&args, 4, "STRETCH", Some(1.0))?;
-    let grid: u64 = arg(&args, 5, "GRID", Some(if copies == 2 { 32 } else { 8 }))?;
-    let seed: u64 = arg(&args, 6, "SEED", Some(1))?;
+    let stretch: f64 = p.get(4, "STRETCH", Some(1.0))?;
+    let grid: u64 = p.get(5, "GRID", Some(if copies == 2 { 32 } else { 8 }))?;
+    let seed: u64 = p.get(6, "SEED", Some(1))?;
     if !(2..=3).contains(&copies) {
         return Err(format!("COPIES must be 2 or 3, got {copies}"));
     }

@@ -1,0 +1,122 @@
+//! Every iteration of k copies of a zoo model planned by ours under a
+//! budget in the simulator, as `bench colocate` runs one of its rows: when
+//! each began and how long it ran, its stalls, waits for memory, time held
+//! to its plan's pace, late prefetches, the guard's evictions, its peak
+//! and the plan version it ran. This is how to see why a row misses its
+//! EOR (a copy drifting off its gate, a re-plan the run cannot hold).
+//!
+//! ```text
+//! cargo run --release -p tensile-experiments --example iterations -- \
+//!     MODEL BATCH COPIES BUDGET_BYTES [SEED] [ITERATIONS] [DEVICE] [--one-process]
+//! ```
+//!
+//! `BUDGET_BYTES` is the budget `bench colocate` prints in its JSON
+//! (`budget_bytes`); the seed defaults to 1, the iterations to 12 and the
+//! device to `a6000`.
+
+use std::process::ExitCode;
+
+use tensile_baselines::Policy;
+use tensile_experiments::cold_start::ColdStart;
+use tensile_experiments::device::one_process;
+use tensile_experiments::{SimOptions, device_profile, run_policy};
+use tensile_graph::Liveness;
+use tensile_graph::builder::Optimizer;
+use tensile_graph::zoo::{self, ZooConfig};
+
+#[path = "common/mod.rs"]
+mod common;
+
+const USAGE: &str = "usage: iterations MODEL BATCH COPIES BUDGET_BYTES [SEED] [ITERATIONS] [DEVICE] [--one-process]";
+
+fn main() -> ExitCode {
+    common::exit("iterations", run)
+}
+
+fn run() -> Result<(), String> {
+    let all: Vec<String> = std::env::args().skip(1).collect();
+    let shared = all.iter().any(|a| a == "--one-process");
+    let args: Vec<String> = all.into_iter().filter(|a| a != "--one-process").collect();
+    let p = common::Positional {
+        args: &args,
+        usage: USAGE,
+    };
+    let model = p.text(0, "MODEL")?;
+    let batch: u64 = p.get(1, "BATCH", None)?;
+    let copies: usize = p.get(2, "COPIES", None)?;
+    let budget: u64 = p.get(3, "BUDGET_BYTES", None)?;
+    let seed: u64 = p.get(4, "SEED", Some(1))?;
+    let iterations: usize = p.get(5, "ITERATIONS", Some(12))?;
+    let device = args.get(6).map_or("a6000", String::as_str);
+    if !(1..=16).contains(&copies) || batch == 0 || !(1..=1000).contains(&iterations) {
+        return Err(format!(
+            "COPIES must be 1 to 16, BATCH positive, ITERATIONS 1 to 1000; {USAGE}"
+        ));
+    }
+    let mut profile = device_profile(device).map_err(|e| e.to_string())?;
+    if shared {
+        profile = one_process(&profile, copies);
+    }
+    let mut config = ZooConfig::new(batch);
+    config.optimizer = Optimizer::adam();
+    let graph = zoo::build(model, &config).map_err(|e| e.to_string())?;
+    let graphs = vec![graph; copies];
+    let lives: Vec<Liveness> = graphs.iter().map(Liveness::analyze).collect();
+    let opts = SimOptions {
+        iterations,
+        seed,
+        exact: false,
+        no_sharing: false,
+        budget_bytes: Some(budget),
+        stop_at_budget: false,
+        activation_budget: 0.5,
+        starts: Vec::new(),
+        cold_start: ColdStart::Roofline,
+        coordinate: true,
+        recompute_first: false,
+    };
+    let run = run_policy(&graphs, &lives, Policy::Tensile, &profile, &opts, None)
+        .map_err(|e| e.to_string())?;
+    let ms = |ns: u64| ns as f64 / 1e6;
+    for (j, gate) in run.gates.iter().enumerate() {
+        match gate {
+            Some(g) => println!(
+                "copy {j}: first gate period {:.1} ms, phase {:.1} ms",
+                ms(g.period_ns),
+                ms(g.phase_ns)
+            ),
+            None => println!("copy {j}: first plan not gated"),
+        }
+    }
+    println!(
+        "copy  it  plan  start ms    ran ms  stall ms  mem wait ms  paced ms  late  evicted  peak MiB"
+    );
+    for (j, job) in run.result.jobs.iter().enumerate() {
+        for (i, it) in job.iterations.iter().enumerate() {
+            println!(
+                "{j:>4} {i:>3} {:>4}{} {:>9.1} {:>9.1} {:>9.1} {:>12.1} {:>9.1} {:>5} {:>8} {:>9.0}",
+                it.plan_version,
+                if it.switched { "*" } else { " " },
+                ms(it.start_ns),
+                ms(it.end_ns - it.start_ns),
+                ms(it.stall_ns),
+                ms(it.memory_wait_ns),
+                ms(it.paced_ns),
+                it.late_prefetches.len(),
+                it.guard_evictions,
+                it.peak_bytes as f64 / (1u64 << 20) as f64
+            );
+        }
+    }
+    println!("*: the first iteration on a new plan");
+    println!(
+        "peak of all copies together {:.0} MiB of a {:.0} MiB budget; {} re-plans",
+        run.result.peak_bytes as f64 / (1u64 << 20) as f64,
+        budget as f64 / (1u64 << 20) as f64,
+        run.replans
+    );
+    for (at, e) in &run.result.replan_errors {
+        println!("re-plan at {:.1} ms failed: {e}", ms(*at));
+    }
+    Ok(())
+}
