@@ -16,13 +16,15 @@ pub fn write_csv(out: &mut impl Write, memory: &[(u64, u64)]) -> io::Result<()> 
 }
 
 /// Reads what [`write_csv`] wrote: (seconds, bytes) per line. A line that
-/// is not `number,integer` (the last one, cut short when its writer was
-/// stopped) is left out.
+/// is not `finite number,integer` (the last one, cut short when its writer
+/// was stopped; `nan` or `inf`, which no writer writes and no sum could
+/// order) is left out.
 pub fn parse_csv(text: &str) -> Vec<(f64, u64)> {
     text.lines()
         .filter_map(|l| {
             let (t, b) = l.split_once(',')?;
-            Some((t.trim().parse().ok()?, b.trim().parse().ok()?))
+            let t: f64 = t.trim().parse().ok()?;
+            Some((t, b.trim().parse().ok()?)).filter(|_| t.is_finite())
         })
         .collect()
 }
@@ -31,7 +33,8 @@ pub fn parse_csv(text: &str) -> Vec<(f64, u64)> {
 /// changes, each trace holding its last value (0 before its first). Changes
 /// at the same instant are taken together, so the sum never shows a state
 /// that did not exist (one job's free counted before another's allocation
-/// at the same time, or after it).
+/// at the same time, or after it). Times that do not compare (NaN) count
+/// as equal to all others, so they must not occur: [`parse_csv`] drops them.
 pub fn summed<T: Copy + PartialOrd>(traces: &[&[(T, u64)]]) -> Vec<(T, u64)> {
     let mut changes: Vec<(T, usize, u64)> = traces
         .iter()
@@ -85,7 +88,7 @@ mod tests {
         write_csv(&mut out, &[(1_500_000_000, 7), (2_000_001_000, 0)]).unwrap();
         let mut text = String::from_utf8(out).unwrap();
         assert_eq!(text, "1.500000,7\n2.000001,0\n");
-        text.push_str("2.5,12");
+        text.push_str("2.5,12\nnan,3\ninf,4\n-inf,5");
         text.push_str("\n3.0,");
         let got = parse_csv(&text);
         assert_eq!(got, [(1.5, 7), (2.000001, 0), (2.5, 12)]);
