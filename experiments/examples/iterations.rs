@@ -17,12 +17,10 @@
 use std::process::ExitCode;
 
 use tensile_baselines::Policy;
-use tensile_experiments::cold_start::ColdStart;
+use tensile_experiments::colocate::{self, ColocateCase};
 use tensile_experiments::device::one_process;
-use tensile_experiments::{SimOptions, device_profile, run_policy};
+use tensile_experiments::{device_profile, run_policy};
 use tensile_graph::Liveness;
-use tensile_graph::builder::Optimizer;
-use tensile_graph::zoo::{self, ZooConfig};
 
 #[path = "common/mod.rs"]
 mod common;
@@ -57,24 +55,10 @@ fn run() -> Result<(), String> {
     if shared {
         profile = one_process(&profile, copies);
     }
-    let mut config = ZooConfig::new(batch);
-    config.optimizer = Optimizer::adam();
-    let graph = zoo::build(model, &config).map_err(|e| e.to_string())?;
-    let graphs = vec![graph; copies];
+    let case = ColocateCase::new(model, batch, copies);
+    let graphs = colocate::graphs(&case, batch).map_err(|e| e.to_string())?;
     let lives: Vec<Liveness> = graphs.iter().map(Liveness::analyze).collect();
-    let opts = SimOptions {
-        iterations,
-        seed,
-        exact: false,
-        no_sharing: false,
-        budget_bytes: Some(budget),
-        stop_at_budget: false,
-        activation_budget: 0.5,
-        starts: Vec::new(),
-        cold_start: ColdStart::Roofline,
-        coordinate: true,
-        recompute_first: false,
-    };
+    let opts = colocate::options(iterations, seed, Some(budget), false);
     let run = run_policy(&graphs, &lives, Policy::Tensile, &profile, &opts, None)
         .map_err(|e| e.to_string())?;
     let ms = |ns: u64| ns as f64 / 1e6;

@@ -232,14 +232,22 @@ fn summarize(device: &str, case: &str, rows: &[&ColocateRow]) -> CaseSummary {
     }
 }
 
-fn graphs(case: &ColocateCase, batch: u64) -> Result<Vec<Graph>, ExperimentError> {
+/// A case's copies at `batch`: the zoo model with Adam, once per copy.
+pub fn graphs(case: &ColocateCase, batch: u64) -> Result<Vec<Graph>, ExperimentError> {
     let mut cfg = ZooConfig::new(batch);
     cfg.optimizer = Optimizer::adam();
     let g = zoo::build(&case.model, &cfg).map_err(|e| ExperimentError::Colocate(e.to_string()))?;
     Ok(vec![g; case.copies])
 }
 
-fn options(iterations: usize, seed: u64, budget: Option<u64>, recompute_first: bool) -> SimOptions {
+/// How the bench simulates a row: coordinated jobs, latencies from the
+/// roofline estimate, compute sharing on.
+pub fn options(
+    iterations: usize,
+    seed: u64,
+    budget: Option<u64>,
+    recompute_first: bool,
+) -> SimOptions {
     SimOptions {
         iterations,
         seed,
