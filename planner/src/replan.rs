@@ -21,7 +21,12 @@
 //! ended within [`ON_PERIOD`] of the period (late prefetches the gate
 //! absorbed, ops that ran faster) is taken only when it shortens the common
 //! period: a longer one would cost every job time to fix what cost none
-//! ([`Replanner::plan_due`]).
+//! ([`Replanner::plan_due`]). Such a plan is on trial: ops measured while
+//! the jobs kept the longer pace ran faster than they do once the jobs are
+//! packed closer, so when a job on it (settled) runs past its pace or
+//! evicts, the plans before it come back ([`ReplanReason::ShorterMissed`])
+//! and no shorter period is tried again until the jobs or the
+//! configuration change.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -72,6 +77,9 @@ pub enum ReplanReason {
     LatePrefetch,
     /// The job ran free under a budget and the guard evicted to hold it.
     FreeMissed,
+    /// Plans taken only to shorten the period did not hold (a job overran
+    /// it or evicted): the plans before them, which held, come back.
+    ShorterMissed,
 }
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -154,6 +162,8 @@ struct ReplanJob {
     free_missed: bool,
     /// Its current plan is a free one.
     runs_free: bool,
+    /// It has not yet reported an iteration on its current plan.
+    switch_pending: bool,
 }
 
 /// A job's iterations late beyond its plan since the last on time. A
@@ -266,6 +276,19 @@ pub struct Replanner {
     pub replans: usize,
     /// What the next plan is for, since the last one.
     due: Due,
+    /// The plans in use, as handed out.
+    current: Option<MultiPlan>,
+    /// While the plans in use were taken only to shorten the period: the
+    /// plans before them, which held. Ops measured while the gated jobs
+    /// keep a longer pace run faster than they do once the jobs are packed
+    /// closer (each waits less for the others' kernels), so a shorter
+    /// plan from them may not hold; then these come back.
+    fallback: Option<MultiPlan>,
+    /// The fallback is to come back with the next plan.
+    revert: bool,
+    /// Whether a shorter period is still tried: not after shorter plans
+    /// did not hold, until the jobs or the configuration change.
+    shorten: bool,
 }
 
 /// Why the next plan is wanted, from the least to the most pressing.
@@ -292,6 +315,10 @@ impl Replanner {
             version: 0,
             replans: 0,
             due: Due::Needed,
+            current: None,
+            fallback: None,
+            revert: false,
+            shorten: true,
         }
     }
 
@@ -303,7 +330,16 @@ impl Replanner {
     /// plan uses it.
     pub fn set_config(&mut self, config: PlannerConfig) {
         self.config = config;
+        self.start_over();
+    }
+
+    /// A new plan is needed whatever it is, and a shorter period is worth
+    /// trying again.
+    fn start_over(&mut self) {
         self.due = Due::Needed;
+        self.fallback = None;
+        self.revert = false;
+        self.shorten = true;
     }
 
     /// Adds a job whose op latencies are first `predicted` (ns per op).
@@ -343,6 +379,7 @@ impl Replanner {
                 late: LateStreak::default(),
                 free_missed: false,
                 runs_free: false,
+                switch_pending: true,
             },
         );
         self.jobs_changed();
@@ -359,7 +396,7 @@ impl Replanner {
     /// Another mix of jobs: a new plan is needed, and whether free plans
     /// hold for it is not known yet.
     fn jobs_changed(&mut self) {
-        self.due = Due::Needed;
+        self.start_over();
         for j in self.jobs.values_mut() {
             j.free_missed = false;
         }
@@ -437,6 +474,9 @@ impl Replanner {
         // storage moves to where the new plan wants it. Its measurements
         // would mislead the next plan, so they are left out; the others
         // only tell whether it keeps its pace.
+        if m.switched {
+            job.switch_pending = false;
+        }
         if job.gate.is_some() {
             if m.switched {
                 job.settling = SETTLE;
@@ -446,6 +486,19 @@ impl Replanner {
                 job.settling -= 1;
                 job.overruns = 0;
                 return Ok(None);
+            }
+            // On plans taken only to shorten the period, one iteration
+            // past its pace or with evictions brings the plans before them
+            // back.
+            let missed_pace = job.gate.is_some_and(|g| {
+                m.iteration_ns as f64 > g.period_ns as f64 * PACE || !m.evictions.is_empty()
+            });
+            if self.fallback.is_some() && !job.switch_pending && missed_pace {
+                job.fold(&m.op_ns, weight);
+                job.measured = true;
+                job.overruns = 0;
+                self.revert = true;
+                return Ok(Some(ReplanReason::ShorterMissed));
             }
             // A job whose first measured iteration kept its gate's pace
             // (ops not clearly faster than planned, no prefetch late
@@ -553,6 +606,7 @@ impl Replanner {
     pub fn plan_all(&mut self) -> Result<MultiPlan, ReplanError> {
         let mut out = self.propose()?;
         self.adopt(&mut out);
+        self.fallback = None;
         Ok(out)
     }
 
@@ -562,14 +616,28 @@ impl Replanner {
     /// not shorten that period: then `None`, the current plans stay, and
     /// the measurements wait in the estimates for the next plan.
     pub fn plan_due(&mut self) -> Result<Option<MultiPlan>, ReplanError> {
-        let mut out = self.propose()?;
-        let period = self.jobs.values().find_map(|j| j.gate).map(|g| g.period_ns);
-        let shorter = matches!(period, Some(p) if out.cycle_ns > 0 && out.cycle_ns < p);
-        if self.due == Due::Shorter && !shorter {
+        if let Some(mut out) = self.fallback.take().filter(|_| self.revert) {
+            self.revert = false;
+            self.shorten = false;
+            self.adopt(&mut out);
+            return Ok(Some(out));
+        }
+        self.revert = false;
+        if self.due == Due::Shorter && !self.shorten {
             self.due = Due::Nothing;
             return Ok(None);
         }
+        let mut out = self.propose()?;
+        let period = self.jobs.values().find_map(|j| j.gate).map(|g| g.period_ns);
+        let shorter = matches!(period, Some(p) if out.cycle_ns > 0 && out.cycle_ns < p);
+        let optional = self.due == Due::Shorter;
+        if optional && !shorter {
+            self.due = Due::Nothing;
+            return Ok(None);
+        }
+        let held = self.current.take();
         self.adopt(&mut out);
+        self.fallback = if optional { held } else { None };
         Ok(Some(out))
     }
 
@@ -628,11 +696,13 @@ impl Replanner {
         for p in &mut out.plans {
             p.version = self.version;
         }
+        self.current = Some(out.clone());
         for (j, p) in self.jobs.values_mut().zip(&out.plans) {
             j.at_plan = j.estimates.iter().sum();
             j.last_iteration_ns = 0;
             j.gate = p.gate;
             j.runs_free = p.gate.is_none();
+            j.switch_pending = true;
             j.planned_late.clear();
             for w in &p.prediction.waits {
                 for &t in &j.graph.op(w.op).inputs {

@@ -307,6 +307,7 @@ impl Planner {
                         ReplanReason::Drift => "drift",
                         ReplanReason::LatePrefetch => "late_prefetch",
                         ReplanReason::FreeMissed => "free_missed",
+                        ReplanReason::ShorterMissed => "shorter_missed",
                     });
                 }
                 (

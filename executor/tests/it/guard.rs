@@ -506,3 +506,108 @@ fn recomputing_first_fits_coordinated_jobs_on_a_shorter_cycle() {
             .all(|j| j.error.is_none() && j.iterations.len() == 4)
     );
 }
+
+/// A plan taken only to shorten the period (the gated jobs kept their pace
+/// and their ops ran faster than planned) is tried: when a job then misses
+/// its pace on it, the plans before it, which held, come back, and no
+/// shorter period is tried again for the same jobs.
+#[test]
+fn a_shorter_plan_that_does_not_hold_gives_way_to_the_one_before() {
+    let graphs: Vec<Graph> = (0..2).map(|_| model(0, 3)).collect();
+    let lat = latencies(&graphs[0]);
+    let floor: u64 = graphs.iter().map(lower_bound).sum();
+    let top: u64 = graphs.iter().map(vanilla_peak).sum();
+    let budget = (floor + top) / 2;
+    let copy = CopyModel::duplex(4e9, 4e9, 5_000);
+    let mut replanner = coordinated_replanner(&graphs, &[lat.clone(), lat.clone()], copy, budget);
+    let first = replanner.plan_all().unwrap();
+    let period = first.cycle_ns;
+    assert!(period > 0, "the first plan is gated");
+    // Ops at 70% of their estimates, each iteration held to the period by
+    // the pace: the measurements ask for a plan only if it is shorter.
+    let fast: Vec<u64> = lat.iter().map(|x| x * 7 / 10).collect();
+    let iteration = |ns: u64, switched: bool| Measurements {
+        op_ns: fast.clone(),
+        iteration_ns: ns,
+        switched,
+        ..Measurements::default()
+    };
+    for j in 0..2 {
+        // The first iteration is left out.
+        assert_eq!(
+            replanner
+                .observe(JobId(j), &iteration(period, false))
+                .unwrap(),
+            None
+        );
+        assert_eq!(
+            replanner
+                .observe(JobId(j), &iteration(period, false))
+                .unwrap(),
+            Some(ReplanReason::FirstMeasurements)
+        );
+    }
+    let shorter = replanner.plan_due().unwrap().expect("a shorter plan");
+    assert!(
+        shorter.cycle_ns < period,
+        "{} not under {period}",
+        shorter.cycle_ns
+    );
+    // Job 1 reports an iteration that began on the plans before: it says
+    // nothing about the shorter ones.
+    let long = period * 11 / 10;
+    assert_eq!(
+        replanner
+            .observe(JobId(1), &iteration(long, false))
+            .unwrap(),
+        None
+    );
+    // Job 0 switches, settles, and runs past the shorter period.
+    assert_eq!(
+        replanner.observe(JobId(0), &iteration(long, true)).unwrap(),
+        None
+    );
+    assert_eq!(
+        replanner
+            .observe(JobId(0), &iteration(long, false))
+            .unwrap(),
+        None
+    );
+    assert_eq!(
+        replanner
+            .observe(JobId(0), &iteration(long, false))
+            .unwrap(),
+        Some(ReplanReason::ShorterMissed)
+    );
+    let back = replanner.plan_due().unwrap().expect("the plans before");
+    assert_eq!(back.cycle_ns, period);
+    assert_eq!(back.plans.len(), first.plans.len());
+    for (b, f) in back.plans.iter().zip(&first.plans) {
+        assert_eq!(b.version, shorter.plans[0].version + 1, "a new version");
+        assert_eq!((&b.events, b.gate), (&f.events, f.gate), "the same plan");
+    }
+    // On them, ops even faster, iteration after iteration on the period:
+    // they ask for a re-plan, but no shorter period is tried again.
+    let faster: Vec<u64> = lat.iter().map(|x| x * 4 / 10).collect();
+    let on_period = |switched: bool| Measurements {
+        op_ns: faster.clone(),
+        ..iteration(period, switched)
+    };
+    let version = replanner.next_version();
+    let mut asked = 0;
+    for j in 0..2 {
+        assert_eq!(replanner.observe(JobId(j), &on_period(true)).unwrap(), None);
+        for _ in 0..6 {
+            if replanner
+                .observe(JobId(j), &on_period(false))
+                .unwrap()
+                .is_some()
+            {
+                asked += 1;
+                assert!(replanner.plan_due().unwrap().is_none(), "a new plan");
+            }
+        }
+    }
+    assert!(asked > 0, "the faster ops never asked for a re-plan");
+    assert_eq!(replanner.next_version(), version);
+}
