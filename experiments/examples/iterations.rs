@@ -1,9 +1,10 @@
 //! Every iteration of k copies of a zoo model planned by ours under a
 //! budget in the simulator, as `bench colocate` runs one of its rows: when
-//! each began and how long it ran, its stalls, waits for memory, time held
-//! to its plan's pace, late prefetches, the guard's evictions, its peak
-//! and the plan version it ran. This is how to see why a row misses its
-//! EOR (a copy drifting off its gate, a re-plan the run cannot hold).
+//! each began and how long it ran, its ops' measured time, its stalls,
+//! waits for memory, time held to its plan's pace, late prefetches, the
+//! guard's evictions, its peak and the plan version it ran. This is how to
+//! see why a row misses its EOR (a copy drifting off its gate, a re-plan
+//! the run cannot hold).
 //!
 //! ```text
 //! cargo run --release -p tensile-experiments --example iterations -- \
@@ -73,16 +74,17 @@ fn run() -> Result<(), String> {
         }
     }
     println!(
-        "copy  it  plan  start ms    ran ms  stall ms  mem wait ms  paced ms  late  evicted  peak MiB"
+        "copy  it  plan  start ms    ran ms    ops ms  stall ms  mem wait ms  paced ms  late  evicted  peak MiB"
     );
     for (j, job) in run.result.jobs.iter().enumerate() {
         for (i, it) in job.iterations.iter().enumerate() {
             println!(
-                "{j:>4} {i:>3} {:>4}{} {:>9.1} {:>9.1} {:>9.1} {:>12.1} {:>9.1} {:>5} {:>8} {:>9.0}",
+                "{j:>4} {i:>3} {:>4}{} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>12.1} {:>9.1} {:>5} {:>8} {:>9.0}",
                 it.plan_version,
                 if it.switched { "*" } else { " " },
                 ms(it.start_ns),
                 ms(it.end_ns - it.start_ns),
+                ms(it.op_ns.iter().sum()),
                 ms(it.stall_ns),
                 ms(it.memory_wait_ns),
                 ms(it.paced_ns),
