@@ -477,6 +477,10 @@ impl Replanner {
         if m.switched {
             job.switch_pending = false;
         }
+        // A gated job's ops ran under UNDERRUN of its estimates OVERRUNS
+        // iterations in a row: a re-plan is due whatever the drift
+        // threshold says.
+        let mut underran = false;
         if job.gate.is_some() {
             if m.switched {
                 job.settling = SETTLE;
@@ -528,6 +532,7 @@ impl Replanner {
                 if job.underruns < OVERRUNS {
                     return Ok(self.keep_pace(id, m));
                 }
+                underran = true;
             }
             job.underruns = 0;
             job.overruns = 0;
@@ -553,7 +558,7 @@ impl Replanner {
             *lead = ((*lead + beyond) as f64 * 1.05).ceil() as u64;
         }
         let late = job.late.due(late_ns);
-        let drift = (now - base).abs() / base > threshold;
+        let drift = underran || (now - base).abs() / base > threshold;
         if !self.enabled {
             return Ok(None);
         }
@@ -1012,6 +1017,41 @@ mod tests {
         assert_eq!(
             r.observe(id, &paced(fast)).unwrap(),
             Some(ReplanReason::Drift)
+        );
+    }
+
+    #[test]
+    fn ops_under_underrun_replan_a_gated_job_within_the_drift_threshold() {
+        let (mut r, id, _, period) = gated_replanner();
+        let paced = |op_ns: Vec<u64>| Measurements {
+            iteration_ns: period,
+            ..measured(op_ns)
+        };
+        // Planned from its measurements, still gated.
+        for _ in 0..=SETTLE {
+            r.observe(id, &paced(r.estimates(id).unwrap())).unwrap();
+        }
+        r.plan_all().unwrap();
+        let gate = Gate {
+            period_ns: period,
+            phase_ns: 0,
+            epoch_ns: 0,
+        };
+        r.jobs.get_mut(&id).unwrap().gate = Some(gate);
+        r.due = Due::Nothing;
+        // Ops at 75% of the estimates: under UNDERRUN, and the drift they
+        // make (25%) is within the threshold (30%).
+        let est = r.estimates(id).unwrap();
+        let fast: Vec<u64> = est.iter().map(|x| x * 3 / 4).collect();
+        let asked: Vec<_> = (0..OVERRUNS)
+            .map(|_| r.observe(id, &paced(fast.clone())).unwrap())
+            .collect();
+        assert_eq!(
+            asked,
+            [None, None, Some(ReplanReason::Drift)],
+            "{} of {}",
+            fast.iter().sum::<u64>(),
+            est.iter().sum::<u64>()
         );
     }
 
