@@ -621,13 +621,13 @@ impl Replanner {
     /// not shorten that period: then `None`, the current plans stay, and
     /// the measurements wait in the estimates for the next plan.
     pub fn plan_due(&mut self) -> Result<Option<MultiPlan>, ReplanError> {
-        if let Some(mut out) = self.fallback.take().filter(|_| self.revert) {
-            self.revert = false;
+        if std::mem::take(&mut self.revert)
+            && let Some(mut out) = self.fallback.take()
+        {
             self.shorten = false;
             self.adopt(&mut out);
             return Ok(Some(out));
         }
-        self.revert = false;
         if self.due == Due::Shorter && !self.shorten {
             self.due = Due::Nothing;
             return Ok(None);
@@ -1018,6 +1018,35 @@ mod tests {
             r.observe(id, &paced(fast)).unwrap(),
             Some(ReplanReason::Drift)
         );
+    }
+
+    #[test]
+    fn a_plan_on_trial_keeps_its_fallback_until_it_misses_or_is_replaced() {
+        let (mut r, id, _, period) = gated_replanner();
+        let before = r.plan_all().unwrap();
+        r.jobs.get_mut(&id).unwrap().gate = Some(Gate {
+            period_ns: period,
+            phase_ns: 0,
+            epoch_ns: 0,
+        });
+        // As if a shorter plan had been taken over `before`.
+        r.fallback = Some(before.clone());
+        // A request for a shorter plan that finds none leaves the trial on.
+        r.due = Due::Shorter;
+        assert!(r.plan_due().unwrap().is_none());
+        assert!(r.fallback.is_some(), "the trial ended without a miss");
+        // A miss: `before` comes back under a new version.
+        r.revert = true;
+        let version = r.next_version();
+        let back = r.plan_due().unwrap().unwrap();
+        assert_eq!(back.plans[0].version, version);
+        assert_eq!(back.plans[0].events, before.plans[0].events);
+        assert!(r.fallback.is_none() && !r.shorten);
+        // A plan needed for another reason ends the trial too.
+        r.fallback = Some(before);
+        r.due = Due::Needed;
+        assert!(r.plan_due().unwrap().is_some());
+        assert!(r.fallback.is_none());
     }
 
     #[test]
