@@ -1,0 +1,380 @@
+//! The re-planner's unit tests.
+
+#![allow(clippy::unwrap_used)]
+
+use tensile_graph::DType;
+use tensile_graph::builder::{Builder, Optimizer};
+
+use super::*;
+use crate::CopyModel;
+
+fn mlp() -> Arc<Graph> {
+    let mut b = Builder::new("mlp");
+    let x = b.input("x", vec![512, 256], DType::F32);
+    let y = b.input("y", vec![512], DType::I64);
+    let h = b.linear("fc1", x, 256, false);
+    let h = b.relu("act1", h);
+    let logits = b.linear("head", h, 10, false);
+    let loss = b.cross_entropy("loss", logits, y);
+    Arc::new(b.finish(loss, Optimizer::adam()).unwrap())
+}
+
+fn replanner() -> (Replanner, Arc<Graph>, Vec<u64>) {
+    let g = mlp();
+    let lat = vec![10_000; g.ops().len()];
+    let mut r = Replanner::new(PlannerConfig::new(CopyModel::duplex(1e9, 1e9, 1_000)));
+    r.add_job(JobId(7), g.clone(), &lat, JobSettings::default())
+        .unwrap();
+    (r, g, lat)
+}
+
+fn measured(op_ns: Vec<u64>) -> Measurements {
+    Measurements {
+        op_ns,
+        ..Measurements::default()
+    }
+}
+
+#[test]
+fn jobs_are_added_and_removed_by_id_with_clear_errors() {
+    let (mut r, g, lat) = replanner();
+    assert_eq!(
+        r.add_job(JobId(7), g.clone(), &lat, JobSettings::default()),
+        Err(ReplanError::Duplicate(JobId(7)))
+    );
+    assert_eq!(
+        r.add_job(JobId(8), g.clone(), &lat[1..], JobSettings::default()),
+        Err(ReplanError::LatencyCount {
+            job: JobId(8),
+            got: lat.len() - 1,
+            ops: lat.len()
+        })
+    );
+    r.add_job(JobId(3), g, &lat, JobSettings::default())
+        .unwrap();
+    assert_eq!(r.job_ids(), vec![JobId(3), JobId(7)]);
+    let plans = r.plan_all().unwrap();
+    assert_eq!(plans.plans.len(), 2);
+    assert!(plans.plans.iter().all(|p| p.version == 1));
+    r.remove_job(JobId(3)).unwrap();
+    assert_eq!(
+        r.remove_job(JobId(3)),
+        Err(ReplanError::UnknownJob(JobId(3)))
+    );
+    assert_eq!(r.plan_all().unwrap().plans[0].version, 2);
+    assert_eq!(
+        r.observe(JobId(3), &measured(lat)),
+        Err(ReplanError::UnknownJob(JobId(3)))
+    );
+}
+
+#[test]
+fn a_replan_is_due_on_first_measurements_drift_and_late_prefetches() {
+    let (mut r, g, lat) = replanner();
+    r.plan_all().unwrap();
+    let id = JobId(7);
+    assert_eq!(
+        r.observe(id, &measured(lat.clone())).unwrap(),
+        Some(ReplanReason::FirstMeasurements)
+    );
+    r.plan_all().unwrap();
+    assert_eq!(r.observe(id, &measured(lat.clone())).unwrap(), None);
+    let slower: Vec<u64> = lat.iter().map(|x| x * 2).collect();
+    assert_eq!(
+        r.observe(id, &measured(slower.clone())).unwrap(),
+        Some(ReplanReason::Drift)
+    );
+    r.plan_all().unwrap();
+    let act = g.tensors().iter().find(|t| t.name == "act1").unwrap().id;
+    let late = Measurements {
+        late_prefetches: vec![(act, 5_000)],
+        ..measured(slower.clone())
+    };
+    assert_eq!(
+        r.observe(id, &late).unwrap(),
+        Some(ReplanReason::LatePrefetch)
+    );
+    // Measurements of the wrong shape are errors, not panics.
+    assert!(matches!(
+        r.observe(id, &measured(vec![1; 3])),
+        Err(ReplanError::LatencyCount { .. })
+    ));
+    let bad = Measurements {
+        late_prefetches: vec![(TensorId(u32::MAX), 1)],
+        ..measured(slower)
+    };
+    assert!(matches!(
+        r.observe(id, &bad),
+        Err(ReplanError::UnknownTensor { .. })
+    ));
+}
+
+#[test]
+fn late_prefetches_that_replans_do_not_cure_back_off_and_shrinking_ones_do_not() {
+    let (mut r, g, lat) = replanner();
+    r.plan_all().unwrap();
+    let id = JobId(7);
+    r.observe(id, &measured(lat.clone())).unwrap();
+    r.plan_all().unwrap();
+    let act = g.tensors().iter().find(|t| t.name == "act1").unwrap().id;
+    let late = |wait: u64| Measurements {
+        late_prefetches: vec![(act, wait)],
+        ..measured(lat.clone())
+    };
+    // As late after each re-plan as before it: re-plans at late
+    // iterations 1, 2, 4, 8 and 16, then every 16th.
+    let asked: Vec<usize> = (1..=40)
+        .filter(|_| {
+            let due = r.observe(id, &late(5_000_000)).unwrap().is_some();
+            if due {
+                r.plan_all().unwrap();
+            }
+            due
+        })
+        .collect();
+    assert_eq!(asked, vec![1, 2, 4, 8, 16, 32]);
+    // An iteration on time ends the streak: the next late one asks at
+    // once, and so does each that is clearly less late than the last.
+    assert_eq!(r.observe(id, &measured(lat.clone())).unwrap(), None);
+    for k in 0..5 {
+        assert_eq!(
+            r.observe(id, &late(5_000_000 >> k)).unwrap(),
+            Some(ReplanReason::LatePrefetch),
+            "late by {} ns",
+            5_000_000 >> k
+        );
+        r.plan_all().unwrap();
+    }
+}
+
+#[test]
+fn disabled_it_folds_measurements_in_but_never_asks_to_replan() {
+    let (mut r, _, lat) = replanner();
+    r.enabled = false;
+    let slower: Vec<u64> = lat.iter().map(|x| x * 3).collect();
+    assert_eq!(r.observe(JobId(7), &measured(slower)).unwrap(), None);
+    let est = r.estimates(JobId(7)).unwrap();
+    assert!(est.iter().zip(&lat).all(|(e, l)| e > l));
+}
+
+#[test]
+fn a_gated_job_on_pace_takes_a_new_plan_only_if_it_shortens_the_period() {
+    let (mut r, id, lat, period) = gated_replanner();
+    // Its first iteration is left out. Its first measured one ends on
+    // its period, with prefetches late by a tenth of it: a re-plan is
+    // asked for, but the only plan (one job alone, not gated) has no
+    // shorter period.
+    let late = Measurements {
+        iteration_ns: period,
+        late_prefetches: vec![(TensorId(0), period / 10)],
+        ..measured(lat.clone())
+    };
+    let mut asked = Vec::new();
+    for _ in 0..2 {
+        asked.push(r.observe(id, &late).unwrap());
+    }
+    assert_eq!(asked, [None, Some(ReplanReason::FirstMeasurements)]);
+    let version = r.next_version();
+    assert!(r.plan_due().unwrap().is_none());
+    assert_eq!(r.next_version(), version, "the current plan stays");
+    assert!(r.jobs[&id].gate.is_some(), "and so does its gate");
+    // Through `replan_after`: nothing handed out, nothing counted.
+    let (mut r, ..) = gated_replanner();
+    let mut handed = Vec::new();
+    for _ in 0..2 {
+        handed.push(r.replan_after(id, &late, Replanner::plan_due).unwrap());
+    }
+    assert!(handed.iter().all(Vec::is_empty), "{handed:?}");
+    assert_eq!(r.replans, 0);
+    // The same iteration past its period: the new plan is taken.
+    let overran = Measurements {
+        iteration_ns: period * 11 / 10,
+        ..late.clone()
+    };
+    let (mut r, ..) = gated_replanner();
+    handed.clear();
+    for _ in 0..2 {
+        handed.push(r.replan_after(id, &overran, Replanner::plan_due).unwrap());
+    }
+    assert_eq!(handed.last().map(Vec::len), Some(1), "{handed:?}");
+    assert_eq!(r.replans, 1);
+    assert_eq!(r.next_version(), version + 1);
+    // `plan_all` plans whatever was asked.
+    let (mut r, ..) = gated_replanner();
+    for _ in 0..2 {
+        r.observe(id, &late).unwrap();
+    }
+    assert_eq!(r.plan_all().unwrap().plans[0].version, version);
+}
+
+/// [`replanner`] with job 7 gated on a period of its predicted
+/// iteration, planned: (the re-planner, the job, its predictions, the
+/// period).
+fn gated_replanner() -> (Replanner, JobId, Vec<u64>, u64) {
+    let (mut r, _, lat) = replanner();
+    let id = JobId(7);
+    let period: u64 = lat.iter().sum();
+    r.jobs.get_mut(&id).unwrap().gate = Some(Gate {
+        period_ns: period,
+        phase_ns: 0,
+        epoch_ns: 0,
+    });
+    // As if that gated plan had just been made.
+    r.due = Due::Nothing;
+    (r, id, lat, period)
+}
+
+#[test]
+fn a_gated_job_learns_its_latencies_and_a_clearly_faster_one_replans() {
+    let (mut r, id, lat, period) = gated_replanner();
+    // Ops at half their predictions, the iteration held to the period
+    // by the pace: the first measurements still come in once settled.
+    let half: Vec<u64> = lat.iter().map(|x| x / 2).collect();
+    let paced = |op_ns: Vec<u64>| Measurements {
+        iteration_ns: period,
+        ..measured(op_ns)
+    };
+    let mut asked = Vec::new();
+    for _ in 0..=SETTLE {
+        asked.push(r.observe(id, &paced(half.clone())).unwrap());
+    }
+    assert_eq!(
+        asked.iter().flatten().collect::<Vec<_>>(),
+        [&ReplanReason::FirstMeasurements],
+        "{asked:?}"
+    );
+    let learned: u64 = r.estimates(id).unwrap().iter().sum();
+    assert!(learned * 10 < period * 9, "{learned}");
+    // Ops within UNDERRUN of the estimates keep the plan.
+    let est: Vec<u64> = r
+        .estimates(id)
+        .unwrap()
+        .iter()
+        .map(|&e| e * 9 / 10)
+        .collect();
+    for _ in 0..2 * OVERRUNS {
+        assert_eq!(r.observe(id, &paced(est.clone())).unwrap(), None);
+    }
+    // Clearly faster, OVERRUNS times in a row: a re-plan.
+    let fast: Vec<u64> = est.iter().map(|x| x / 2).collect();
+    for _ in 1..OVERRUNS {
+        assert_eq!(r.observe(id, &paced(fast.clone())).unwrap(), None);
+    }
+    assert_eq!(
+        r.observe(id, &paced(fast)).unwrap(),
+        Some(ReplanReason::Drift)
+    );
+}
+
+#[test]
+fn a_plan_on_trial_keeps_its_fallback_until_it_misses_or_is_replaced() {
+    let (mut r, id, _, period) = gated_replanner();
+    let before = r.plan_all().unwrap();
+    r.jobs.get_mut(&id).unwrap().gate = Some(Gate {
+        period_ns: period,
+        phase_ns: 0,
+        epoch_ns: 0,
+    });
+    // As if a shorter plan had been taken over `before`.
+    r.fallback = Some(before.clone());
+    // A request for a shorter plan that finds none leaves the trial on.
+    r.due = Due::Shorter;
+    assert!(r.plan_due().unwrap().is_none());
+    assert!(r.fallback.is_some(), "the trial ended without a miss");
+    // A miss: `before` comes back under a new version.
+    r.revert = true;
+    let version = r.next_version();
+    let back = r.plan_due().unwrap().unwrap();
+    assert_eq!(back.plans[0].version, version);
+    assert_eq!(back.plans[0].events, before.plans[0].events);
+    assert!(r.fallback.is_none() && !r.shorten);
+    // A plan needed for another reason ends the trial too.
+    r.fallback = Some(before);
+    r.due = Due::Needed;
+    assert!(r.plan_due().unwrap().is_some());
+    assert!(r.fallback.is_none());
+}
+
+#[test]
+fn ops_under_underrun_replan_a_gated_job_within_the_drift_threshold() {
+    let (mut r, id, _, period) = gated_replanner();
+    let paced = |op_ns: Vec<u64>| Measurements {
+        iteration_ns: period,
+        ..measured(op_ns)
+    };
+    // Planned from its measurements, still gated.
+    for _ in 0..=SETTLE {
+        r.observe(id, &paced(r.estimates(id).unwrap())).unwrap();
+    }
+    r.plan_all().unwrap();
+    let gate = Gate {
+        period_ns: period,
+        phase_ns: 0,
+        epoch_ns: 0,
+    };
+    r.jobs.get_mut(&id).unwrap().gate = Some(gate);
+    r.due = Due::Nothing;
+    // Ops at 75% of the estimates: under UNDERRUN, and the drift they
+    // make (25%) is within the threshold (30%).
+    let est = r.estimates(id).unwrap();
+    let fast: Vec<u64> = est.iter().map(|x| x * 3 / 4).collect();
+    let asked: Vec<_> = (0..OVERRUNS)
+        .map(|_| r.observe(id, &paced(fast.clone())).unwrap())
+        .collect();
+    assert_eq!(
+        asked,
+        [None, None, Some(ReplanReason::Drift)],
+        "{} of {}",
+        fast.iter().sum::<u64>(),
+        est.iter().sum::<u64>()
+    );
+}
+
+#[test]
+fn a_gated_job_that_keeps_its_pace_keeps_its_plan_and_learns() {
+    let (mut r, id, lat, period) = gated_replanner();
+    // Ops at 90% of their predictions, the iteration on its period.
+    let near: Vec<u64> = lat.iter().map(|x| x * 9 / 10).collect();
+    let paced = |op_ns: Vec<u64>, iteration_ns: u64| Measurements {
+        iteration_ns,
+        ..measured(op_ns)
+    };
+    for _ in 0..=SETTLE {
+        assert_eq!(r.observe(id, &paced(near.clone(), period)).unwrap(), None);
+    }
+    let learned: u64 = r.estimates(id).unwrap().iter().sum();
+    assert!(learned < period, "{learned} {period}");
+    // The same job overrunning its period keeps asking, as before.
+    let mut asked = Vec::new();
+    for _ in 0..OVERRUNS {
+        asked.push(
+            r.observe(id, &paced(near.clone(), period * 11 / 10))
+                .unwrap(),
+        );
+    }
+    assert_eq!(asked.last(), Some(&Some(ReplanReason::Drift)), "{asked:?}");
+    // Half again past its period: the estimates grow by DRIFT_STEP, not
+    // by all of the overrun.
+    let before: f64 = r.jobs[&id].estimates.iter().sum();
+    for _ in 0..OVERRUNS {
+        r.observe(id, &paced(near.clone(), period * 3 / 2)).unwrap();
+    }
+    let after: f64 = r.jobs[&id].estimates.iter().sum();
+    assert!(
+        (after / before - DRIFT_STEP).abs() < 1e-9,
+        "{before} {after}"
+    );
+    // A first iteration that overran its period re-plans at once.
+    let (mut r, ..) = gated_replanner();
+    let asked: Vec<_> = (0..=SETTLE)
+        .map(|_| {
+            r.observe(id, &paced(near.clone(), period * 11 / 10))
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(
+        asked.iter().flatten().collect::<Vec<_>>(),
+        [&ReplanReason::FirstMeasurements],
+        "{asked:?}"
+    );
+}
