@@ -183,22 +183,29 @@ fn coordinated_replanner(
     replanner
 }
 
+/// Two copies of one small model, a budget halfway between what no plan
+/// goes under and their vanilla peaks together, and a link of 4 GB/s each
+/// way.
+fn two_copies_halfway() -> (Vec<Graph>, u64, CopyModel) {
+    let graphs: Vec<Graph> = (0..2).map(|_| model(0, 3)).collect();
+    let floor: u64 = graphs.iter().map(lower_bound).sum();
+    let top: u64 = graphs.iter().map(vanilla_peak).sum();
+    let budget = (floor + top) / 2;
+    (graphs, budget, CopyModel::duplex(4e9, 4e9, 5_000))
+}
+
 /// The same with the re-planner in the loop: plans replaced between
 /// iterations (gates moved, persistent storage moved) never take the run
 /// over the budget either.
 #[test]
 fn replanned_coordinated_jobs_stay_within_the_budget() {
-    let graphs: Vec<Graph> = (0..2).map(|_| model(0, 3)).collect();
+    let (graphs, budget, copy) = two_copies_halfway();
     let lives: Vec<Liveness> = graphs.iter().map(Liveness::analyze).collect();
     let truth: Vec<Vec<u64>> = graphs
         .iter()
         .enumerate()
         .map(|(j, g)| skew(&latencies(g), 11 + j as u64))
         .collect();
-    let floor: u64 = graphs.iter().map(lower_bound).sum();
-    let top: u64 = graphs.iter().map(vanilla_peak).sum();
-    let budget = (floor + top) / 2;
-    let copy = CopyModel::duplex(4e9, 4e9, 5_000);
     let believed: Vec<Vec<u64>> = (0..graphs.len())
         .map(|j| skew(&truth[j], 99 + j as u64))
         .collect();
@@ -293,12 +300,8 @@ fn without_the_guard_wrong_plans_go_over_and_with_it_they_do_not() {
 /// gates plan them free.
 #[test]
 fn gated_jobs_stay_gated_when_their_latencies_drift_apart() {
-    let graphs: Vec<Graph> = (0..2).map(|_| model(0, 3)).collect();
+    let (graphs, budget, copy) = two_copies_halfway();
     let lat = latencies(&graphs[0]);
-    let floor: u64 = graphs.iter().map(lower_bound).sum();
-    let top: u64 = graphs.iter().map(vanilla_peak).sum();
-    let budget = (floor + top) / 2;
-    let copy = CopyModel::duplex(4e9, 4e9, 5_000);
     let first = plan_all(&graphs, &[lat.clone(), lat.clone()], copy, budget, true);
     assert!(first.cycle_ns > 0, "the first plan is not gated");
     let faster: Vec<u64> = lat.iter().map(|x| x * 7 / 10).collect();
@@ -513,12 +516,8 @@ fn recomputing_first_fits_coordinated_jobs_on_a_shorter_cycle() {
 /// shorter period is tried again for the same jobs.
 #[test]
 fn a_shorter_plan_that_does_not_hold_gives_way_to_the_one_before() {
-    let graphs: Vec<Graph> = (0..2).map(|_| model(0, 3)).collect();
+    let (graphs, budget, copy) = two_copies_halfway();
     let lat = latencies(&graphs[0]);
-    let floor: u64 = graphs.iter().map(lower_bound).sum();
-    let top: u64 = graphs.iter().map(vanilla_peak).sum();
-    let budget = (floor + top) / 2;
-    let copy = CopyModel::duplex(4e9, 4e9, 5_000);
     let mut replanner = coordinated_replanner(&graphs, &[lat.clone(), lat.clone()], copy, budget);
     let first = replanner.plan_all().unwrap();
     let period = first.cycle_ns;
