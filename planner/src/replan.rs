@@ -494,9 +494,7 @@ impl Replanner {
             // On plans taken only to shorten the period, one iteration
             // past its pace or with evictions brings the plans before them
             // back.
-            let missed_pace = job.gate.is_some_and(|g| {
-                m.iteration_ns as f64 > g.period_ns as f64 * PACE || !m.evictions.is_empty()
-            });
+            let missed_pace = job.gate.is_some_and(|g| !on_pace(g, m));
             if self.fallback.is_some() && !job.switch_pending && missed_pace {
                 job.fold(&m.op_ns, weight);
                 job.measured = true;
@@ -746,10 +744,13 @@ fn first_kept_pace(job: &ReplanJob, m: &Measurements) -> bool {
         .iter()
         .map(|&(t, wait)| job.late_beyond_plan(t, wait))
         .sum();
-    m.iteration_ns as f64 <= period * PACE
-        && ran >= planned * UNDERRUN
-        && late as f64 <= period * 0.01
-        && m.evictions.is_empty()
+    on_pace(gate, m) && ran >= planned * UNDERRUN && late as f64 <= period * 0.01
+}
+
+/// Whether a gated job's iteration kept its gate's pace: it ended within
+/// [`PACE`] of the period and nothing was evicted.
+fn on_pace(gate: Gate, m: &Measurements) -> bool {
+    m.iteration_ns as f64 <= gate.period_ns as f64 * PACE && m.evictions.is_empty()
 }
 
 #[cfg(test)]
