@@ -22,6 +22,7 @@ use tensile_experiments::colocate::{self, ColocateCase};
 use tensile_experiments::device::one_process;
 use tensile_experiments::{device_profile, run_policy};
 use tensile_graph::Liveness;
+use tensile_planner::RecomputeFirst;
 
 #[path = "common/mod.rs"]
 mod common;
@@ -59,7 +60,7 @@ fn run() -> Result<(), String> {
     let case = ColocateCase::new(model, batch, copies);
     let graphs = colocate::graphs(&case, batch).map_err(|e| e.to_string())?;
     let lives: Vec<Liveness> = graphs.iter().map(Liveness::analyze).collect();
-    let opts = colocate::options(iterations, seed, Some(budget), false);
+    let opts = colocate::options(iterations, seed, Some(budget), RecomputeFirst::default());
     let run = run_policy(&graphs, &lives, Policy::Tensile, &profile, &opts, None)
         .map_err(|e| e.to_string())?;
     let ms = |ns: u64| ns as f64 / 1e6;

@@ -20,6 +20,7 @@ use tensile_baselines::Policy;
 use tensile_graph::Liveness;
 use tensile_graph::builder::Optimizer;
 use tensile_latency_model::DeviceProfile;
+use tensile_planner::RecomputeFirst;
 
 use crate::metrics::{SimReport, phase_metrics, report};
 use crate::pareto::{Loss, dominance};
@@ -147,7 +148,7 @@ pub fn run_bench(
         starts: Vec::new(),
         cold_start: ColdStart::Auto,
         coordinate: true,
-        recompute_first: false,
+        recompute_first: RecomputeFirst::default(),
     };
     let work = config.workloads();
     let pool = rayon::ThreadPoolBuilder::new()

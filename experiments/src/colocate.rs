@@ -22,6 +22,7 @@ use tensile_graph::builder::Optimizer;
 use tensile_graph::zoo::{self, ZooConfig};
 use tensile_graph::{Graph, Liveness};
 use tensile_latency_model::DeviceProfile;
+use tensile_planner::RecomputeFirst;
 
 use crate::bound::bound_peak;
 use crate::run::{SimOptions, run_policy};
@@ -76,7 +77,7 @@ pub struct ColocateConfig {
     pub warmup: usize,
     pub threads: usize,
     /// Ours plans with `PlannerConfig::recompute_first`.
-    pub recompute_first: bool,
+    pub recompute_first: RecomputeFirst,
     /// The k copies are threads of one process (`tensile-worker
     /// --copies`): they pay the device's base once, a share each
     /// ([`crate::device::one_process`]), instead of once per job. The
@@ -246,7 +247,7 @@ pub fn options(
     iterations: usize,
     seed: u64,
     budget: Option<u64>,
-    recompute_first: bool,
+    recompute_first: RecomputeFirst,
 ) -> SimOptions {
     SimOptions {
         iterations,
@@ -278,7 +279,7 @@ fn one_copy_peak(case: &ColocateCase, device: &DeviceProfile) -> Result<u64, Exp
         &lives,
         Policy::Vanilla,
         device,
-        &options(1, 1, None, false),
+        &options(1, 1, None, RecomputeFirst::Never),
         None,
     )?;
     Ok(run.result.peak_bytes)
@@ -308,7 +309,7 @@ fn run_row(
         &lives,
         Policy::Vanilla,
         device,
-        &options(n, seed, None, false),
+        &options(n, seed, None, RecomputeFirst::Never),
         None,
     )?;
     let ours = run_policy(

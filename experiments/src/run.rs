@@ -12,7 +12,7 @@ use tensile_executor::replan::TimedReplanner;
 use tensile_executor::sim::{FixedPlans, SimConfig, SimJob, SimResult, simulate};
 use tensile_graph::{Graph, Liveness};
 use tensile_latency_model::{DeviceProfile, estimate_latencies, true_latencies};
-use tensile_planner::{JobSettings, PlannerConfig};
+use tensile_planner::{JobSettings, PlannerConfig, RecomputeFirst};
 
 use crate::ExperimentError;
 use crate::cold_start::{ColdStart, cold_start_latencies, relative_error};
@@ -44,7 +44,7 @@ pub struct SimOptions {
     pub coordinate: bool,
     /// Ours plans coordinated jobs that swaps alone leave over the budget
     /// again recomputing first (`PlannerConfig::recompute_first`).
-    pub recompute_first: bool,
+    pub recompute_first: RecomputeFirst,
 }
 
 /// What one policy did on one workload.

@@ -119,12 +119,10 @@ pub struct PlannerConfig {
     /// saving once under it (the rest is headroom for a run that differs
     /// from its plan).
     pub coordinated_margin: f64,
-    /// Coordinated jobs that swaps alone leave over the budget are planned
-    /// again recomputing first, then swapping around the recomputations
-    /// (see `search_coordinated`), and the lower plan is kept. Off by
-    /// default: it plans several times longer, and its plans run worse
-    /// than the free ones on fast links (docs/benchmarks.md).
-    pub recompute_first: bool,
+    /// Which coordinated jobs that swaps alone leave over the budget are
+    /// planned again recomputing first, then swapping around the
+    /// recomputations (see `search_coordinated`), keeping the lower plan.
+    pub recompute_first: RecomputeFirst,
 }
 
 impl PlannerConfig {
@@ -142,7 +140,62 @@ impl PlannerConfig {
             pace_pad: 0.03,
             coordinated_link: 0.95,
             coordinated_margin: 0.03,
-            recompute_first: false,
+            recompute_first: RecomputeFirst::default(),
+        }
+    }
+}
+
+/// When coordinated jobs that swaps alone leave over the budget are
+/// planned again recomputing first (`PlannerConfig::recompute_first`).
+/// Recomputing first fits gated jobs at a shorter cycle where their swaps
+/// fill the link, at several times the planning time. For two jobs it
+/// rarely pays: their phases are half a period apart and a longer cycle
+/// costs them little, and on a fast link the gated plans it makes look
+/// cheaper than the free ones but run worse. For three jobs or more, whose
+/// swaps crowd the link, it fits more runs (docs/benchmarks.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RecomputeFirst {
+    /// Never: swaps alone, then a longer cycle.
+    Never,
+    /// For three coordinated jobs or more (the default).
+    #[default]
+    ManyJobs,
+    /// For any number of coordinated jobs.
+    Always,
+}
+
+impl RecomputeFirst {
+    /// The names [`RecomputeFirst::parse`] takes, for error messages and help.
+    pub const NAMES: &'static str = "never, many-jobs or always";
+
+    /// Whether `jobs` coordinated jobs are planned recomputing first.
+    pub fn applies(self, jobs: usize) -> bool {
+        match self {
+            RecomputeFirst::Never => false,
+            RecomputeFirst::ManyJobs => jobs >= crate::MANY_JOBS,
+            RecomputeFirst::Always => true,
+        }
+    }
+
+    /// `never`, `many-jobs` or `always`.
+    pub fn parse(s: &str) -> Result<RecomputeFirst, String> {
+        match s {
+            "never" => Ok(RecomputeFirst::Never),
+            "many-jobs" => Ok(RecomputeFirst::ManyJobs),
+            "always" => Ok(RecomputeFirst::Always),
+            _ => Err(format!(
+                "recompute-first: expected {}, got {s:?}",
+                RecomputeFirst::NAMES
+            )),
+        }
+    }
+
+    /// The name [`RecomputeFirst::parse`] reads back.
+    pub fn name(self) -> &'static str {
+        match self {
+            RecomputeFirst::Never => "never",
+            RecomputeFirst::ManyJobs => "many-jobs",
+            RecomputeFirst::Always => "always",
         }
     }
 }

@@ -94,10 +94,10 @@ impl<'g> Lengthen<'_, 'g> {
 const RECOMPUTE_FIRST_TRIES: usize = 4;
 
 /// [`search`] for coordinated jobs, `state` installed at `coord` and not
-/// yet planned: swaps alone first (they add no time); with
-/// `recompute_first`, when those leave the jobs over the budget, the jobs
-/// are planned again from `state` as it came, recomputing first what the
-/// swaps fell short by, then swapping around the recomputations, and the
+/// yet planned: swaps alone first (they add no time); where
+/// `recompute_first` applies to this many jobs and the swaps leave the jobs
+/// over the budget, the jobs are planned again from `state` as it came,
+/// recomputing first what the swaps fell short by, then swapping around the recomputations, and the
 /// lowest is kept; while that is still over the budget, the
 /// recomputations' share grows by what it fell short by. On a link the
 /// coordinated jobs' swaps fill, a recomputation inserted after the swaps
@@ -111,7 +111,10 @@ pub(crate) fn search_coordinated(
     deadline: Deadline,
     out: &mut MultiPlan,
 ) -> bool {
-    let installed = config.recompute_first.then(|| state.clone());
+    let installed = config
+        .recompute_first
+        .applies(state.len())
+        .then(|| state.clone());
     let mut capped = search(state, config, Some(coord), limits, deadline, out);
     let (Some(budget), Some(installed)) = (config.budget_bytes, installed) else {
         return capped;

@@ -59,7 +59,7 @@ use std::time::Instant;
 use tensile_graph::{Graph, Liveness, StorageId, TensorId};
 
 pub use align::{Curve, aligned_sum_peak, choose_phases};
-pub use config::{CopyModel, JobSettings, PlannerConfig};
+pub use config::{CopyModel, JobSettings, PlannerConfig, RecomputeFirst};
 pub use gate::{Gate, GateClock};
 pub use intervals::IntervalSet;
 pub use plan::{
@@ -545,6 +545,11 @@ const PHASE_PASSES: usize = 2;
 /// period apart, lose more to a longer period than to that drift.
 pub const MANY_JOBS_SLACK: f64 = 0.02;
 
+/// From how many coordinated jobs the planner treats them as many: the
+/// gates' slack is at least [`MANY_JOBS_SLACK`], and by default they are
+/// planned recomputing first too ([`RecomputeFirst::ManyJobs`]).
+pub const MANY_JOBS: usize = 3;
+
 /// The cycle and phases of coordinated jobs. Each job is planned alone on
 /// the whole link (swaps that add no time); the cycle is the longest of
 /// those iterations plus `gate_slack` (at least [`MANY_JOBS_SLACK`] for
@@ -586,7 +591,7 @@ fn choose_gates(
         })
         .collect();
     let longest = curves.iter().map(|c| c.end).max().unwrap_or(0);
-    let slack = if state.len() >= 3 {
+    let slack = if state.len() >= MANY_JOBS {
         config.gate_slack.max(MANY_JOBS_SLACK)
     } else {
         config.gate_slack

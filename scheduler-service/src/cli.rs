@@ -10,6 +10,7 @@ use std::time::Duration;
 use clap::Parser;
 use serde::Deserialize;
 use tensile_latency_model::DeviceProfile;
+use tensile_planner::RecomputeFirst;
 
 use crate::coldstart::ModelsSpec;
 use crate::config::{Config, ListenAddr};
@@ -96,12 +97,15 @@ pub struct Args {
     /// loaded CPU) wants more.
     #[arg(long, env = "TENSILE_GATE_SLACK")]
     pub gate_slack: Option<f64>,
-    /// Gated jobs that swaps alone leave over the budget are planned again
-    /// recomputing first, then swapping around the recomputations, and the
-    /// lower plan is kept: a shorter cycle where the link is full, at
-    /// several times the planning time (bounded by --plan-cap-s).
-    #[arg(long, env = "TENSILE_RECOMPUTE_FIRST")]
-    pub recompute_first: bool,
+    /// Which gated jobs that swaps alone leave over the budget are planned
+    /// again recomputing first, then swapping around the recomputations,
+    /// keeping the lower plan: a shorter cycle where the link is full, at
+    /// several times the planning time (bounded by --plan-cap-s). never,
+    /// many-jobs (three jobs or more; the default) or always;
+    /// `--recompute-first` alone is always.
+    #[arg(long, env = "TENSILE_RECOMPUTE_FIRST", value_parser = RecomputeFirst::parse,
+          num_args = 0..=1, default_missing_value = "always")]
+    pub recompute_first: Option<RecomputeFirst>,
     /// A TOML file with any of the settings above (snake_case keys, e.g.
     /// `budget_mb = 20000`, `gpus = "0,1"` or `gpus = [0, 1]`,
     /// `listen = ["127.0.0.1:50051"]`).
@@ -129,7 +133,26 @@ pub struct FileConfig {
     pub shutdown_s: Option<f64>,
     pub no_gates: Option<bool>,
     pub gate_slack: Option<f64>,
-    pub recompute_first: Option<bool>,
+    pub recompute_first: Option<RecomputeFirstValue>,
+}
+
+/// `recompute_first` in the TOML file: `"never"`, `"many-jobs"`,
+/// `"always"`, or a boolean (`true` is always, `false` never).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum RecomputeFirstValue {
+    Flag(bool),
+    Name(String),
+}
+
+impl RecomputeFirstValue {
+    fn resolve(&self) -> Result<RecomputeFirst, String> {
+        match self {
+            RecomputeFirstValue::Flag(true) => Ok(RecomputeFirst::Always),
+            RecomputeFirstValue::Flag(false) => Ok(RecomputeFirst::Never),
+            RecomputeFirstValue::Name(s) => RecomputeFirst::parse(s),
+        }
+    }
 }
 
 /// `gpus` in the TOML file: `"all"`, `"0,1"` or `[0, 1]`.
@@ -334,7 +357,11 @@ impl Args {
             config.shutdown_deadline = seconds("shutdown-s", s)?;
         }
         config.gates = !(self.no_gates || file.no_gates.unwrap_or(false));
-        config.recompute_first = self.recompute_first || file.recompute_first.unwrap_or(false);
+        config.recompute_first = match (self.recompute_first, &file.recompute_first) {
+            (Some(r), _) => r,
+            (None, Some(v)) => v.resolve()?,
+            (None, None) => RecomputeFirst::default(),
+        };
         if let Some(s) = self.gate_slack.or(file.gate_slack) {
             if !(s.is_finite() && (0.0..=1.0).contains(&s)) {
                 return Err(format!("--gate-slack must be in 0..=1, got {s}"));
@@ -440,8 +467,43 @@ mod tests {
         assert_eq!(r.config.budget_bytes, 2_000_000_000);
         assert_eq!(r.config.lease, Duration::from_secs(3));
         assert_eq!(r.config.device.name, "h100");
-        assert!(r.config.recompute_first);
-        assert!(!Args::default().resolve().unwrap().config.recompute_first);
+        assert_eq!(r.config.recompute_first, RecomputeFirst::Always);
+        assert_eq!(
+            Args::default().resolve().unwrap().config.recompute_first,
+            RecomputeFirst::ManyJobs
+        );
+        // The flag wins over the file; the file names a mode too.
+        let never = Args {
+            config: Some(file.clone()),
+            recompute_first: Some(RecomputeFirst::Never),
+            ..Args::default()
+        };
+        assert_eq!(
+            never.resolve().unwrap().config.recompute_first,
+            RecomputeFirst::Never
+        );
+        let named = dir.path().join("named.toml");
+        std::fs::write(&named, "recompute_first = \"many-jobs\"\n").unwrap();
+        let from_name = Args {
+            config: Some(named),
+            ..Args::default()
+        };
+        assert_eq!(
+            from_name.resolve().unwrap().config.recompute_first,
+            RecomputeFirst::ManyJobs
+        );
+        let odd = dir.path().join("odd.toml");
+        std::fs::write(&odd, "recompute_first = \"sometimes\"\n").unwrap();
+        let err = Args {
+            config: Some(odd),
+            ..Args::default()
+        }
+        .resolve()
+        .unwrap_err();
+        assert!(
+            err.contains("recompute-first") && err.contains("sometimes"),
+            "{err}"
+        );
         assert_eq!(r.config.state_dir, None);
         assert_eq!(
             r.serve,

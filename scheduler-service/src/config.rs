@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use tensile_graph::Limits;
 use tensile_latency_model::DeviceProfile;
+use tensile_planner::RecomputeFirst;
 
 use crate::coldstart::ModelsSpec;
 
@@ -90,9 +91,9 @@ pub struct Config {
     /// period is (`PlannerConfig::gate_slack`): room for iterations that
     /// run a little long before a job falls off its phase.
     pub gate_slack: f64,
-    /// Gated jobs are planned recomputing first too
+    /// Which gated jobs are planned recomputing first too
     /// (`PlannerConfig::recompute_first`).
-    pub recompute_first: bool,
+    pub recompute_first: RecomputeFirst,
 }
 
 impl Config {
@@ -113,7 +114,7 @@ impl Config {
             shutdown_deadline: Duration::from_secs(5),
             metrics_listen: None,
             gates: true,
-            recompute_first: false,
+            recompute_first: RecomputeFirst::default(),
             gate_slack: 0.005,
         }
     }

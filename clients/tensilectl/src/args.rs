@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
+use tensile_planner::RecomputeFirst;
 
 /// Client of the TENSILE memory scheduler: model zoo and graph tools.
 #[derive(Debug, Parser)]
@@ -191,11 +192,14 @@ pub(crate) struct BenchColocateArgs {
     /// Runs in parallel on at most this many threads.
     #[arg(long, default_value_t = 2)]
     pub(crate) jobs: usize,
-    /// Plan coordinated jobs that swaps alone leave over the budget again,
-    /// recomputing first and swapping around the recomputations, and keep
-    /// the lower plan (several times the planning time; off by default).
-    #[arg(long)]
-    pub(crate) recompute_first: bool,
+    /// Which coordinated jobs that swaps alone leave over the budget are
+    /// planned again, recomputing first and swapping around the
+    /// recomputations, keeping the lower plan (several times the planning
+    /// time): never, many-jobs (three jobs or more) or always;
+    /// `--recompute-first` alone is always.
+    #[arg(long, value_parser = RecomputeFirst::parse, num_args = 0..=1,
+          default_value = "many-jobs", default_missing_value = "always")]
+    pub(crate) recompute_first: RecomputeFirst,
     /// Run each case's copies as threads of one process (`tensile-worker
     /// --copies`), which pay the device's base (CUDA context, library
     /// handles) once, a share each, instead of a process per copy, each
@@ -452,11 +456,14 @@ pub(crate) struct SimArgs {
     /// gating their iterations so that their memory curves interleave.
     #[arg(long)]
     pub(crate) no_gates: bool,
-    /// Plan coordinated jobs that swaps alone leave over the budget again,
-    /// recomputing first and swapping around the recomputations, and keep
-    /// the lower plan (several times the planning time; off by default).
-    #[arg(long)]
-    pub(crate) recompute_first: bool,
+    /// Which coordinated jobs that swaps alone leave over the budget are
+    /// planned again, recomputing first and swapping around the
+    /// recomputations, keeping the lower plan (several times the planning
+    /// time): never, many-jobs (three jobs or more) or always;
+    /// `--recompute-first` alone is always.
+    #[arg(long, value_parser = RecomputeFirst::parse, num_args = 0..=1,
+          default_value = "many-jobs", default_missing_value = "always")]
+    pub(crate) recompute_first: RecomputeFirst,
     /// The jobs are threads of one process (`tensile-worker --copies`):
     /// they pay the device's base (CUDA context, library handles) once, a
     /// share each, instead of once per job.

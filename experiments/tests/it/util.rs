@@ -9,6 +9,7 @@ use tensile_experiments::{
 };
 use tensile_graph::Graph;
 use tensile_graph::zoo::{self, ZooConfig};
+use tensile_planner::RecomputeFirst;
 
 pub(crate) fn resnet50(batch: u64) -> Graph {
     zoo::build("resnet50", &ZooConfig::new(batch)).unwrap()
@@ -27,7 +28,7 @@ pub(crate) fn options(iterations: usize) -> SimOptions {
         starts: Vec::new(),
         cold_start: ColdStart::Auto,
         coordinate: true,
-        recompute_first: false,
+        recompute_first: RecomputeFirst::default(),
     }
 }
 
