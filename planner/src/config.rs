@@ -165,9 +165,6 @@ pub enum RecomputeFirst {
 }
 
 impl RecomputeFirst {
-    /// The names [`RecomputeFirst::parse`] takes, for error messages and help.
-    pub const NAMES: &'static str = "never, many-jobs or always";
-
     /// Whether `jobs` coordinated jobs are planned recomputing first.
     pub fn applies(self, jobs: usize) -> bool {
         match self {
@@ -184,18 +181,8 @@ impl RecomputeFirst {
             "many-jobs" => Ok(RecomputeFirst::ManyJobs),
             "always" => Ok(RecomputeFirst::Always),
             _ => Err(format!(
-                "recompute-first: expected {}, got {s:?}",
-                RecomputeFirst::NAMES
+                "recompute-first: expected never, many-jobs or always, got {s:?}"
             )),
-        }
-    }
-
-    /// The name [`RecomputeFirst::parse`] reads back.
-    pub fn name(self) -> &'static str {
-        match self {
-            RecomputeFirst::Never => "never",
-            RecomputeFirst::ManyJobs => "many-jobs",
-            RecomputeFirst::Always => "always",
         }
     }
 }

@@ -97,9 +97,9 @@ const RECOMPUTE_FIRST_TRIES: usize = 4;
 /// yet planned: swaps alone first (they add no time); where
 /// `recompute_first` applies to this many jobs and the swaps leave the jobs
 /// over the budget, the jobs are planned again from `state` as it came,
-/// recomputing first what the swaps fell short by, then swapping around the recomputations, and the
-/// lowest is kept; while that is still over the budget, the
-/// recomputations' share grows by what it fell short by. On a link the
+/// recomputing first what the swaps fell short by, then swapping around
+/// the recomputations, and the lowest is kept; while that is still over
+/// the budget, the recomputations' share grows by what it fell short by. On a link the
 /// coordinated jobs' swaps fill, a recomputation inserted after the swaps
 /// moves their copies into one another's and is refused; inserted first,
 /// the swaps are placed around it.

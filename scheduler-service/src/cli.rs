@@ -482,24 +482,21 @@ mod tests {
             never.resolve().unwrap().config.recompute_first,
             RecomputeFirst::Never
         );
-        let named = dir.path().join("named.toml");
-        std::fs::write(&named, "recompute_first = \"many-jobs\"\n").unwrap();
-        let from_name = Args {
-            config: Some(named),
-            ..Args::default()
+        let from_file = |name: &str, text: &str| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, text).unwrap();
+            Args {
+                config: Some(path),
+                ..Args::default()
+            }
+            .resolve()
         };
+        let named = from_file("named.toml", "recompute_first = \"many-jobs\"\n");
         assert_eq!(
-            from_name.resolve().unwrap().config.recompute_first,
+            named.unwrap().config.recompute_first,
             RecomputeFirst::ManyJobs
         );
-        let odd = dir.path().join("odd.toml");
-        std::fs::write(&odd, "recompute_first = \"sometimes\"\n").unwrap();
-        let err = Args {
-            config: Some(odd),
-            ..Args::default()
-        }
-        .resolve()
-        .unwrap_err();
+        let err = from_file("odd.toml", "recompute_first = \"sometimes\"\n").unwrap_err();
         assert!(
             err.contains("recompute-first") && err.contains("sometimes"),
             "{err}"
