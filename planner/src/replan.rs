@@ -502,14 +502,14 @@ impl Replanner {
                 self.revert = true;
                 return Ok(Some(ReplanReason::ShorterMissed));
             }
-            // A job whose first measured iteration kept its gate's pace
-            // (ops not clearly faster than planned, no prefetch late
-            // beyond the plan by more than 1% of the period, nothing
-            // evicted) keeps its plan: the measurements replace the
-            // estimates for the next plan, but a re-plan now would move
-            // every job's phase and copies away from a plan that works,
-            // and each job would pay a realignment for it.
-            if !job.measured && first_kept_pace(job, m) {
+            // A job whose first measured iteration ended on its period
+            // (ops not clearly faster than planned, nothing evicted) keeps
+            // its plan: the measurements replace the estimates for the
+            // next plan, but a re-plan now would move every job's phase
+            // and copies away from a plan that works, and each job would
+            // pay a realignment for it. Prefetches that came late cost it
+            // only time its period had to spare.
+            if !job.measured && first_on_period(job, m) {
                 job.fold(&m.op_ns, weight);
                 job.measured = true;
                 return Ok(None);
@@ -727,24 +727,20 @@ impl Replan for Replanner {
     }
 }
 
-/// Whether a gated job's first measured iteration kept its plan's pace:
-/// it ended within [`PACE`] of its period, its ops ran no faster than
-/// [`UNDERRUN`] of the estimates (a plan from estimates that are too slow
-/// is re-planned at once), prefetches came no later than planned beyond 1%
-/// of the period in all, and nothing was evicted.
-fn first_kept_pace(job: &ReplanJob, m: &Measurements) -> bool {
+/// Whether a gated job's first measured iteration kept its plan: it ended
+/// within [`ON_PERIOD`] of its period, nothing was evicted, and its ops ran
+/// no faster than [`UNDERRUN`] of the estimates (a plan from estimates that
+/// are too slow is re-planned at once). Prefetches late within the period
+/// do not count. An iteration past its period does, even within [`PACE`]:
+/// one that overruns by 2% each time slides into the other jobs' phases.
+fn first_on_period(job: &ReplanJob, m: &Measurements) -> bool {
     let Some(gate) = job.gate else {
         return false;
     };
-    let period = gate.period_ns as f64;
     let planned: f64 = job.estimates.iter().sum();
     let ran = m.op_ns.iter().sum::<u64>() as f64;
-    let late: u64 = m
-        .late_prefetches
-        .iter()
-        .map(|&(t, wait)| job.late_beyond_plan(t, wait))
-        .sum();
-    on_pace(gate, m) && ran >= planned * UNDERRUN && late as f64 <= period * 0.01
+    let on_period = m.iteration_ns as f64 <= gate.period_ns as f64 * ON_PERIOD;
+    on_period && m.evictions.is_empty() && ran >= planned * UNDERRUN
 }
 
 /// Whether a gated job's iteration kept its gate's pace: it ended within
