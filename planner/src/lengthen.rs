@@ -99,10 +99,10 @@ const RECOMPUTE_FIRST_TRIES: usize = 4;
 /// over the budget, the jobs are planned again from `state` as it came,
 /// recomputing first what the swaps fell short by, then swapping around
 /// the recomputations, and the lowest is kept; while that is still over
-/// the budget, the recomputations' share grows by what it fell short by. On a link the
-/// coordinated jobs' swaps fill, a recomputation inserted after the swaps
-/// moves their copies into one another's and is refused; inserted first,
-/// the swaps are placed around it.
+/// the budget, the recomputations' share grows by what it fell short by.
+/// On a link the coordinated jobs' swaps fill, a recomputation inserted
+/// after the swaps moves their copies into one another's and is refused;
+/// inserted first, the swaps are placed around it.
 pub(crate) fn search_coordinated(
     state: &mut Vec<Job<'_>>,
     config: &PlannerConfig,

@@ -14,7 +14,7 @@
 //! miss (Capuchin's feedback). A wait that the plan accepts (to meet a
 //! budget) is not a miss; only lateness beyond it is fed back. A gated
 //! job is held to its gate's pace instead: its first measurements re-plan
-//! only when its first measured iteration did not keep that pace, and
+//! only when its first measured iteration did not end on its period, and
 //! later ones only when it overruns or clearly underruns its period
 //! several iterations in a row (a re-plan moves every gated job's phase).
 //! A re-plan asked for while every job is gated and its last iteration
@@ -430,10 +430,10 @@ impl Replanner {
             // Every job gated, and its last iteration on the current plan
             // (this one's included) within its period: a plan with a longer
             // period would only cost time.
-            let on_period = self.jobs.values().all(|j| {
-                j.gate
-                    .is_some_and(|g| j.last_iteration_ns as f64 <= g.period_ns as f64 * ON_PERIOD)
-            });
+            let on_period = self
+                .jobs
+                .values()
+                .all(|j| j.gate.is_some_and(|g| on_period(g, j.last_iteration_ns)));
             let due = if on_period && m.evictions.is_empty() {
                 Due::Shorter
             } else {
@@ -739,8 +739,13 @@ fn first_on_period(job: &ReplanJob, m: &Measurements) -> bool {
     };
     let planned: f64 = job.estimates.iter().sum();
     let ran = m.op_ns.iter().sum::<u64>() as f64;
-    let on_period = m.iteration_ns as f64 <= gate.period_ns as f64 * ON_PERIOD;
-    on_period && m.evictions.is_empty() && ran >= planned * UNDERRUN
+    on_period(gate, m.iteration_ns) && m.evictions.is_empty() && ran >= planned * UNDERRUN
+}
+
+/// Whether an iteration of `iteration_ns` ended on its gate's period:
+/// within [`ON_PERIOD`] of it.
+fn on_period(gate: Gate, iteration_ns: u64) -> bool {
+    iteration_ns as f64 <= gate.period_ns as f64 * ON_PERIOD
 }
 
 /// Whether a gated job's iteration kept its gate's pace: it ended within
