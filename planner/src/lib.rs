@@ -550,6 +550,17 @@ pub const MANY_JOBS_SLACK: f64 = 0.02;
 /// planned recomputing first too ([`RecomputeFirst::ManyJobs`]).
 pub const MANY_JOBS: usize = 3;
 
+/// The gates' slack for `jobs` coordinated jobs: `config.gate_slack`, at
+/// least [`MANY_JOBS_SLACK`] from [`MANY_JOBS`] jobs on.
+pub(crate) fn gate_slack(config: &PlannerConfig, jobs: usize) -> f64 {
+    let slack = if jobs >= MANY_JOBS {
+        config.gate_slack.max(MANY_JOBS_SLACK)
+    } else {
+        config.gate_slack
+    };
+    slack.max(0.0)
+}
+
 /// The cycle and phases of coordinated jobs. Each job is planned alone on
 /// the whole link (swaps that add no time); the cycle is the longest of
 /// those iterations plus `gate_slack` (at least [`MANY_JOBS_SLACK`] for
@@ -591,11 +602,7 @@ fn choose_gates(
         })
         .collect();
     let longest = curves.iter().map(|c| c.end).max().unwrap_or(0);
-    let slack = if state.len() >= MANY_JOBS {
-        config.gate_slack.max(MANY_JOBS_SLACK)
-    } else {
-        config.gate_slack
-    };
+    let slack = gate_slack(config, state.len());
     let cycle = ((longest as f64) * (1.0 + slack.max(0.0))).ceil() as u64;
     let cycle = cycle.max(longest).max(1);
     // The gates in use stay as long as every job still fits its period and

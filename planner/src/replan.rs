@@ -14,9 +14,11 @@
 //! miss (Capuchin's feedback). A wait that the plan accepts (to meet a
 //! budget) is not a miss; only lateness beyond it is fed back. A gated
 //! job is held to its gate's pace instead: its first measurements re-plan
-//! only when its first measured iteration did not end on its period, and
-//! later ones only when it overruns or clearly underruns its period
-//! several iterations in a row (a re-plan moves every gated job's phase).
+//! only when its first measured iteration did not end on its period (one
+//! that ended past it within [`PACE`] keeps every job's plan, on a period
+//! stretched to hold it: [`ReplanReason::Stretch`]), and later ones only
+//! when it overruns or clearly underruns its period several iterations in
+//! a row (a re-plan moves every gated job's phase).
 //! A re-plan asked for while every job is gated and its last iteration
 //! ended within [`ON_PERIOD`] of the period (late prefetches the gate
 //! absorbed, ops that ran faster) is taken only when it shortens the common
@@ -80,6 +82,9 @@ pub enum ReplanReason {
     /// Plans taken only to shorten the period did not hold (a job overran
     /// it or evicted): the plans before them, which held, come back.
     ShorterMissed,
+    /// A gated job's first measured iteration ran past its period but kept
+    /// its pace: the plans stay and the common period grows to hold it.
+    Stretch,
 }
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -289,6 +294,10 @@ pub struct Replanner {
     /// Whether a shorter period is still tried: not after shorter plans
     /// did not hold, until the jobs or the configuration change.
     shorten: bool,
+    /// The longest first measured iteration of a gated job that ran past
+    /// its period within its pace since the last plan, ns (0: none): the
+    /// period the plans in use are to be stretched to hold.
+    stretch_ns: u64,
 }
 
 /// Why the next plan is wanted, from the least to the most pressing.
@@ -299,6 +308,9 @@ enum Due {
     /// Only jobs that are all gated and on their period ([`ON_PERIOD`]):
     /// worth taking if it shortens the common period.
     Shorter,
+    /// Gated jobs' first iterations ran past the period within their pace:
+    /// the plans in use with a longer period ([`ReplanReason::Stretch`]).
+    Stretch,
     /// A job was added or removed, the configuration changed, a job
     /// overran, evicted or is not gated: whatever the plan is.
     Needed,
@@ -319,6 +331,7 @@ impl Replanner {
             fallback: None,
             revert: false,
             shorten: true,
+            stretch_ns: 0,
         }
     }
 
@@ -426,7 +439,9 @@ impl Replanner {
         m: &Measurements,
     ) -> Result<Option<ReplanReason>, ReplanError> {
         let reason = self.fold_in(id, m)?;
-        if reason.is_some() {
+        if reason == Some(ReplanReason::Stretch) {
+            self.due = self.due.max(Due::Stretch);
+        } else if reason.is_some() {
             // Every job gated, and its last iteration on the current plan
             // (this one's included) within its period: a plan with a longer
             // period would only cost time.
@@ -514,15 +529,27 @@ impl Replanner {
                 job.measured = true;
                 return Ok(None);
             }
+            // One that ended past its period but within its pace (late
+            // prefetches, ops a little slower than planned) keeps its plan
+            // too, on a longer period: every job's plan stays, the gates'
+            // period grows to hold that iteration and their phases spread
+            // with it. A re-plan from its measurements would move every
+            // job's phase and copies, and those measurements, taken at this
+            // alignment, need not hold at the next; a plan left on a period
+            // too short for it slides into the other jobs' phases.
+            if !job.measured && self.enabled && first_on_pace(job, m) {
+                job.fold(&m.op_ns, weight);
+                job.measured = true;
+                self.stretch_ns = self.stretch_ns.max(m.iteration_ns);
+                return Ok(Some(ReplanReason::Stretch));
+            }
             // Otherwise its first measurements replace the predictions the
             // plan came from, and ops that run well under their estimates
             // iteration after iteration shorten the period: the pace holds
             // a job to its plan, so a plan from estimates that are too slow
             // would otherwise never end.
             if job.measured {
-                let planned: f64 = job.estimates.iter().sum();
-                let ran: u64 = m.op_ns.iter().sum();
-                if (ran as f64) < planned * UNDERRUN {
+                if !ops_as_planned(job, m) {
                     job.underruns += 1;
                 } else {
                     job.underruns = 0;
@@ -626,6 +653,13 @@ impl Replanner {
             self.adopt(&mut out);
             return Ok(Some(out));
         }
+        if self.due == Due::Stretch
+            && let Some(mut out) = self.stretched()
+        {
+            self.adopt(&mut out);
+            self.fallback = None;
+            return Ok(Some(out));
+        }
         if self.due == Due::Shorter && !self.shorten {
             self.due = Due::Nothing;
             return Ok(None);
@@ -663,6 +697,29 @@ impl Replanner {
         Ok(self.job_ids().into_iter().zip(out.plans).collect())
     }
 
+    /// The plans in use with the gates' period stretched to hold the
+    /// longest iteration that asked for it (plus the gates' slack), every
+    /// phase scaled with it so that the jobs stay as far apart, in shares
+    /// of the period, as they were planned; `None` when a plan in use is
+    /// not gated or the period already holds it. The plans keep their
+    /// predictions (the aligned peak at the old phases).
+    fn stretched(&self) -> Option<MultiPlan> {
+        let mut out = self.current.clone()?;
+        let old = out.plans.first()?.gate?.period_ns;
+        let slack = crate::gate_slack(&self.config, out.plans.len());
+        let new = (self.stretch_ns as f64 * (1.0 + slack)).ceil() as u64;
+        if new <= old || out.plans.iter().any(|p| p.gate.is_none()) {
+            return None;
+        }
+        for g in out.plans.iter_mut().filter_map(|p| p.gate.as_mut()) {
+            let phase = u128::from(g.phase_ns % old) * u128::from(new) / u128::from(old);
+            g.phase_ns = u64::try_from(phase).unwrap_or(0);
+            g.period_ns = new;
+        }
+        out.cycle_ns = new;
+        Some(out)
+    }
+
     fn propose(&self) -> Result<MultiPlan, ReplanError> {
         let ids = self.job_ids();
         let inputs: Vec<JobInput<'_>> = self
@@ -695,6 +752,7 @@ impl Replanner {
     /// waits the plans accept.
     fn adopt(&mut self, out: &mut MultiPlan) {
         self.due = Due::Nothing;
+        self.stretch_ns = 0;
         self.version += 1;
         for p in &mut out.plans {
             p.version = self.version;
@@ -732,14 +790,27 @@ impl Replan for Replanner {
 /// no faster than [`UNDERRUN`] of the estimates (a plan from estimates that
 /// are too slow is re-planned at once). Prefetches late within the period
 /// do not count. An iteration past its period does, even within [`PACE`]:
-/// one that overruns by 2% each time slides into the other jobs' phases.
+/// one that overruns by 2% each time slides into the other jobs' phases
+/// ([`first_on_pace`] then stretches the period).
 fn first_on_period(job: &ReplanJob, m: &Measurements) -> bool {
-    let Some(gate) = job.gate else {
-        return false;
-    };
+    job.gate.is_some_and(|g| on_period(g, m.iteration_ns))
+        && m.evictions.is_empty()
+        && ops_as_planned(job, m)
+}
+
+/// Whether a gated job's first measured iteration, past its period (not
+/// [`first_on_period`]), may keep its plan on a longer period: it kept its
+/// pace ([`on_pace`]) and its ops ran no faster than [`UNDERRUN`] of the
+/// estimates.
+fn first_on_pace(job: &ReplanJob, m: &Measurements) -> bool {
+    job.gate.is_some_and(|g| on_pace(g, m)) && ops_as_planned(job, m)
+}
+
+/// Whether a job's ops took at least [`UNDERRUN`] of the estimates its
+/// plan was made from.
+fn ops_as_planned(job: &ReplanJob, m: &Measurements) -> bool {
     let planned: f64 = job.estimates.iter().sum();
-    let ran = m.op_ns.iter().sum::<u64>() as f64;
-    on_period(gate, m.iteration_ns) && m.evictions.is_empty() && ran >= planned * UNDERRUN
+    m.op_ns.iter().sum::<u64>() as f64 >= planned * UNDERRUN
 }
 
 /// Whether an iteration of `iteration_ns` ended on its gate's period:

@@ -308,6 +308,7 @@ impl Planner {
                         ReplanReason::LatePrefetch => "late_prefetch",
                         ReplanReason::FreeMissed => "free_missed",
                         ReplanReason::ShorterMissed => "shorter_missed",
+                        ReplanReason::Stretch => "stretch",
                     });
                 }
                 (

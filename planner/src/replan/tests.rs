@@ -373,18 +373,74 @@ fn a_gated_job_that_keeps_its_pace_keeps_its_plan_and_learns() {
         (after / before - DRIFT_STEP).abs() < 1e-9,
         "{before} {after}"
     );
-    // A first iteration that overran its period re-plans at once, even
-    // by 2% (within the pace later iterations are held to) with no
-    // prefetch late: run on, it would slide into the other jobs' phases.
-    for overran in [period * 11 / 10, period * 102 / 100] {
+    // A first iteration that overran its period by more than its pace
+    // re-plans at once; one within its pace (2%, no prefetch late) asks
+    // for its plan on a longer period instead: run on at the old one, it
+    // would slide into the other jobs' phases.
+    for (overran, reason) in [
+        (period * 11 / 10, ReplanReason::FirstMeasurements),
+        (period * 102 / 100, ReplanReason::Stretch),
+    ] {
         let (mut r, ..) = gated_replanner();
         let asked: Vec<_> = (0..=SETTLE)
             .map(|_| r.observe(id, &paced(near.clone(), overran)).unwrap())
             .collect();
         assert_eq!(
             asked.iter().flatten().collect::<Vec<_>>(),
-            [&ReplanReason::FirstMeasurements],
+            [&reason],
             "{overran}: {asked:?}"
         );
     }
+}
+
+#[test]
+fn a_first_iteration_past_its_period_within_its_pace_stretches_the_period() {
+    let (mut r, id, lat, period) = gated_replanner();
+    let gate = Gate {
+        period_ns: period,
+        phase_ns: period / 3,
+        epoch_ns: 0,
+    };
+    // As if a gated plan were in use.
+    let mut current = r.plan_all().unwrap();
+    current.plans[0].gate = Some(gate);
+    current.cycle_ns = period;
+    r.current = Some(current.clone());
+    r.jobs.get_mut(&id).unwrap().gate = Some(gate);
+    let version = r.next_version();
+    let overran = Measurements {
+        iteration_ns: period * 102 / 100,
+        ..measured(lat.iter().map(|x| x * 9 / 10).collect())
+    };
+    let handed: Vec<(JobId, Plan)> = (0..=SETTLE)
+        .flat_map(|_| r.replan_after(id, &overran, Replanner::plan_due).unwrap())
+        .collect();
+    assert_eq!(handed.len(), 1, "{handed:?}");
+    let (to, plan) = &handed[0];
+    assert_eq!(*to, id);
+    assert_eq!(plan.version, version);
+    // The same plan, its period the iteration's plus the gates' slack
+    // and its phase at the same share of it.
+    assert_eq!(plan.events, current.plans[0].events);
+    let stretched = (overran.iteration_ns as f64 * (1.0 + r.config.gate_slack)).ceil() as u64;
+    let g = plan.gate.unwrap();
+    assert!(stretched > period, "{stretched} {period}");
+    assert_eq!(g.period_ns, stretched);
+    assert_eq!(g.phase_ns, period / 3 * stretched / period);
+    assert_eq!(r.jobs[&id].gate, Some(g));
+    assert_eq!(r.replans, 1);
+    // On it, iterations that long keep the plan.
+    for _ in 0..=SETTLE + OVERRUNS {
+        let more = r.replan_after(id, &overran, Replanner::plan_due).unwrap();
+        assert!(more.is_empty(), "{more:?}");
+    }
+    // A plan in use that is not gated cannot be stretched: a re-plan.
+    let (mut r, ..) = gated_replanner();
+    r.plan_all().unwrap();
+    r.jobs.get_mut(&id).unwrap().gate = Some(gate);
+    let handed: Vec<(JobId, Plan)> = (0..=SETTLE)
+        .flat_map(|_| r.replan_after(id, &overran, Replanner::plan_due).unwrap())
+        .collect();
+    assert_eq!(handed.len(), 1);
+    assert_eq!(handed[0].1.gate, None, "planned anew: one job is not gated");
 }
