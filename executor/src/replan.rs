@@ -77,4 +77,8 @@ impl Replan for TimedReplanner {
             out
         })
     }
+
+    fn anchor_job(&self) -> Option<JobId> {
+        self.inner.anchor_job()
+    }
 }

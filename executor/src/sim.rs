@@ -220,10 +220,16 @@ pub fn simulate(
                     let measured = stats.measurements();
                     match replanner.after_iteration(JobId(j as u64), &measured) {
                         Ok(plans) => {
-                            // One epoch for the new gates, on the cycle of
-                            // those in use.
+                            // One epoch for the new gates: on the cycle of
+                            // those in use, or where the anchor job stands.
                             let previous = gates.iter().find_map(|g| g.clock.map(|c| c.gate()));
-                            let epoch = Gate::epoch_at(previous, now);
+                            let anchor = replanner.anchor_job().and_then(|a| {
+                                plans
+                                    .iter()
+                                    .find(|(k, _)| *k == a)
+                                    .and_then(|(_, p)| p.gate)
+                            });
+                            let epoch = Gate::epoch_for(previous, anchor, now);
                             for (k, mut plan) in plans {
                                 let k = k.0 as usize;
                                 if let Some(g) = &mut plan.gate {

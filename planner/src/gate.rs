@@ -34,6 +34,20 @@ impl Gate {
         }
     }
 
+    /// The epoch to give the gates of plans published at `now` whose
+    /// `anchor` job's next slot is to be at `now` (it stands where the new
+    /// cycle begins); without one, [`Gate::epoch_at`] the gates in use.
+    pub fn epoch_for(previous: Option<Gate>, anchor: Option<Gate>, now: u64) -> u64 {
+        match anchor {
+            Some(g) => {
+                let period = g.period_ns.max(1);
+                let phase = g.phase_ns % period;
+                now.checked_sub(phase).unwrap_or(now + period - phase)
+            }
+            None => Gate::epoch_at(previous, now),
+        }
+    }
+
     /// The slot nearest to `now` (ties go to the earlier one); slots before
     /// the clock's zero do not exist, so near zero it may be a later one.
     pub fn nearest_slot(&self, now: u64) -> u64 {
@@ -153,6 +167,22 @@ mod tests {
         let old = gate(100, 30, 1_000);
         assert_eq!(Gate::epoch_at(Some(old), 1_520), 1_500);
         assert_eq!(Gate::epoch_at(Some(old), 1_570), 1_600);
+    }
+
+    #[test]
+    fn an_anchored_epoch_puts_the_anchor_jobs_slot_at_now() {
+        let old = gate(100, 30, 1_000);
+        // The anchor's slot is now, whatever the old grid.
+        let anchor = gate(120, 40, 0);
+        let epoch = Gate::epoch_for(Some(old), Some(anchor), 1_567);
+        assert_eq!(epoch, 1_527);
+        assert_eq!(gate(120, 40, epoch).nearest_slot(1_567), 1_567);
+        // Near the clock's zero the epoch goes a period on.
+        let epoch = Gate::epoch_for(None, Some(anchor), 10);
+        assert_eq!(epoch, 90);
+        assert_eq!(gate(120, 40, epoch).nearest_slot(10), 10);
+        // No anchor: the old cycle, as `epoch_at`.
+        assert_eq!(Gate::epoch_for(Some(old), None, 1_570), 1_600);
     }
 
     #[test]

@@ -218,6 +218,28 @@ pub struct MultiPlan {
     pub diagnostics: Vec<Diagnostic>,
     /// Where the planning time went.
     pub profile: PlanProfile,
+    /// The job (an index into `plans`) whose next slot the gates' epoch is
+    /// to put at the time the plans are published: one that just ended
+    /// the iteration that stretched the period stands where the new cycle
+    /// begins. `None`: the epoch keeps the cycle of the gates in use.
+    pub anchor_job: Option<usize>,
+}
+
+impl MultiPlan {
+    /// Gives every gate one epoch on the drivers' shared clock for plans
+    /// published at `now`, `previous` being any gate in use: the anchor
+    /// job's next slot at `now` when there is one, else the cycle in use
+    /// kept ([`crate::Gate::epoch_for`]).
+    pub fn set_epoch(&mut self, previous: Option<crate::Gate>, now: u64) {
+        let anchor = self
+            .anchor_job
+            .and_then(|k| self.plans.get(k))
+            .and_then(|p| p.gate);
+        let epoch = crate::Gate::epoch_for(previous, anchor, now);
+        for g in self.plans.iter_mut().filter_map(|p| p.gate.as_mut()) {
+            g.epoch_ns = epoch;
+        }
+    }
 }
 
 /// Where one planning call's wall-clock time went, for logs and benches.

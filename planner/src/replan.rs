@@ -116,6 +116,13 @@ pub trait Replan {
         job: JobId,
         measured: &Measurements,
     ) -> Result<Vec<(JobId, Plan)>, ReplanError>;
+
+    /// The job whose next slot the gates last handed out are to put at the
+    /// time they are taken ([`MultiPlan::anchor_job`]); `None`: they keep
+    /// the cycle of the gates in use.
+    fn anchor_job(&self) -> Option<JobId> {
+        None
+    }
 }
 
 /// Never re-plans.
@@ -298,6 +305,11 @@ pub struct Replanner {
     /// its period within its pace since the last plan, ns (0: none): the
     /// period the plans in use are to be stretched to hold.
     stretch_ns: u64,
+    /// The last job whose iteration asked for the stretch: the stretched
+    /// gates put its next slot where it stands.
+    stretch_job: Option<JobId>,
+    /// The anchor of the plans `replan_after` last handed out.
+    handed_anchor: Option<JobId>,
 }
 
 /// Why the next plan is wanted, from the least to the most pressing.
@@ -332,6 +344,8 @@ impl Replanner {
             revert: false,
             shorten: true,
             stretch_ns: 0,
+            stretch_job: None,
+            handed_anchor: None,
         }
     }
 
@@ -541,6 +555,7 @@ impl Replanner {
                 job.fold(&m.op_ns, weight);
                 job.measured = true;
                 self.stretch_ns = self.stretch_ns.max(m.iteration_ns);
+                self.stretch_job = Some(id);
                 return Ok(Some(ReplanReason::Stretch));
             }
             // Otherwise its first measurements replace the predictions the
@@ -694,7 +709,9 @@ impl Replanner {
             return Ok(Vec::new());
         };
         self.replans += 1;
-        Ok(self.job_ids().into_iter().zip(out.plans).collect())
+        let ids = self.job_ids();
+        self.handed_anchor = out.anchor_job.and_then(|k| ids.get(k).copied());
+        Ok(ids.into_iter().zip(out.plans).collect())
     }
 
     /// The plans in use with the gates' period stretched to hold the
@@ -702,7 +719,11 @@ impl Replanner {
     /// phase scaled with it so that the jobs stay as far apart, in shares
     /// of the period, as they were planned; `None` when a plan in use is
     /// not gated or the period already holds it. The plans keep their
-    /// predictions (the aligned peak at the old phases).
+    /// predictions (the aligned peak at the old phases). Their anchor is
+    /// the job that last asked: it just ended that iteration, behind its
+    /// slot on the old cycle, and the new cycle begins where it stands
+    /// rather than on the old grid, which would start it at once, short
+    /// of the others' phases by as much as it was late.
     fn stretched(&self) -> Option<MultiPlan> {
         let mut out = self.current.clone()?;
         let old = out.plans.first()?.gate?.period_ns;
@@ -717,6 +738,9 @@ impl Replanner {
             g.period_ns = new;
         }
         out.cycle_ns = new;
+        out.anchor_job = self
+            .stretch_job
+            .and_then(|id| self.jobs.keys().position(|&k| k == id));
         Some(out)
     }
 
@@ -753,11 +777,17 @@ impl Replanner {
     fn adopt(&mut self, out: &mut MultiPlan) {
         self.due = Due::Nothing;
         self.stretch_ns = 0;
+        self.stretch_job = None;
         self.version += 1;
         for p in &mut out.plans {
             p.version = self.version;
         }
-        self.current = Some(out.clone());
+        // Kept without its anchor: plans handed out again later (a
+        // fallback, a stretch) keep the cycle they then find.
+        self.current = Some(MultiPlan {
+            anchor_job: None,
+            ..out.clone()
+        });
         for (j, p) in self.jobs.values_mut().zip(&out.plans) {
             j.at_plan = j.estimates.iter().sum();
             j.last_iteration_ns = 0;
@@ -782,6 +812,10 @@ impl Replan for Replanner {
         measured: &Measurements,
     ) -> Result<Vec<(JobId, Plan)>, ReplanError> {
         self.replan_after(job, measured, Replanner::plan_due)
+    }
+
+    fn anchor_job(&self) -> Option<JobId> {
+        self.handed_anchor
     }
 }
 

@@ -727,14 +727,12 @@ impl Planner {
             return;
         }
         // One epoch for the joint plan's gates, on the host's monotonic
-        // clock that the workers share, on the cycle of the gates in use.
+        // clock that the workers share: on the cycle of the gates in use,
+        // or where the job that stretched the period stands.
         if mp.cycle_ns > 0 {
-            let epoch = Gate::epoch_at(self.gate, tensile_proto::clock::monotonic_ns());
-            for p in &mut mp.plans {
-                if let Some(g) = &mut p.gate {
-                    g.epoch_ns = epoch;
-                    self.gate = Some(*g);
-                }
+            mp.set_epoch(self.gate, tensile_proto::clock::monotonic_ns());
+            if let Some(g) = mp.plans.iter().find_map(|p| p.gate) {
+                self.gate = Some(g);
             }
         } else {
             self.gate = None;

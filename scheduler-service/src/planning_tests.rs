@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use tensile_graph::builder::{Builder, Optimizer};
 use tensile_graph::{DType, Graph, Liveness};
-use tensile_planner::{CopyModel, JobSettings, MultiPlan, Plan, PlannerConfig, Prediction};
+use tensile_planner::{CopyModel, Gate, JobSettings, MultiPlan, Plan, PlannerConfig, Prediction};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
@@ -250,6 +250,72 @@ async fn a_joint_plan_that_does_not_fit_beside_a_fast_plan_goes_out_in_part() {
     assert_eq!(peaks, vec![(2, 35), (1, 30), (1, 30)]);
     // Status counts what runs: job 2's fast plan too.
     assert_eq!(shared.memory().sum_of_peaks_bytes, 95);
+}
+
+/// The gate of job `id`'s newest plan.
+fn gate_of(shared: &Shared, id: u64) -> Gate {
+    let jobs = shared.jobs();
+    let update = jobs[&id].updates.borrow();
+    update.plan.as_ref().and_then(|p| p.gate).unwrap()
+}
+
+#[tokio::test]
+async fn gates_keep_the_cycle_in_use_unless_a_job_anchors_the_new_one() {
+    let g = mlp();
+    let shared = Arc::new(Shared::new(1 << 40));
+    let mut planner = Planner::new(
+        shared.clone(),
+        PlannerConfig::new(CopyModel::duplex(1e10, 1e10, 1_000)),
+        0.3,
+        0.9,
+        Duration::from_secs(2),
+        None,
+        "test".into(),
+        Arc::new(Metrics::new()),
+    );
+    let (tx, _rx) = mpsc::channel(8);
+    for id in 1..=2 {
+        register(&shared, &tx, id, &g).await;
+    }
+    let gated = |period: u64, phases: [u64; 2], anchor_job| MultiPlan {
+        plans: phases
+            .iter()
+            .map(|&phase_ns| Plan {
+                gate: Some(Gate {
+                    period_ns: period,
+                    phase_ns,
+                    epoch_ns: 0,
+                }),
+                ..Plan::default()
+            })
+            .collect(),
+        cycle_ns: period,
+        anchor_job,
+        ..MultiPlan::default()
+    };
+    let period = 200_000_000;
+    planner.publish(&[1, 2], gated(period, [0, period / 2], None), &[true; 2]);
+    let first = gate_of(&shared, 1);
+    assert_eq!(gate_of(&shared, 2).epoch_ns, first.epoch_ns);
+    // Without an anchor, new gates keep the cycle in use: their epoch is
+    // a whole number of old periods from the first.
+    planner.publish(&[1, 2], gated(period, [0, period / 2], None), &[true; 2]);
+    let kept = gate_of(&shared, 1).epoch_ns;
+    assert_eq!(kept.abs_diff(first.epoch_ns) % period, 0);
+    // Stretched gates anchored on job 2: its next slot is when they went
+    // out, whatever the old grid.
+    let stretched = 210_000_000;
+    let before = tensile_proto::clock::monotonic_ns();
+    planner.publish(
+        &[1, 2],
+        gated(stretched, [0, stretched / 2], Some(1)),
+        &[true; 2],
+    );
+    let after = tensile_proto::clock::monotonic_ns();
+    let (a, b) = (gate_of(&shared, 1), gate_of(&shared, 2));
+    assert_eq!(a.epoch_ns, b.epoch_ns);
+    let slot = b.epoch_ns + b.phase_ns;
+    assert!(before <= slot && slot <= after, "{before} {slot} {after}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

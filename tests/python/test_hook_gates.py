@@ -159,6 +159,21 @@ def test_a_new_epoch_keeps_the_cycle_of_the_gates_in_use():
     assert Gate.epoch_at(old, 1_570) == 1_600
 
 
+def test_an_anchored_epoch_puts_the_anchor_jobs_slot_at_now():
+    old = gate(100, 30, 1_000)
+    # The anchor's slot is now, whatever the old grid.
+    anchor = gate(120, 40, 0)
+    epoch = Gate.epoch_for(old, anchor, 1_567)
+    assert epoch == 1_527
+    assert gate(120, 40, epoch).nearest_slot(1_567) == 1_567
+    # Near the clock's zero the epoch goes a period on.
+    epoch = Gate.epoch_for(None, anchor, 10)
+    assert epoch == 90
+    assert gate(120, 40, epoch).nearest_slot(10) == 10
+    # No anchor: the old cycle, as `epoch_at`.
+    assert Gate.epoch_for(old, None, 1_570) == 1_600
+
+
 def test_an_early_job_waits_for_its_slot_and_a_late_one_does_not():
     c = GateClock(gate(100, 40, 0))
     # First start: the next slot (the one before passed too long ago).

@@ -429,6 +429,9 @@ fn a_first_iteration_past_its_period_within_its_pace_stretches_the_period() {
     assert_eq!(g.phase_ns, period / 3 * stretched / period);
     assert_eq!(r.jobs[&id].gate, Some(g));
     assert_eq!(r.replans, 1);
+    // The new cycle begins where the job that asked stands.
+    assert_eq!(r.anchor_job(), Some(id));
+    assert_eq!(r.current.as_ref().unwrap().anchor_job, None);
     // On it, iterations that long keep the plan.
     for _ in 0..=SETTLE + OVERRUNS {
         let more = r.replan_after(id, &overran, Replanner::plan_due).unwrap();
@@ -443,4 +446,5 @@ fn a_first_iteration_past_its_period_within_its_pace_stretches_the_period() {
         .collect();
     assert_eq!(handed.len(), 1);
     assert_eq!(handed[0].1.gate, None, "planned anew: one job is not gated");
+    assert_eq!(r.anchor_job(), None);
 }

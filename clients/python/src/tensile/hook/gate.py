@@ -82,6 +82,18 @@ class Gate:
             return now
         return dataclasses.replace(previous, phase_ns=0).nearest_slot(now)
 
+    @staticmethod
+    def epoch_for(previous: Gate | None, anchor: Gate | None, now: int) -> int:
+        """The epoch to give the gates of plans published at ``now`` whose
+        ``anchor`` job's next slot is to be at ``now`` (it stands where the
+        new cycle begins); without one, :meth:`epoch_at` the gates in
+        use."""
+        if anchor is None:
+            return Gate.epoch_at(previous, now)
+        period = max(anchor.period_ns, 1)
+        phase = anchor.phase_ns % period
+        return now - phase if now >= phase else now + period - phase
+
     def nearest_slot(self, now: int) -> int:
         """The slot nearest to ``now`` (ties go to the earlier one); slots
         before the clock's zero do not exist, so near zero it may be a
