@@ -219,9 +219,10 @@ pub struct MultiPlan {
     /// Where the planning time went.
     pub profile: PlanProfile,
     /// The job (an index into `plans`) whose next slot the gates' epoch is
-    /// to put at the time the plans are published: one that just ended
-    /// the iteration that stretched the period stands where the new cycle
-    /// begins. `None`: the epoch keeps the cycle of the gates in use.
+    /// to put at the time the plans are published: the job whose
+    /// measurements asked for them just ended that iteration and stands
+    /// where the new cycle begins. `None`: the epoch keeps the cycle of
+    /// the gates in use.
     pub anchor_job: Option<usize>,
 }
 

@@ -305,9 +305,10 @@ pub struct Replanner {
     /// its period within its pace since the last plan, ns (0: none): the
     /// period the plans in use are to be stretched to hold.
     stretch_ns: u64,
-    /// The last job whose iteration asked for the stretch: the stretched
-    /// gates put its next slot where it stands.
-    stretch_job: Option<JobId>,
+    /// The last job whose measurements made a plan due: it just ended the
+    /// iteration that asked, and the next gated plans' new cycle begins
+    /// where it stands.
+    asked: Option<JobId>,
     /// The anchor of the plans `replan_after` last handed out.
     handed_anchor: Option<JobId>,
 }
@@ -344,7 +345,7 @@ impl Replanner {
             revert: false,
             shorten: true,
             stretch_ns: 0,
-            stretch_job: None,
+            asked: None,
             handed_anchor: None,
         }
     }
@@ -453,6 +454,9 @@ impl Replanner {
         m: &Measurements,
     ) -> Result<Option<ReplanReason>, ReplanError> {
         let reason = self.fold_in(id, m)?;
+        if reason.is_some() {
+            self.asked = Some(id);
+        }
         if reason == Some(ReplanReason::Stretch) {
             self.due = self.due.max(Due::Stretch);
         } else if reason.is_some() {
@@ -555,7 +559,6 @@ impl Replanner {
                 job.fold(&m.op_ns, weight);
                 job.measured = true;
                 self.stretch_ns = self.stretch_ns.max(m.iteration_ns);
-                self.stretch_job = Some(id);
                 return Ok(Some(ReplanReason::Stretch));
             }
             // Otherwise its first measurements replace the predictions the
@@ -677,6 +680,7 @@ impl Replanner {
         }
         if self.due == Due::Shorter && !self.shorten {
             self.due = Due::Nothing;
+            self.asked = None;
             return Ok(None);
         }
         let mut out = self.propose()?;
@@ -685,6 +689,7 @@ impl Replanner {
         let optional = self.due == Due::Shorter;
         if optional && !shorter {
             self.due = Due::Nothing;
+            self.asked = None;
             return Ok(None);
         }
         let held = self.current.take();
@@ -719,11 +724,7 @@ impl Replanner {
     /// phase scaled with it so that the jobs stay as far apart, in shares
     /// of the period, as they were planned; `None` when a plan in use is
     /// not gated or the period already holds it. The plans keep their
-    /// predictions (the aligned peak at the old phases). Their anchor is
-    /// the job that last asked: it just ended that iteration, behind its
-    /// slot on the old cycle, and the new cycle begins where it stands
-    /// rather than on the old grid, which would start it at once, short
-    /// of the others' phases by as much as it was late.
+    /// predictions (the aligned peak at the old phases).
     fn stretched(&self) -> Option<MultiPlan> {
         let mut out = self.current.clone()?;
         let old = out.plans.first()?.gate?.period_ns;
@@ -738,9 +739,6 @@ impl Replanner {
             g.period_ns = new;
         }
         out.cycle_ns = new;
-        out.anchor_job = self
-            .stretch_job
-            .and_then(|id| self.jobs.keys().position(|&k| k == id));
         Some(out)
     }
 
@@ -773,17 +771,26 @@ impl Replanner {
     }
 
     /// Makes `out` the current plans: a new version, the gates and the
-    /// waits the plans accept.
+    /// waits the plans accept. Gated plans made due by a job's
+    /// measurements are anchored on that job ([`MultiPlan::anchor_job`]):
+    /// it just ended the iteration that asked, and the new cycle begins
+    /// where it stands. On the old cycle's grid its next slot could be
+    /// already past (it was late: it would start at once, short of the
+    /// others' phases by as much as it was late) or most of a period away.
     fn adopt(&mut self, out: &mut MultiPlan) {
         self.due = Due::Nothing;
         self.stretch_ns = 0;
-        self.stretch_job = None;
+        out.anchor_job = self
+            .asked
+            .take()
+            .filter(|_| out.cycle_ns > 0)
+            .and_then(|id| self.jobs.keys().position(|&k| k == id));
         self.version += 1;
         for p in &mut out.plans {
             p.version = self.version;
         }
         // Kept without its anchor: plans handed out again later (a
-        // fallback, a stretch) keep the cycle they then find.
+        // fallback, a stretch) take the anchor of their own time.
         self.current = Some(MultiPlan {
             anchor_job: None,
             ..out.clone()

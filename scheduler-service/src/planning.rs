@@ -728,7 +728,7 @@ impl Planner {
         }
         // One epoch for the joint plan's gates, on the host's monotonic
         // clock that the workers share: on the cycle of the gates in use,
-        // or where the job that stretched the period stands.
+        // or where the job whose measurements asked for the plans stands.
         if mp.cycle_ns > 0 {
             mp.set_epoch(self.gate, tensile_proto::clock::monotonic_ns());
             if let Some(g) = mp.plans.iter().find_map(|p| p.gate) {

@@ -448,3 +448,42 @@ fn a_first_iteration_past_its_period_within_its_pace_stretches_the_period() {
     assert_eq!(handed[0].1.gate, None, "planned anew: one job is not gated");
     assert_eq!(r.anchor_job(), None);
 }
+
+#[test]
+fn gated_plans_made_due_by_a_jobs_measurements_begin_their_cycle_where_it_stands() {
+    let (mut r, id, lat, period) = gated_replanner();
+    let gate = Gate {
+        period_ns: period,
+        phase_ns: 0,
+        epoch_ns: 0,
+    };
+    let mut gated = r.plan_all().unwrap();
+    assert_eq!(gated.anchor_job, None, "not made due by measurements");
+    gated.plans[0].gate = Some(gate);
+    gated.cycle_ns = period;
+    r.jobs.get_mut(&id).unwrap().gate = Some(gate);
+    // A first iteration 10% past its period asks for a re-plan.
+    let overran = Measurements {
+        iteration_ns: period * 11 / 10,
+        ..measured(lat.iter().map(|x| x * 9 / 10).collect())
+    };
+    let asked: Vec<_> = (0..=SETTLE)
+        .filter_map(|_| r.observe(id, &overran).unwrap())
+        .collect();
+    assert_eq!(asked, [ReplanReason::FirstMeasurements]);
+    // The gated plans taken for it name it; those kept do not.
+    let mut out = gated.clone();
+    r.adopt(&mut out);
+    assert_eq!(out.anchor_job, Some(0));
+    assert_eq!(r.current.as_ref().unwrap().anchor_job, None);
+    // Taken once: plans adopted later that no measurements asked for
+    // keep the cycle in use.
+    let mut again = gated.clone();
+    r.adopt(&mut again);
+    assert_eq!(again.anchor_job, None);
+    // Plans that are not gated have no cycle to begin.
+    r.asked = Some(id);
+    let free = r.plan_all().unwrap();
+    assert_eq!(free.cycle_ns, 0);
+    assert_eq!(free.anchor_job, None);
+}
