@@ -5,7 +5,8 @@
 //! plan frees a swapped-out buffer once its copy has ended, so a copy thread
 //! kept off the CPU by other tests' kernels holds memory past the planned
 //! moment (the run-time guard, off here, is what bounds that in use).
-//! Cargo runs test binaries one at a time, so nothing else runs beside it.
+//! Cargo runs test binaries one at a time, so nothing else of the suite
+//! runs beside it; a run that still peaked over the plan is run again.
 
 #[path = "it/common.rs"]
 mod common;
@@ -45,15 +46,38 @@ fn the_measured_peak_is_the_predicted_one_and_vanilla_runs_out_of_memory() {
     let predicted = p.prediction.planned_peak_bytes;
     let vanilla_peak = p.prediction.vanilla_peak_bytes;
     assert!(predicted < vanilla_peak);
-    let (_, reports) = run(&g, &p, 2, host, None, floor).expect("runs");
-    for r in &reports {
-        assert_eq!(r.measured_peak_bytes, r.executor_peak_bytes);
-        assert_eq!(
-            r.measured_peak_bytes, predicted,
-            "iteration {}: measured {} predicted {predicted} ({r:?})",
-            r.iteration, r.measured_peak_bytes
-        );
+    // A copy thread kept off the CPU (another process still exiting, on
+    // a 2-core machine) frees a swapped-out buffer late, so its run peaks
+    // above the plan, never below: such a run is run again, ATTEMPTS
+    // times in all. A plan whose prediction is wrong misses in every one.
+    const ATTEMPTS: usize = 3;
+    let mut misses = Vec::new();
+    for attempt in 1..=ATTEMPTS {
+        let (_, reports) = run(&g, &p, 2, host, None, floor).expect("runs");
+        for r in &reports {
+            assert_eq!(r.measured_peak_bytes, r.executor_peak_bytes);
+            assert!(
+                r.measured_peak_bytes >= predicted,
+                "iteration {}: measured {} under the predicted {predicted} ({r:?})",
+                r.iteration,
+                r.measured_peak_bytes
+            );
+        }
+        let over: Vec<u64> = reports
+            .iter()
+            .map(|r| r.measured_peak_bytes)
+            .filter(|&b| b != predicted)
+            .collect();
+        if over.is_empty() {
+            break;
+        }
+        eprintln!("attempt {attempt}: peaks {over:?} over the predicted {predicted}; again");
+        misses.push(over);
     }
+    assert!(
+        misses.len() < ATTEMPTS,
+        "no run peaked at the predicted {predicted} B: {misses:?}"
+    );
     let (_, reports) = run(
         &g,
         &vanilla(&g),
