@@ -196,14 +196,9 @@ fn with_peak(version: u64, peak: u64) -> Plan {
     }
 }
 
-#[tokio::test]
-async fn a_joint_plan_that_does_not_fit_beside_a_fast_plan_goes_out_in_part() {
-    let g = mlp();
-    let budget = 100;
-    let shared = Arc::new(Shared::new(budget));
-    let mut config = PlannerConfig::new(CopyModel::duplex(1e10, 1e10, 1_000));
-    config.budget_bytes = Some(budget);
-    let mut planner = Planner::new(
+/// A planner on `shared` that a test drives by hand (no task, no store).
+fn hand_driven(shared: &Arc<Shared>, config: PlannerConfig) -> Planner {
+    Planner::new(
         shared.clone(),
         config,
         0.3,
@@ -212,7 +207,17 @@ async fn a_joint_plan_that_does_not_fit_beside_a_fast_plan_goes_out_in_part() {
         None,
         "test".into(),
         Arc::new(Metrics::new()),
-    );
+    )
+}
+
+#[tokio::test]
+async fn a_joint_plan_that_does_not_fit_beside_a_fast_plan_goes_out_in_part() {
+    let g = mlp();
+    let budget = 100;
+    let shared = Arc::new(Shared::new(budget));
+    let mut config = PlannerConfig::new(CopyModel::duplex(1e10, 1e10, 1_000));
+    config.budget_bytes = Some(budget);
+    let mut planner = hand_driven(&shared, config);
     let (tx, _rx) = mpsc::channel(8);
     for id in 1..=3 {
         register(&shared, &tx, id, &g).await;
@@ -263,15 +268,9 @@ fn gate_of(shared: &Shared, id: u64) -> Gate {
 async fn gates_keep_the_cycle_in_use_unless_a_job_anchors_the_new_one() {
     let g = mlp();
     let shared = Arc::new(Shared::new(1 << 40));
-    let mut planner = Planner::new(
-        shared.clone(),
+    let mut planner = hand_driven(
+        &shared,
         PlannerConfig::new(CopyModel::duplex(1e10, 1e10, 1_000)),
-        0.3,
-        0.9,
-        Duration::from_secs(2),
-        None,
-        "test".into(),
-        Arc::new(Metrics::new()),
     );
     let (tx, _rx) = mpsc::channel(8);
     for id in 1..=2 {
