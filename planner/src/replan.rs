@@ -28,7 +28,15 @@
 //! packed closer, so when a job on it (settled) runs past its pace or
 //! evicts, the plans before it come back ([`ReplanReason::ShorterMissed`])
 //! and no shorter period is tried again until the jobs or the
-//! configuration change.
+//! configuration change. When every gated job's ops and prefetch waits
+//! took less than [`ROOM`] of the period several iterations in a row (the
+//! pace and the gates idle it for the rest), the plans in use are tried on
+//! a shorter period, a quarter of the way to that time
+//! ([`ReplanReason::Compress`]): the same copies, their phases, pace and
+//! delays scaled with it, on trial as above; one that runs past its pace
+//! without evicting is stretched once to hold that iteration while that
+//! still beats the plans before it, and one that evicts brings them back
+//! at once, settling or not.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -85,6 +93,10 @@ pub enum ReplanReason {
     /// A gated job's first measured iteration ran past its period but kept
     /// its pace: the plans stay and the common period grows to hold it.
     Stretch,
+    /// Every gated job kept its period with time to spare, iteration after
+    /// iteration: the plans stay and the common period shrinks toward the
+    /// time the jobs' ops (and their waits for prefetches) took, on trial.
+    Compress,
 }
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -167,6 +179,12 @@ struct ReplanJob {
     /// Iterations in a row whose ops took less than [`UNDERRUN`] of the
     /// estimates the plan was made from.
     underruns: usize,
+    /// Iterations in a row that ended on the period with its ops and
+    /// prefetch waits taking less than [`ROOM`] of it.
+    spare: usize,
+    /// The longest such active time (ops and prefetch waits) in the
+    /// streak, ns.
+    active_ns: u64,
     /// Its iterations late beyond the plan since the last on time.
     late: LateStreak,
     /// It ran free under the budget and the guard evicted
@@ -270,6 +288,19 @@ const ON_PERIOD: f64 = 1.005;
 /// estimates: ops run a little faster while the other jobs wait at their
 /// gates, so only a clear gap counts.
 const UNDERRUN: f64 = 0.8;
+/// What share of the period a gated job's ops and prefetch waits may take,
+/// [`OVERRUNS`] iterations in a row for every job, for the plans in use to
+/// be tried on a shorter period ([`ReplanReason::Compress`]).
+const ROOM: f64 = 0.9;
+/// How much of the gap between the period and the longest active time
+/// (ops and prefetch waits) a compression closes. Ops measured while the
+/// jobs wait for their pace and gates ran faster than they will once the
+/// jobs are packed closer (each waits less for the others' kernels), so
+/// the period moves only part of the way, and again once that holds.
+const COMPRESS_SHARE: f64 = 0.25;
+/// The most of a compressed period the plans' copies may take on the
+/// link (in one direction): copies take as long on a shorter period.
+const LINK_SHARE: f64 = 0.7;
 
 /// Our re-planner: EWMA latencies, feedback of late prefetches, all jobs
 /// planned together.
@@ -305,6 +336,18 @@ pub struct Replanner {
     /// its period within its pace since the last plan, ns (0: none): the
     /// period the plans in use are to be stretched to hold.
     stretch_ns: u64,
+    /// The longest active time (ops and prefetch waits) of the gated jobs
+    /// that asked for a compression, ns (0: none asked for).
+    compress_ns: u64,
+    /// The plans in use are compressed ones on trial that have not been
+    /// stretched yet.
+    compressing: bool,
+    /// The stretch asked for holds a compressed plan that missed its
+    /// pace: it stays on trial, with the same plans to come back.
+    stretch_trial: bool,
+    /// The plans in use are compressed ones (stretched once or not) on
+    /// trial.
+    compress_trial: bool,
     /// The last job whose measurements made a plan due: it just ended the
     /// iteration that asked, and the next gated plans' new cycle begins
     /// where it stands.
@@ -321,6 +364,9 @@ enum Due {
     /// Only jobs that are all gated and on their period ([`ON_PERIOD`]):
     /// worth taking if it shortens the common period.
     Shorter,
+    /// Every gated job kept its period with room to spare: the plans in
+    /// use on a shorter period, on trial ([`ReplanReason::Compress`]).
+    Compress,
     /// Gated jobs' first iterations ran past the period within their pace:
     /// the plans in use with a longer period ([`ReplanReason::Stretch`]).
     Stretch,
@@ -345,6 +391,10 @@ impl Replanner {
             revert: false,
             shorten: true,
             stretch_ns: 0,
+            compress_ns: 0,
+            compressing: false,
+            stretch_trial: false,
+            compress_trial: false,
             asked: None,
             handed_anchor: None,
         }
@@ -368,6 +418,7 @@ impl Replanner {
         self.fallback = None;
         self.revert = false;
         self.shorten = true;
+        self.stretch_trial = false;
     }
 
     /// Adds a job whose op latencies are first `predicted` (ns per op).
@@ -403,6 +454,8 @@ impl Replanner {
                 settling: 1,
                 overruns: 0,
                 underruns: 0,
+                spare: 0,
+                active_ns: 0,
                 last_iteration_ns: 0,
                 late: LateStreak::default(),
                 free_missed: false,
@@ -459,6 +512,8 @@ impl Replanner {
         }
         if reason == Some(ReplanReason::Stretch) {
             self.due = self.due.max(Due::Stretch);
+        } else if reason == Some(ReplanReason::Compress) {
+            self.due = self.due.max(Due::Compress);
         } else if reason.is_some() {
             // Every job gated, and its last iteration on the current plan
             // (this one's included) within its period: a plan with a longer
@@ -519,6 +574,13 @@ impl Replanner {
                 job.settling = SETTLE;
             }
             job.last_iteration_ns = m.iteration_ns;
+            // Compressed plans that evict, settling or not, ran the jobs
+            // into each other: the plans before them come back at once.
+            if self.compress_trial && !job.switch_pending && !m.evictions.is_empty() {
+                job.overruns = 0;
+                self.revert = true;
+                return Ok(Some(ReplanReason::ShorterMissed));
+            }
             if job.settling > 0 {
                 job.settling -= 1;
                 job.overruns = 0;
@@ -532,6 +594,21 @@ impl Replanner {
                 job.fold(&m.op_ns, weight);
                 job.measured = true;
                 job.overruns = 0;
+                // Plans compressed further than the jobs run, with nothing
+                // evicted, get one stretch to hold the iteration while
+                // that still beats the plans before them.
+                let slack = crate::gate_slack(&self.config, self.jobs.len());
+                let before = self.fallback.as_ref().and_then(|f| f.plans.first()?.gate);
+                let held = (m.iteration_ns as f64 * (1.0 + slack)).ceil();
+                if std::mem::take(&mut self.compressing)
+                    && self.enabled
+                    && m.evictions.is_empty()
+                    && before.is_some_and(|g| held < g.period_ns as f64 * 0.99)
+                {
+                    self.stretch_ns = self.stretch_ns.max(m.iteration_ns);
+                    self.stretch_trial = true;
+                    return Ok(Some(ReplanReason::Stretch));
+                }
                 self.revert = true;
                 return Ok(Some(ReplanReason::ShorterMissed));
             }
@@ -573,7 +650,7 @@ impl Replanner {
                     job.underruns = 0;
                 }
                 if job.underruns < OVERRUNS {
-                    return Ok(self.keep_pace(id, m));
+                    return Ok(self.keep_pace(id, m).or_else(|| self.room(id, m)));
                 }
                 underran = true;
             }
@@ -649,6 +726,46 @@ impl Replanner {
         Some(ReplanReason::Drift)
     }
 
+    /// Whether every gated job has kept its period with room to spare for
+    /// [`OVERRUNS`] iterations in a row, `id`'s just ended included: then
+    /// the plans in use are to be tried on a shorter period
+    /// ([`ReplanReason::Compress`]), unless shorter plans did not hold
+    /// before or another plan is already due. The streaks start again with
+    /// every plan taken.
+    fn room(&mut self, id: JobId, m: &Measurements) -> Option<ReplanReason> {
+        let job = self.jobs.get_mut(&id)?;
+        let period = job.gate?.period_ns;
+        let active =
+            m.op_ns.iter().sum::<u64>() + m.late_prefetches.iter().map(|l| l.1).sum::<u64>();
+        if on_period(job.gate?, m.iteration_ns)
+            && m.evictions.is_empty()
+            && (active as f64) < period as f64 * ROOM
+        {
+            job.spare += 1;
+            job.active_ns = job.active_ns.max(active);
+        } else {
+            job.spare = 0;
+            job.active_ns = 0;
+        }
+        let ready = self
+            .jobs
+            .values()
+            .all(|j| j.gate.is_some() && j.spare >= OVERRUNS);
+        let gated = self
+            .current
+            .as_ref()
+            .is_some_and(|c| c.plans.iter().all(|p| p.gate.is_some()));
+        if !ready || !gated || !self.enabled || !self.shorten || self.due != Due::Nothing {
+            return None;
+        }
+        self.compress_ns = self.jobs.values().map(|j| j.active_ns).max().unwrap_or(0);
+        for j in self.jobs.values_mut() {
+            j.spare = 0;
+            j.active_ns = 0;
+        }
+        Some(ReplanReason::Compress)
+    }
+
     /// Plans every job from the current estimates; the plans carry a new
     /// version and come in [`Replanner::job_ids`] order.
     pub fn plan_all(&mut self) -> Result<MultiPlan, ReplanError> {
@@ -674,9 +791,29 @@ impl Replanner {
         if self.due == Due::Stretch
             && let Some(mut out) = self.stretched()
         {
+            let (held, trial) = (self.fallback.take(), self.stretch_trial);
             self.adopt(&mut out);
-            self.fallback = None;
+            self.fallback = if trial { held } else { None };
+            self.compress_trial = trial;
             return Ok(Some(out));
+        }
+        if self.due == Due::Compress {
+            let held = self.current.clone();
+            return Ok(match self.compressed() {
+                Some(mut out) => {
+                    self.adopt(&mut out);
+                    self.fallback = held;
+                    self.compressing = true;
+                    self.compress_trial = true;
+                    Some(out)
+                }
+                None => {
+                    self.due = Due::Nothing;
+                    self.asked = None;
+                    self.compress_ns = 0;
+                    None
+                }
+            });
         }
         if self.due == Due::Shorter && !self.shorten {
             self.due = Due::Nothing;
@@ -742,6 +879,49 @@ impl Replanner {
         Some(out)
     }
 
+    /// The plans in use on a shorter period: [`COMPRESS_SHARE`] of the
+    /// way from the period to the longest active time that asked for it
+    /// (plus the gates' slack), each phase, pace (`op_start_ns`) and event
+    /// delay scaled with it, so that the jobs stay as far apart, in shares
+    /// of the period, as they were planned. `None` when a plan in use is
+    /// not gated or the period would shrink by less than 1%.
+    fn compressed(&self) -> Option<MultiPlan> {
+        let mut out = self.current.clone()?;
+        let old = out.plans.first()?.gate?.period_ns;
+        let slack = crate::gate_slack(&self.config, out.plans.len());
+        let target = self.compress_ns as f64 * (1.0 + slack);
+        let new = (old as f64 - (old as f64 - target) * COMPRESS_SHARE).ceil();
+        let copies: u64 = out.plans.iter().map(|p| p.prediction.swapped_bytes).sum();
+        let link = self
+            .config
+            .copy
+            .h2d_bytes_per_s
+            .min(self.config.copy.d2h_bytes_per_s);
+        if new >= old as f64 * 0.99
+            || out.plans.iter().any(|p| p.gate.is_none())
+            || copies as f64 / link.max(1.0) * 1e9 > new * LINK_SHARE
+        {
+            return None;
+        }
+        let new = new as u64;
+        let scale =
+            |x: u64| u64::try_from(u128::from(x) * u128::from(new) / u128::from(old)).unwrap_or(x);
+        for p in &mut out.plans {
+            if let Some(g) = p.gate.as_mut() {
+                g.phase_ns = scale(g.phase_ns % old);
+                g.period_ns = new;
+            }
+            for t in &mut p.prediction.op_start_ns {
+                *t = scale(*t);
+            }
+            for e in &mut p.events {
+                e.delay_ns = scale(e.delay_ns);
+            }
+        }
+        out.cycle_ns = new;
+        Some(out)
+    }
+
     fn propose(&self) -> Result<MultiPlan, ReplanError> {
         let ids = self.job_ids();
         let inputs: Vec<JobInput<'_>> = self
@@ -780,6 +960,10 @@ impl Replanner {
     fn adopt(&mut self, out: &mut MultiPlan) {
         self.due = Due::Nothing;
         self.stretch_ns = 0;
+        self.compress_ns = 0;
+        self.compressing = false;
+        self.stretch_trial = false;
+        self.compress_trial = false;
         out.anchor_job = self
             .asked
             .take()
@@ -801,6 +985,8 @@ impl Replanner {
             j.gate = p.gate;
             j.runs_free = p.gate.is_none();
             j.switch_pending = true;
+            j.spare = 0;
+            j.active_ns = 0;
             j.planned_late.clear();
             for w in &p.prediction.waits {
                 for &t in &j.graph.op(w.op).inputs {

@@ -309,6 +309,7 @@ impl Planner {
                         ReplanReason::FreeMissed => "free_missed",
                         ReplanReason::ShorterMissed => "shorter_missed",
                         ReplanReason::Stretch => "stretch",
+                        ReplanReason::Compress => "compress",
                     });
                 }
                 (

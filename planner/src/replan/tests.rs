@@ -432,9 +432,14 @@ fn a_first_iteration_past_its_period_within_its_pace_stretches_the_period() {
     // The new cycle begins where the job that asked stands.
     assert_eq!(r.anchor_job(), Some(id));
     assert_eq!(r.current.as_ref().unwrap().anchor_job, None);
-    // On it, iterations that long keep the plan.
+    // On it, iterations that long keep the plan (ops that fill them: ops
+    // with room to spare would compress it).
+    let full = Measurements {
+        op_ns: lat.clone(),
+        ..overran.clone()
+    };
     for _ in 0..=SETTLE + OVERRUNS {
-        let more = r.replan_after(id, &overran, Replanner::plan_due).unwrap();
+        let more = r.replan_after(id, &full, Replanner::plan_due).unwrap();
         assert!(more.is_empty(), "{more:?}");
     }
     // A plan in use that is not gated cannot be stretched: a re-plan.
@@ -486,4 +491,141 @@ fn gated_plans_made_due_by_a_jobs_measurements_begin_their_cycle_where_it_stands
     let free = r.plan_all().unwrap();
     assert_eq!(free.cycle_ns, 0);
     assert_eq!(free.anchor_job, None);
+}
+
+#[test]
+fn gated_plans_with_room_to_spare_are_compressed_on_trial_and_stretched_once() {
+    let (mut r, id, lat, predicted) = gated_replanner();
+    // A period a quarter longer than the ops' estimates.
+    let period = predicted * 5 / 4;
+    let gate = Gate {
+        period_ns: period,
+        phase_ns: period / 3,
+        epoch_ns: 0,
+    };
+    let mut current = r.plan_all().unwrap();
+    current.plans[0].gate = Some(gate);
+    current.cycle_ns = period;
+    r.current = Some(current.clone());
+    let job = r.jobs.get_mut(&id).unwrap();
+    job.gate = Some(gate);
+    (job.measured, job.settling) = (true, 0);
+    // Ops at 80% of their estimates (no faster than UNDERRUN), 64% of the
+    // period, the pace holding the iteration to the period.
+    let roomy = Measurements {
+        iteration_ns: period,
+        ..measured(lat.iter().map(|x| x * 8 / 10).collect())
+    };
+    for _ in 1..OVERRUNS {
+        assert_eq!(r.observe(id, &roomy).unwrap(), None);
+    }
+    let version = r.next_version();
+    let handed = r.replan_after(id, &roomy, Replanner::plan_due).unwrap();
+    assert_eq!(handed.len(), 1, "{handed:?}");
+    let plan = &handed[0].1;
+    assert_eq!(plan.version, version);
+    // Half-way from the period to the ops' time (plus the gates' slack),
+    // the phase at the same share of it, the same copies.
+    let active = (predicted * 8 / 10) as f64 * (1.0 + r.config.gate_slack);
+    let short = (period as f64 - (period as f64 - active) * COMPRESS_SHARE).ceil() as u64;
+    let g = plan.gate.unwrap();
+    assert_eq!(g.period_ns, short);
+    assert_eq!(g.phase_ns, period / 3 * short / period);
+    assert_eq!(plan.events.len(), current.plans[0].events.len());
+    assert_eq!(r.anchor_job(), Some(id));
+    assert!(r.fallback.is_some(), "a compressed plan is on trial");
+    // Its first iteration and the settling ones do not count; then one past
+    // its pace, nothing evicted, stretches it to hold that iteration, still
+    // on trial.
+    let switched = Measurements {
+        switched: true,
+        ..roomy.clone()
+    };
+    assert!(
+        r.replan_after(id, &switched, Replanner::plan_due)
+            .unwrap()
+            .is_empty()
+    );
+    for _ in 1..SETTLE {
+        assert!(
+            r.replan_after(id, &roomy, Replanner::plan_due)
+                .unwrap()
+                .is_empty()
+        );
+    }
+    let over = Measurements {
+        iteration_ns: short * 105 / 100,
+        ..roomy.clone()
+    };
+    assert!(
+        over.iteration_ns < period,
+        "the test's miss beats the old period"
+    );
+    let handed = r.replan_after(id, &over, Replanner::plan_due).unwrap();
+    let g = handed[0].1.gate.unwrap();
+    let held = (over.iteration_ns as f64 * (1.0 + r.config.gate_slack)).ceil() as u64;
+    assert_eq!(g.period_ns, held);
+    assert!(r.fallback.is_some(), "the stretched plan stays on trial");
+    // Missed again: the plans before the compression come back, and no
+    // shorter period is tried again.
+    r.replan_after(id, &switched, Replanner::plan_due).unwrap();
+    for _ in 1..SETTLE {
+        r.replan_after(id, &roomy, Replanner::plan_due).unwrap();
+    }
+    let way_over = Measurements {
+        iteration_ns: held * 105 / 100,
+        ..roomy.clone()
+    };
+    let back = r.replan_after(id, &way_over, Replanner::plan_due).unwrap();
+    assert_eq!(back[0].1.gate.unwrap().period_ns, period);
+    assert_eq!(back[0].1.events, current.plans[0].events);
+    assert!(r.fallback.is_none() && !r.shorten);
+    for _ in 0..SETTLE + 2 * OVERRUNS {
+        let more = r.replan_after(id, &roomy, Replanner::plan_due).unwrap();
+        assert!(more.is_empty(), "{more:?}");
+    }
+}
+
+#[test]
+fn a_compressed_plan_that_evicts_brings_the_plans_before_it_back() {
+    let (mut r, id, lat, period) = gated_replanner();
+    let gate = Gate {
+        period_ns: period,
+        phase_ns: 0,
+        epoch_ns: 0,
+    };
+    let mut current = r.plan_all().unwrap();
+    current.plans[0].gate = Some(gate);
+    current.cycle_ns = period;
+    r.current = Some(current);
+    let job = r.jobs.get_mut(&id).unwrap();
+    job.gate = Some(gate);
+    (job.measured, job.settling) = (true, 0);
+    let roomy = Measurements {
+        iteration_ns: period,
+        ..measured(lat.iter().map(|x| x * 8 / 10).collect())
+    };
+    let handed: Vec<_> = (0..OVERRUNS)
+        .flat_map(|_| r.replan_after(id, &roomy, Replanner::plan_due).unwrap())
+        .collect();
+    assert!(handed[0].1.gate.unwrap().period_ns < period);
+    let switched = Measurements {
+        switched: true,
+        ..roomy.clone()
+    };
+    r.replan_after(id, &switched, Replanner::plan_due).unwrap();
+    for _ in 1..SETTLE {
+        r.replan_after(id, &roomy, Replanner::plan_due).unwrap();
+    }
+    // On its pace but evicting: no stretch, the plans before come back.
+    let evicted = Measurements {
+        evictions: vec![(TensorId(0), OpId(0))],
+        ..roomy
+    };
+    assert_eq!(
+        r.observe(id, &evicted).unwrap(),
+        Some(ReplanReason::ShorterMissed)
+    );
+    let back = r.plan_due().unwrap().unwrap();
+    assert_eq!(back.plans[0].gate.unwrap().period_ns, period);
 }
