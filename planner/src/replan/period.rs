@@ -1,0 +1,116 @@
+//! The re-planner's changes of a gated period that keep the plans in
+//! use: a stretch to hold a job's iteration past it, a compression
+//! toward the time the jobs' ops take when every job has room to spare.
+
+use super::{
+    COMPRESS_SHARE, Due, JobId, LINK_SHARE, Measurements, MultiPlan, OVERRUNS, ROOM, ReplanReason,
+    Replanner, on_period,
+};
+
+impl Replanner {
+    /// Whether every gated job has kept its period with room to spare for
+    /// [`OVERRUNS`] iterations in a row, `id`'s just ended included: then
+    /// the plans in use are to be tried on a shorter period
+    /// ([`ReplanReason::Compress`]), unless shorter plans did not hold
+    /// before or another plan is already due. The streaks start again with
+    /// every plan taken.
+    pub(super) fn room(&mut self, id: JobId, m: &Measurements) -> Option<ReplanReason> {
+        let job = self.jobs.get_mut(&id)?;
+        let period = job.gate?.period_ns;
+        let active =
+            m.op_ns.iter().sum::<u64>() + m.late_prefetches.iter().map(|l| l.1).sum::<u64>();
+        if on_period(job.gate?, m.iteration_ns)
+            && m.evictions.is_empty()
+            && (active as f64) < period as f64 * ROOM
+        {
+            job.spare += 1;
+            job.active_ns = job.active_ns.max(active);
+        } else {
+            job.spare = 0;
+            job.active_ns = 0;
+        }
+        let ready = self
+            .jobs
+            .values()
+            .all(|j| j.gate.is_some() && j.spare >= OVERRUNS);
+        let gated = self
+            .current
+            .as_ref()
+            .is_some_and(|c| c.plans.iter().all(|p| p.gate.is_some()));
+        if !ready || !gated || !self.enabled || !self.shorten || self.due != Due::Nothing {
+            return None;
+        }
+        self.compress_ns = self.jobs.values().map(|j| j.active_ns).max().unwrap_or(0);
+        for j in self.jobs.values_mut() {
+            j.spare = 0;
+            j.active_ns = 0;
+        }
+        Some(ReplanReason::Compress)
+    }
+
+    /// The plans in use with the gates' period stretched to hold the
+    /// longest iteration that asked for it (plus the gates' slack), every
+    /// phase scaled with it so that the jobs stay as far apart, in shares
+    /// of the period, as they were planned; `None` when a plan in use is
+    /// not gated or the period already holds it. The plans keep their
+    /// predictions (the aligned peak at the old phases).
+    pub(super) fn stretched(&self) -> Option<MultiPlan> {
+        let mut out = self.current.clone()?;
+        let old = out.plans.first()?.gate?.period_ns;
+        let slack = crate::gate_slack(&self.config, out.plans.len());
+        let new = (self.stretch_ns as f64 * (1.0 + slack)).ceil() as u64;
+        if new <= old || out.plans.iter().any(|p| p.gate.is_none()) {
+            return None;
+        }
+        for g in out.plans.iter_mut().filter_map(|p| p.gate.as_mut()) {
+            let phase = u128::from(g.phase_ns % old) * u128::from(new) / u128::from(old);
+            g.phase_ns = u64::try_from(phase).unwrap_or(0);
+            g.period_ns = new;
+        }
+        out.cycle_ns = new;
+        Some(out)
+    }
+
+    /// The plans in use on a shorter period: [`COMPRESS_SHARE`] of the
+    /// way from the period to the longest active time that asked for it
+    /// (plus the gates' slack), each phase, pace (`op_start_ns`) and event
+    /// delay scaled with it, so that the jobs stay as far apart, in shares
+    /// of the period, as they were planned. `None` when a plan in use is
+    /// not gated or the period would shrink by less than 1%.
+    pub(super) fn compressed(&self) -> Option<MultiPlan> {
+        let mut out = self.current.clone()?;
+        let old = out.plans.first()?.gate?.period_ns;
+        let slack = crate::gate_slack(&self.config, out.plans.len());
+        let target = self.compress_ns as f64 * (1.0 + slack);
+        let new = (old as f64 - (old as f64 - target) * COMPRESS_SHARE).ceil();
+        let copies: u64 = out.plans.iter().map(|p| p.prediction.swapped_bytes).sum();
+        let link = self
+            .config
+            .copy
+            .h2d_bytes_per_s
+            .min(self.config.copy.d2h_bytes_per_s);
+        if new >= old as f64 * 0.99
+            || out.plans.iter().any(|p| p.gate.is_none())
+            || copies as f64 / link.max(1.0) * 1e9 > new * LINK_SHARE
+        {
+            return None;
+        }
+        let new = new as u64;
+        let scale =
+            |x: u64| u64::try_from(u128::from(x) * u128::from(new) / u128::from(old)).unwrap_or(x);
+        for p in &mut out.plans {
+            if let Some(g) = p.gate.as_mut() {
+                g.phase_ns = scale(g.phase_ns % old);
+                g.period_ns = new;
+            }
+            for t in &mut p.prediction.op_start_ns {
+                *t = scale(*t);
+            }
+            for e in &mut p.events {
+                e.delay_ns = scale(e.delay_ns);
+            }
+        }
+        out.cycle_ns = new;
+        Some(out)
+    }
+}
