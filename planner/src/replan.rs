@@ -339,21 +339,29 @@ pub struct Replanner {
     /// The longest active time (ops and prefetch waits) of the gated jobs
     /// that asked for a compression, ns (0: none asked for).
     compress_ns: u64,
-    /// The plans in use are compressed ones on trial that have not been
-    /// stretched yet.
-    compressing: bool,
-    /// The stretch asked for holds a compressed plan that missed its
-    /// pace: it stays on trial, with the same plans to come back.
-    stretch_trial: bool,
-    /// The plans in use are compressed ones (stretched once or not) on
-    /// trial.
-    compress_trial: bool,
+    /// Where compressed plans on trial stand.
+    compression: Compression,
     /// The last job whose measurements made a plan due: it just ended the
     /// iteration that asked, and the next gated plans' new cycle begins
     /// where it stands.
     asked: Option<JobId>,
     /// The anchor of the plans `replan_after` last handed out.
     handed_anchor: Option<JobId>,
+}
+
+/// Where the compressed plans in use stand ([`ReplanReason::Compress`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Compression {
+    /// The plans in use are not compressed ones on trial.
+    Off,
+    /// Compressed plans on trial, not stretched yet.
+    Fresh,
+    /// Compressed plans on trial that missed their pace: the stretch asked
+    /// for stays on trial, with the same plans to come back.
+    StretchDue,
+    /// Compressed plans on trial, stretched once (or whose one stretch
+    /// was refused).
+    Stretched,
 }
 
 /// Why the next plan is wanted, from the least to the most pressing.
@@ -392,9 +400,7 @@ impl Replanner {
             shorten: true,
             stretch_ns: 0,
             compress_ns: 0,
-            compressing: false,
-            stretch_trial: false,
-            compress_trial: false,
+            compression: Compression::Off,
             asked: None,
             handed_anchor: None,
         }
@@ -418,7 +424,9 @@ impl Replanner {
         self.fallback = None;
         self.revert = false;
         self.shorten = true;
-        self.stretch_trial = false;
+        if self.compression == Compression::StretchDue {
+            self.compression = Compression::Stretched;
+        }
     }
 
     /// Adds a job whose op latencies are first `predicted` (ns per op).
@@ -576,7 +584,10 @@ impl Replanner {
             job.last_iteration_ns = m.iteration_ns;
             // Compressed plans that evict, settling or not, ran the jobs
             // into each other: the plans before them come back at once.
-            if self.compress_trial && !job.switch_pending && !m.evictions.is_empty() {
+            if self.compression != Compression::Off
+                && !job.switch_pending
+                && !m.evictions.is_empty()
+            {
                 job.overruns = 0;
                 self.revert = true;
                 return Ok(Some(ReplanReason::ShorterMissed));
@@ -600,13 +611,17 @@ impl Replanner {
                 let slack = crate::gate_slack(&self.config, self.jobs.len());
                 let before = self.fallback.as_ref().and_then(|f| f.plans.first()?.gate);
                 let held = (m.iteration_ns as f64 * (1.0 + slack)).ceil();
-                if std::mem::take(&mut self.compressing)
+                let fresh = self.compression == Compression::Fresh;
+                if fresh {
+                    self.compression = Compression::Stretched;
+                }
+                if fresh
                     && self.enabled
                     && m.evictions.is_empty()
                     && before.is_some_and(|g| held < g.period_ns as f64 * 0.99)
                 {
                     self.stretch_ns = self.stretch_ns.max(m.iteration_ns);
-                    self.stretch_trial = true;
+                    self.compression = Compression::StretchDue;
                     return Ok(Some(ReplanReason::Stretch));
                 }
                 self.revert = true;
@@ -751,10 +766,13 @@ impl Replanner {
         if self.due == Due::Stretch
             && let Some(mut out) = self.stretched()
         {
-            let (held, trial) = (self.fallback.take(), self.stretch_trial);
+            let held = self.fallback.take();
+            let trial = self.compression == Compression::StretchDue;
             self.adopt(&mut out);
-            self.fallback = if trial { held } else { None };
-            self.compress_trial = trial;
+            if trial {
+                self.fallback = held;
+                self.compression = Compression::Stretched;
+            }
             return Ok(Some(out));
         }
         if self.due == Due::Compress {
@@ -763,8 +781,7 @@ impl Replanner {
                 Some(mut out) => {
                     self.adopt(&mut out);
                     self.fallback = held;
-                    self.compressing = true;
-                    self.compress_trial = true;
+                    self.compression = Compression::Fresh;
                     Some(out)
                 }
                 None => {
@@ -855,9 +872,7 @@ impl Replanner {
         self.due = Due::Nothing;
         self.stretch_ns = 0;
         self.compress_ns = 0;
-        self.compressing = false;
-        self.stretch_trial = false;
-        self.compress_trial = false;
+        self.compression = Compression::Off;
         out.anchor_job = self
             .asked
             .take()

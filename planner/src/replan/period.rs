@@ -62,12 +62,7 @@ impl Replanner {
         if new <= old || out.plans.iter().any(|p| p.gate.is_none()) {
             return None;
         }
-        for g in out.plans.iter_mut().filter_map(|p| p.gate.as_mut()) {
-            let phase = u128::from(g.phase_ns % old) * u128::from(new) / u128::from(old);
-            g.phase_ns = u64::try_from(phase).unwrap_or(0);
-            g.period_ns = new;
-        }
-        out.cycle_ns = new;
+        rescale_gates(&mut out, old, new);
         Some(out)
     }
 
@@ -96,21 +91,30 @@ impl Replanner {
             return None;
         }
         let new = new as u64;
-        let scale =
-            |x: u64| u64::try_from(u128::from(x) * u128::from(new) / u128::from(old)).unwrap_or(x);
+        rescale_gates(&mut out, old, new);
         for p in &mut out.plans {
-            if let Some(g) = p.gate.as_mut() {
-                g.phase_ns = scale(g.phase_ns % old);
-                g.period_ns = new;
-            }
             for t in &mut p.prediction.op_start_ns {
-                *t = scale(*t);
+                *t = scaled(*t, old, new);
             }
             for e in &mut p.events {
-                e.delay_ns = scale(e.delay_ns);
+                e.delay_ns = scaled(e.delay_ns, old, new);
             }
         }
-        out.cycle_ns = new;
         Some(out)
     }
+}
+
+/// `x` scaled by `new / old` (`x` itself where that does not fit).
+fn scaled(x: u64, old: u64, new: u64) -> u64 {
+    u64::try_from(u128::from(x) * u128::from(new) / u128::from(old)).unwrap_or(x)
+}
+
+/// Puts every gate of `out` on the period `new` instead of `old`, each
+/// phase at the same share of it.
+fn rescale_gates(out: &mut MultiPlan, old: u64, new: u64) {
+    for g in out.plans.iter_mut().filter_map(|p| p.gate.as_mut()) {
+        g.phase_ns = scaled(g.phase_ns % old, old, new);
+        g.period_ns = new;
+    }
+    out.cycle_ns = new;
 }

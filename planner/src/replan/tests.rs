@@ -223,6 +223,38 @@ fn gated_replanner() -> (Replanner, JobId, Vec<u64>, u64) {
     (r, id, lat, period)
 }
 
+/// Makes a plan of `r`'s with job `id` on `gate` the gated plans in use,
+/// as if just handed out; returns it.
+fn gated_plan_in_use(r: &mut Replanner, id: JobId, gate: Gate) -> MultiPlan {
+    let mut current = r.plan_all().unwrap();
+    current.plans[0].gate = Some(gate);
+    current.cycle_ns = gate.period_ns;
+    r.current = Some(current.clone());
+    r.jobs.get_mut(&id).unwrap().gate = Some(gate);
+    current
+}
+
+/// Job `id`'s first iteration on new plans and the settling ones after it,
+/// each as `m` with only the first marked switched.
+fn settle_on_new_plans(r: &mut Replanner, id: JobId, m: &Measurements) {
+    let switched = Measurements {
+        switched: true,
+        ..m.clone()
+    };
+    assert!(
+        r.replan_after(id, &switched, Replanner::plan_due)
+            .unwrap()
+            .is_empty()
+    );
+    for _ in 1..SETTLE {
+        assert!(
+            r.replan_after(id, m, Replanner::plan_due)
+                .unwrap()
+                .is_empty()
+        );
+    }
+}
+
 #[test]
 fn a_gated_job_learns_its_latencies_and_a_clearly_faster_one_replans() {
     let (mut r, id, lat, period) = gated_replanner();
@@ -402,11 +434,7 @@ fn a_first_iteration_past_its_period_within_its_pace_stretches_the_period() {
         epoch_ns: 0,
     };
     // As if a gated plan were in use.
-    let mut current = r.plan_all().unwrap();
-    current.plans[0].gate = Some(gate);
-    current.cycle_ns = period;
-    r.current = Some(current.clone());
-    r.jobs.get_mut(&id).unwrap().gate = Some(gate);
+    let current = gated_plan_in_use(&mut r, id, gate);
     let version = r.next_version();
     let overran = Measurements {
         iteration_ns: period * 102 / 100,
@@ -503,12 +531,8 @@ fn gated_plans_with_room_to_spare_are_compressed_on_trial_and_stretched_once() {
         phase_ns: period / 3,
         epoch_ns: 0,
     };
-    let mut current = r.plan_all().unwrap();
-    current.plans[0].gate = Some(gate);
-    current.cycle_ns = period;
-    r.current = Some(current.clone());
+    let current = gated_plan_in_use(&mut r, id, gate);
     let job = r.jobs.get_mut(&id).unwrap();
-    job.gate = Some(gate);
     (job.measured, job.settling) = (true, 0);
     // Ops at 80% of their estimates (no faster than UNDERRUN), 64% of the
     // period, the pace holding the iteration to the period.
@@ -537,22 +561,7 @@ fn gated_plans_with_room_to_spare_are_compressed_on_trial_and_stretched_once() {
     // Its first iteration and the settling ones do not count; then one past
     // its pace, nothing evicted, stretches it to hold that iteration, still
     // on trial.
-    let switched = Measurements {
-        switched: true,
-        ..roomy.clone()
-    };
-    assert!(
-        r.replan_after(id, &switched, Replanner::plan_due)
-            .unwrap()
-            .is_empty()
-    );
-    for _ in 1..SETTLE {
-        assert!(
-            r.replan_after(id, &roomy, Replanner::plan_due)
-                .unwrap()
-                .is_empty()
-        );
-    }
+    settle_on_new_plans(&mut r, id, &roomy);
     let over = Measurements {
         iteration_ns: short * 105 / 100,
         ..roomy.clone()
@@ -568,10 +577,7 @@ fn gated_plans_with_room_to_spare_are_compressed_on_trial_and_stretched_once() {
     assert!(r.fallback.is_some(), "the stretched plan stays on trial");
     // Missed again: the plans before the compression come back, and no
     // shorter period is tried again.
-    r.replan_after(id, &switched, Replanner::plan_due).unwrap();
-    for _ in 1..SETTLE {
-        r.replan_after(id, &roomy, Replanner::plan_due).unwrap();
-    }
+    settle_on_new_plans(&mut r, id, &roomy);
     let way_over = Measurements {
         iteration_ns: held * 105 / 100,
         ..roomy.clone()
@@ -594,12 +600,8 @@ fn a_compressed_plan_that_evicts_brings_the_plans_before_it_back() {
         phase_ns: 0,
         epoch_ns: 0,
     };
-    let mut current = r.plan_all().unwrap();
-    current.plans[0].gate = Some(gate);
-    current.cycle_ns = period;
-    r.current = Some(current);
+    gated_plan_in_use(&mut r, id, gate);
     let job = r.jobs.get_mut(&id).unwrap();
-    job.gate = Some(gate);
     (job.measured, job.settling) = (true, 0);
     let roomy = Measurements {
         iteration_ns: period,
@@ -609,14 +611,7 @@ fn a_compressed_plan_that_evicts_brings_the_plans_before_it_back() {
         .flat_map(|_| r.replan_after(id, &roomy, Replanner::plan_due).unwrap())
         .collect();
     assert!(handed[0].1.gate.unwrap().period_ns < period);
-    let switched = Measurements {
-        switched: true,
-        ..roomy.clone()
-    };
-    r.replan_after(id, &switched, Replanner::plan_due).unwrap();
-    for _ in 1..SETTLE {
-        r.replan_after(id, &roomy, Replanner::plan_due).unwrap();
-    }
+    settle_on_new_plans(&mut r, id, &roomy);
     // On its pace but evicting: no stretch, the plans before come back.
     let evicted = Measurements {
         evictions: vec![(TensorId(0), OpId(0))],
