@@ -18,7 +18,11 @@
 //! that ended past it within [`PACE`] keeps every job's plan, on a period
 //! stretched to hold it: [`ReplanReason::Stretch`]), and later ones only
 //! when it overruns or clearly underruns its period several iterations in
-//! a row (a re-plan moves every gated job's phase).
+//! a row (a re-plan moves every gated job's phase). Where the iterations
+//! that made such a re-plan due ran past the pace but evicted nothing, the
+//! plans in use held their memory: the re-plan is taken only if its cycle
+//! is shorter than theirs stretched to hold those iterations
+//! ([`Replanner::held_or`]).
 //! A re-plan asked for while every job is gated and its last iteration
 //! ended within [`ON_PERIOD`] of the period (late prefetches the gate
 //! absorbed, ops that ran faster) is taken only when it shortens the common
@@ -173,6 +177,9 @@ struct ReplanJob {
     settling: usize,
     /// Iterations in a row that overran the gate's period.
     overruns: usize,
+    /// The longest iteration of the current streak of overruns, ns; 0
+    /// once one of them evicted.
+    overrun_ns: u64,
     /// How long its last iteration on the current plan took, settling
     /// ones included (0: none yet).
     last_iteration_ns: u64,
@@ -336,6 +343,13 @@ pub struct Replanner {
     /// its period within its pace since the last plan, ns (0: none): the
     /// period the plans in use are to be stretched to hold.
     stretch_ns: u64,
+    /// The longest iteration past its gate's pace, with nothing evicted,
+    /// that made a re-plan due since the last plan (a job's first measured
+    /// one, or the longest of a streak of overruns), ns (0: none): the
+    /// plans in use held their memory and only ran long, so the re-plan is
+    /// taken only where its period is shorter than theirs stretched to
+    /// hold that iteration ([`Replanner::plan_due`]).
+    held_ns: u64,
     /// The longest active time (ops and prefetch waits) of the gated jobs
     /// that asked for a compression, ns (0: none asked for).
     compress_ns: u64,
@@ -399,6 +413,7 @@ impl Replanner {
             revert: false,
             shorten: true,
             stretch_ns: 0,
+            held_ns: 0,
             compress_ns: 0,
             compression: Compression::Off,
             asked: None,
@@ -461,6 +476,7 @@ impl Replanner {
                 gate: None,
                 settling: 1,
                 overruns: 0,
+                overrun_ns: 0,
                 underruns: 0,
                 spare: 0,
                 active_ns: 0,
@@ -653,6 +669,11 @@ impl Replanner {
                 self.stretch_ns = self.stretch_ns.max(m.iteration_ns);
                 return Ok(Some(ReplanReason::Stretch));
             }
+            // Past its pace too, but with its memory held: the re-plan due
+            // may yet lose to a stretch.
+            if !job.measured && m.evictions.is_empty() && ops_as_planned(job, m) {
+                self.held_ns = self.held_ns.max(m.iteration_ns);
+            }
             // Otherwise its first measurements replace the predictions the
             // plan came from, and ops that run well under their estimates
             // iteration after iteration shorten the period: the pace holds
@@ -728,11 +749,20 @@ impl Replanner {
             job.overruns = 0;
             return None;
         }
+        // The streak's longest iteration, while none of it evicted.
+        let before = if job.overruns == 0 { 0 } else { job.overrun_ns };
+        job.overrun_ns = if m.evictions.is_empty() && (job.overruns == 0 || before > 0) {
+            before.max(m.iteration_ns)
+        } else {
+            0
+        };
         job.overruns += 1;
         if job.overruns < OVERRUNS || !enabled {
             return None;
         }
         job.overruns = 0;
+        let held = std::mem::take(&mut job.overrun_ns);
+        self.held_ns = self.held_ns.max(held);
         let ratio = ratio.min(DRIFT_STEP);
         for e in &mut job.estimates {
             *e *= ratio;
@@ -806,6 +836,9 @@ impl Replanner {
             self.asked = None;
             return Ok(None);
         }
+        if !optional {
+            out = self.held_or(out);
+        }
         let held = self.current.take();
         self.adopt(&mut out);
         self.fallback = if optional { held } else { None };
@@ -871,6 +904,7 @@ impl Replanner {
     fn adopt(&mut self, out: &mut MultiPlan) {
         self.due = Due::Nothing;
         self.stretch_ns = 0;
+        self.held_ns = 0;
         self.compress_ns = 0;
         self.compression = Compression::Off;
         out.anchor_job = self

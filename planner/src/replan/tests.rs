@@ -624,3 +624,134 @@ fn a_compressed_plan_that_evicts_brings_the_plans_before_it_back() {
     let back = r.plan_due().unwrap().unwrap();
     assert_eq!(back.plans[0].gate.unwrap().period_ns, period);
 }
+
+/// `plans` on a gated cycle of `cycle` ns, every gate on it: a proposal
+/// as the planner would hand it out.
+fn proposal(plans: &MultiPlan, cycle: u64) -> MultiPlan {
+    let mut out = plans.clone();
+    for g in out.plans.iter_mut().filter_map(|p| p.gate.as_mut()) {
+        g.period_ns = cycle;
+    }
+    out.cycle_ns = cycle;
+    out
+}
+
+#[test]
+fn a_first_iteration_past_its_pace_that_held_its_memory_is_stretched_for_unless_a_replan_is_shorter()
+ {
+    let (mut r, id, lat, period) = gated_replanner();
+    let gate = Gate {
+        period_ns: period,
+        phase_ns: period / 3,
+        epoch_ns: 0,
+    };
+    let current = gated_plan_in_use(&mut r, id, gate);
+    // A new job's first iteration only settles.
+    let on = Measurements {
+        iteration_ns: period,
+        ..measured(lat.clone())
+    };
+    assert_eq!(r.observe(id, &on).unwrap(), None);
+    // 6% past its period: beyond the pace, so a re-plan is due.
+    let overran = Measurements {
+        iteration_ns: period * 106 / 100,
+        ..measured(lat.clone())
+    };
+    assert_eq!(
+        r.observe(id, &overran).unwrap(),
+        Some(ReplanReason::FirstMeasurements)
+    );
+    assert_eq!(r.held_ns, overran.iteration_ns);
+    let stretched = (overran.iteration_ns as f64 * (1.0 + r.config.gate_slack)).ceil() as u64;
+    // A re-plan on twice the period loses to the plans in use stretched.
+    let out = r.held_or(proposal(&current, 2 * period));
+    assert_eq!(out.cycle_ns, stretched);
+    assert_eq!(out.plans[0].events, current.plans[0].events);
+    let g = out.plans[0].gate.unwrap();
+    assert_eq!(g.period_ns, stretched);
+    assert_eq!(g.phase_ns, period / 3 * stretched / period);
+    // One shorter than the stretch is taken, and so is a free one.
+    let shorter = proposal(&current, stretched - 1);
+    assert_eq!(r.held_or(shorter.clone()), shorter);
+    let free = proposal(&current, 0);
+    assert_eq!(r.held_or(free.clone()), free);
+    // The whole way: the stretch is handed out, and the next plan
+    // compares afresh.
+    r.due = Due::Nothing;
+    r.held_ns = 0;
+    r.jobs.get_mut(&id).unwrap().measured = false;
+    let handed = r.replan_after(id, &overran, Replanner::plan_due).unwrap();
+    assert_eq!(handed.len(), 1);
+    assert_eq!(r.held_ns, 0);
+
+    // An iteration that evicted did not hold its memory: no stretch.
+    let (mut r, id, _, period) = gated_replanner();
+    let current = gated_plan_in_use(&mut r, id, gate);
+    assert_eq!(r.observe(id, &on).unwrap(), None);
+    let evicted = Measurements {
+        evictions: vec![(TensorId(0), OpId(0))],
+        ..overran.clone()
+    };
+    assert_eq!(
+        r.observe(id, &evicted).unwrap(),
+        Some(ReplanReason::FirstMeasurements)
+    );
+    assert_eq!(r.held_ns, 0);
+    let long = proposal(&current, 2 * period);
+    assert_eq!(r.held_or(long.clone()), long);
+}
+
+#[test]
+fn overruns_that_held_their_memory_leave_the_longest_for_a_stretch() {
+    let (mut r, id, lat, period) = gated_replanner();
+    let gate = Gate {
+        period_ns: period,
+        phase_ns: 0,
+        epoch_ns: 0,
+    };
+    gated_plan_in_use(&mut r, id, gate);
+    let on = Measurements {
+        iteration_ns: period,
+        ..measured(lat.clone())
+    };
+    // Settling, then its first measured iteration, on its period.
+    assert_eq!(r.observe(id, &on).unwrap(), None);
+    assert_eq!(r.observe(id, &on).unwrap(), None);
+    let over = |pct: u64, evict: bool| Measurements {
+        iteration_ns: period * pct / 100,
+        evictions: if evict {
+            vec![(TensorId(0), OpId(0))]
+        } else {
+            Vec::new()
+        },
+        ..measured(lat.clone())
+    };
+    // Three overruns in a row, none evicting: the longest is held.
+    assert_eq!(r.observe(id, &over(105, false)).unwrap(), None);
+    assert_eq!(r.observe(id, &over(108, false)).unwrap(), None);
+    assert_eq!(
+        r.observe(id, &over(106, false)).unwrap(),
+        Some(ReplanReason::Drift)
+    );
+    assert_eq!(r.held_ns, period * 108 / 100);
+    // A streak with an eviction in it leaves nothing.
+    r.held_ns = 0;
+    r.due = Due::Nothing;
+    assert_eq!(r.observe(id, &over(105, false)).unwrap(), None);
+    assert_eq!(r.observe(id, &over(108, true)).unwrap(), None);
+    assert_eq!(
+        r.observe(id, &over(106, false)).unwrap(),
+        Some(ReplanReason::Drift)
+    );
+    assert_eq!(r.held_ns, 0);
+    // A streak broken by an iteration on pace starts afresh.
+    assert_eq!(r.observe(id, &over(120, false)).unwrap(), None);
+    assert_eq!(r.observe(id, &on).unwrap(), None);
+    assert_eq!(r.observe(id, &over(104, false)).unwrap(), None);
+    assert_eq!(r.observe(id, &over(105, false)).unwrap(), None);
+    assert_eq!(
+        r.observe(id, &over(104, false)).unwrap(),
+        Some(ReplanReason::Drift)
+    );
+    assert_eq!(r.held_ns, period * 105 / 100);
+}
