@@ -350,6 +350,12 @@ pub struct Replanner {
     /// taken only where its period is shorter than theirs stretched to
     /// hold that iteration ([`Replanner::plan_due`]).
     held_ns: u64,
+    /// Something else made a plan due since the last plan (an iteration
+    /// that evicted, drifting latencies, the jobs or the configuration
+    /// changed): the next one is a re-plan whatever `held_ns` says.
+    held_void: bool,
+    /// What the measurements being folded in leave for `held_ns`.
+    held_now: u64,
     /// The longest active time (ops and prefetch waits) of the gated jobs
     /// that asked for a compression, ns (0: none asked for).
     compress_ns: u64,
@@ -414,6 +420,8 @@ impl Replanner {
             shorten: true,
             stretch_ns: 0,
             held_ns: 0,
+            held_void: false,
+            held_now: 0,
             compress_ns: 0,
             compression: Compression::Off,
             asked: None,
@@ -436,6 +444,7 @@ impl Replanner {
     /// trying again.
     fn start_over(&mut self) {
         self.due = Due::Needed;
+        self.held_void = true;
         self.fallback = None;
         self.revert = false;
         self.shorten = true;
@@ -531,8 +540,19 @@ impl Replanner {
         m: &Measurements,
     ) -> Result<Option<ReplanReason>, ReplanError> {
         let reason = self.fold_in(id, m)?;
+        let held = std::mem::take(&mut self.held_now);
         if reason.is_some() {
             self.asked = Some(id);
+        }
+        if !matches!(
+            reason,
+            None | Some(ReplanReason::Stretch | ReplanReason::Compress)
+        ) {
+            if held > 0 {
+                self.held_ns = self.held_ns.max(held);
+            } else {
+                self.held_void = true;
+            }
         }
         if reason == Some(ReplanReason::Stretch) {
             self.due = self.due.max(Due::Stretch);
@@ -672,7 +692,7 @@ impl Replanner {
             // Past its pace too, but with its memory held: the re-plan due
             // may yet lose to a stretch.
             if !job.measured && m.evictions.is_empty() && ops_as_planned(job, m) {
-                self.held_ns = self.held_ns.max(m.iteration_ns);
+                self.held_now = m.iteration_ns;
             }
             // Otherwise its first measurements replace the predictions the
             // plan came from, and ops that run well under their estimates
@@ -729,46 +749,6 @@ impl Replanner {
         } else {
             None
         })
-    }
-
-    /// Whether a coordinated job's re-plan is due: only once it has overrun
-    /// its gate's period by more than 3% [`OVERRUNS`] iterations in a row. Its
-    /// estimates then grow by what it overran, by [`DRIFT_STEP`] at most. An
-    /// op's measured time says little here: while jobs share the GPU an op
-    /// runs faster when the others wait (at a gate, for memory, for their
-    /// pace), so measurements understate what ops take beside each other,
-    /// and a plan made from them would put the job behind its pace. A job
-    /// that keeps its pace keeps its plan (its phase, its copies): a re-plan
-    /// moves every job.
-    fn keep_pace(&mut self, id: JobId, m: &Measurements) -> Option<ReplanReason> {
-        let enabled = self.enabled;
-        let job = self.jobs.get_mut(&id)?;
-        let period = job.gate?.period_ns as f64;
-        let ratio = m.iteration_ns as f64 / period.max(1.0);
-        if ratio <= PACE {
-            job.overruns = 0;
-            return None;
-        }
-        // The streak's longest iteration, while none of it evicted.
-        let before = if job.overruns == 0 { 0 } else { job.overrun_ns };
-        job.overrun_ns = if m.evictions.is_empty() && (job.overruns == 0 || before > 0) {
-            before.max(m.iteration_ns)
-        } else {
-            0
-        };
-        job.overruns += 1;
-        if job.overruns < OVERRUNS || !enabled {
-            return None;
-        }
-        job.overruns = 0;
-        let held = std::mem::take(&mut job.overrun_ns);
-        self.held_ns = self.held_ns.max(held);
-        let ratio = ratio.min(DRIFT_STEP);
-        for e in &mut job.estimates {
-            *e *= ratio;
-        }
-        job.measured = true;
-        Some(ReplanReason::Drift)
     }
 
     /// Plans every job from the current estimates; the plans carry a new
@@ -905,6 +885,7 @@ impl Replanner {
         self.due = Due::Nothing;
         self.stretch_ns = 0;
         self.held_ns = 0;
+        self.held_void = false;
         self.compress_ns = 0;
         self.compression = Compression::Off;
         out.anchor_job = self

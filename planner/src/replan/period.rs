@@ -1,11 +1,12 @@
 //! The re-planner's changes of a gated period that keep the plans in
 //! use: a stretch to hold a job's iteration past it (also in place of a
 //! re-plan that would need a longer cycle), a compression toward the time
-//! the jobs' ops take when every job has room to spare.
+//! the jobs' ops take when every job has room to spare; and when a job's
+//! overruns of its period make a re-plan due.
 
 use super::{
-    COMPRESS_SHARE, Due, JobId, LINK_SHARE, Measurements, MultiPlan, OVERRUNS, ROOM, ReplanReason,
-    Replanner, on_period,
+    COMPRESS_SHARE, DRIFT_STEP, Due, JobId, LINK_SHARE, Measurements, MultiPlan, OVERRUNS, PACE,
+    ROOM, ReplanReason, Replanner, on_period,
 };
 
 impl Replanner {
@@ -49,15 +50,55 @@ impl Replanner {
         Some(ReplanReason::Compress)
     }
 
+    /// Whether a coordinated job's re-plan is due: only once it has overrun
+    /// its gate's period by more than 3% [`OVERRUNS`] iterations in a row. Its
+    /// estimates then grow by what it overran, by [`DRIFT_STEP`] at most. An
+    /// op's measured time says little here: while jobs share the GPU an op
+    /// runs faster when the others wait (at a gate, for memory, for their
+    /// pace), so measurements understate what ops take beside each other,
+    /// and a plan made from them would put the job behind its pace. A job
+    /// that keeps its pace keeps its plan (its phase, its copies): a re-plan
+    /// moves every job.
+    pub(super) fn keep_pace(&mut self, id: JobId, m: &Measurements) -> Option<ReplanReason> {
+        let enabled = self.enabled;
+        let job = self.jobs.get_mut(&id)?;
+        let period = job.gate?.period_ns as f64;
+        let ratio = m.iteration_ns as f64 / period.max(1.0);
+        if ratio <= PACE {
+            job.overruns = 0;
+            return None;
+        }
+        // The streak's longest iteration, while none of it evicted.
+        let before = if job.overruns == 0 { 0 } else { job.overrun_ns };
+        job.overrun_ns = if m.evictions.is_empty() && (job.overruns == 0 || before > 0) {
+            before.max(m.iteration_ns)
+        } else {
+            0
+        };
+        job.overruns += 1;
+        if job.overruns < OVERRUNS || !enabled {
+            return None;
+        }
+        job.overruns = 0;
+        self.held_now = std::mem::take(&mut job.overrun_ns);
+        let ratio = ratio.min(DRIFT_STEP);
+        for e in &mut job.estimates {
+            *e *= ratio;
+        }
+        job.measured = true;
+        Some(ReplanReason::Drift)
+    }
+
     /// `proposed`, a re-plan made due by iterations that ran past their
     /// pace, or the plans in use stretched to hold the longest of them
     /// where that gives the shorter period: those plans held their memory
     /// (nothing evicted) and only ran long, while a re-plan from
     /// measurements taken as the jobs collided may need a much longer
     /// cycle to fit (two ResNet-50 copies at full batch: 313.7 ms, where
-    /// the plans in use held on 217.2 ms). Only gated proposals compare.
+    /// the plans in use held on 217.2 ms). Only gated proposals compare,
+    /// and only when nothing else made the re-plan due.
     pub(super) fn held_or(&mut self, proposed: MultiPlan) -> MultiPlan {
-        if self.held_ns == 0 || proposed.cycle_ns == 0 {
+        if self.held_ns == 0 || self.held_void || proposed.cycle_ns == 0 {
             return proposed;
         }
         self.stretch_ns = self.stretch_ns.max(self.held_ns);

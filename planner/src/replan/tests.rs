@@ -675,6 +675,13 @@ fn a_first_iteration_past_its_pace_that_held_its_memory_is_stretched_for_unless_
     assert_eq!(r.held_or(shorter.clone()), shorter);
     let free = proposal(&current, 0);
     assert_eq!(r.held_or(free.clone()), free);
+    // A job added meanwhile voids it: the plans in use do not cover it.
+    let mut added = r.clone();
+    added
+        .add_job(JobId(8), mlp(), &lat, JobSettings::default())
+        .unwrap();
+    let long = proposal(&current, 2 * period);
+    assert_eq!(added.held_or(long.clone()), long);
     // The whole way: the stretch is handed out, and the next plan
     // compares afresh.
     r.due = Due::Nothing;
@@ -744,6 +751,8 @@ fn overruns_that_held_their_memory_leave_the_longest_for_a_stretch() {
         Some(ReplanReason::Drift)
     );
     assert_eq!(r.held_ns, 0);
+    assert!(r.held_void, "a re-plan that evictions asked for is taken");
+    r.held_void = false;
     // A streak broken by an iteration on pace starts afresh.
     assert_eq!(r.observe(id, &over(120, false)).unwrap(), None);
     assert_eq!(r.observe(id, &on).unwrap(), None);
