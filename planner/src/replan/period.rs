@@ -97,12 +97,11 @@ impl Replanner {
     /// cycle to fit (two ResNet-50 copies at full batch: 313.7 ms, where
     /// the plans in use held on 217.2 ms). Only gated proposals compare,
     /// and only when nothing else made the re-plan due.
-    pub(super) fn held_or(&mut self, proposed: MultiPlan) -> MultiPlan {
+    pub(super) fn held_or(&self, proposed: MultiPlan) -> MultiPlan {
         if self.held_ns == 0 || self.held_void || proposed.cycle_ns == 0 {
             return proposed;
         }
-        self.stretch_ns = self.stretch_ns.max(self.held_ns);
-        match self.stretched() {
+        match self.stretched_to(self.stretch_ns.max(self.held_ns)) {
             Some(st) if st.cycle_ns < proposed.cycle_ns => st,
             _ => proposed,
         }
@@ -115,10 +114,15 @@ impl Replanner {
     /// not gated or the period already holds it. The plans keep their
     /// predictions (the aligned peak at the old phases).
     pub(super) fn stretched(&self) -> Option<MultiPlan> {
+        self.stretched_to(self.stretch_ns)
+    }
+
+    /// [`Replanner::stretched`] to hold an iteration of `iteration_ns`.
+    fn stretched_to(&self, iteration_ns: u64) -> Option<MultiPlan> {
         let mut out = self.current.clone()?;
         let old = out.plans.first()?.gate?.period_ns;
         let slack = crate::gate_slack(&self.config, out.plans.len());
-        let new = (self.stretch_ns as f64 * (1.0 + slack)).ceil() as u64;
+        let new = (iteration_ns as f64 * (1.0 + slack)).ceil() as u64;
         if new <= old || out.plans.iter().any(|p| p.gate.is_none()) {
             return None;
         }

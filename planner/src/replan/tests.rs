@@ -206,6 +206,15 @@ fn a_gated_job_on_pace_takes_a_new_plan_only_if_it_shortens_the_period() {
     assert_eq!(r.plan_all().unwrap().plans[0].version, version);
 }
 
+/// A gate of `period_ns` with its slots at `phase_ns`, epoch 0.
+fn gate_on(period_ns: u64, phase_ns: u64) -> Gate {
+    Gate {
+        period_ns,
+        phase_ns,
+        epoch_ns: 0,
+    }
+}
+
 /// [`replanner`] with job 7 gated on a period of its predicted
 /// iteration, planned: (the re-planner, the job, its predictions, the
 /// period).
@@ -213,11 +222,7 @@ fn gated_replanner() -> (Replanner, JobId, Vec<u64>, u64) {
     let (mut r, _, lat) = replanner();
     let id = JobId(7);
     let period: u64 = lat.iter().sum();
-    r.jobs.get_mut(&id).unwrap().gate = Some(Gate {
-        period_ns: period,
-        phase_ns: 0,
-        epoch_ns: 0,
-    });
+    r.jobs.get_mut(&id).unwrap().gate = Some(gate_on(period, 0));
     // As if that gated plan had just been made.
     r.due = Due::Nothing;
     (r, id, lat, period)
@@ -301,11 +306,7 @@ fn a_gated_job_learns_its_latencies_and_a_clearly_faster_one_replans() {
 fn a_plan_on_trial_keeps_its_fallback_until_it_misses_or_is_replaced() {
     let (mut r, id, _, period) = gated_replanner();
     let before = r.plan_all().unwrap();
-    r.jobs.get_mut(&id).unwrap().gate = Some(Gate {
-        period_ns: period,
-        phase_ns: 0,
-        epoch_ns: 0,
-    });
+    r.jobs.get_mut(&id).unwrap().gate = Some(gate_on(period, 0));
     // As if a shorter plan had been taken over `before`.
     r.fallback = Some(before.clone());
     // A request for a shorter plan that finds none leaves the trial on.
@@ -338,11 +339,7 @@ fn ops_under_underrun_replan_a_gated_job_within_the_drift_threshold() {
         r.observe(id, &paced(r.estimates(id).unwrap())).unwrap();
     }
     r.plan_all().unwrap();
-    let gate = Gate {
-        period_ns: period,
-        phase_ns: 0,
-        epoch_ns: 0,
-    };
+    let gate = gate_on(period, 0);
     r.jobs.get_mut(&id).unwrap().gate = Some(gate);
     r.due = Due::Nothing;
     // Ops at 75% of the estimates: under UNDERRUN, and the drift they
@@ -428,11 +425,7 @@ fn a_gated_job_that_keeps_its_pace_keeps_its_plan_and_learns() {
 #[test]
 fn a_first_iteration_past_its_period_within_its_pace_stretches_the_period() {
     let (mut r, id, lat, period) = gated_replanner();
-    let gate = Gate {
-        period_ns: period,
-        phase_ns: period / 3,
-        epoch_ns: 0,
-    };
+    let gate = gate_on(period, period / 3);
     // As if a gated plan were in use.
     let current = gated_plan_in_use(&mut r, id, gate);
     let version = r.next_version();
@@ -485,11 +478,7 @@ fn a_first_iteration_past_its_period_within_its_pace_stretches_the_period() {
 #[test]
 fn gated_plans_made_due_by_a_jobs_measurements_begin_their_cycle_where_it_stands() {
     let (mut r, id, lat, period) = gated_replanner();
-    let gate = Gate {
-        period_ns: period,
-        phase_ns: 0,
-        epoch_ns: 0,
-    };
+    let gate = gate_on(period, 0);
     let mut gated = r.plan_all().unwrap();
     assert_eq!(gated.anchor_job, None, "not made due by measurements");
     gated.plans[0].gate = Some(gate);
@@ -526,11 +515,7 @@ fn gated_plans_with_room_to_spare_are_compressed_on_trial_and_stretched_once() {
     let (mut r, id, lat, predicted) = gated_replanner();
     // A period a quarter longer than the ops' estimates.
     let period = predicted * 5 / 4;
-    let gate = Gate {
-        period_ns: period,
-        phase_ns: period / 3,
-        epoch_ns: 0,
-    };
+    let gate = gate_on(period, period / 3);
     let current = gated_plan_in_use(&mut r, id, gate);
     let job = r.jobs.get_mut(&id).unwrap();
     (job.measured, job.settling) = (true, 0);
@@ -595,11 +580,7 @@ fn gated_plans_with_room_to_spare_are_compressed_on_trial_and_stretched_once() {
 #[test]
 fn a_compressed_plan_that_evicts_brings_the_plans_before_it_back() {
     let (mut r, id, lat, period) = gated_replanner();
-    let gate = Gate {
-        period_ns: period,
-        phase_ns: 0,
-        epoch_ns: 0,
-    };
+    let gate = gate_on(period, 0);
     gated_plan_in_use(&mut r, id, gate);
     let job = r.jobs.get_mut(&id).unwrap();
     (job.measured, job.settling) = (true, 0);
@@ -640,11 +621,7 @@ fn proposal(plans: &MultiPlan, cycle: u64) -> MultiPlan {
 fn a_first_iteration_past_its_pace_that_held_its_memory_is_stretched_for_unless_a_replan_is_shorter()
  {
     let (mut r, id, lat, period) = gated_replanner();
-    let gate = Gate {
-        period_ns: period,
-        phase_ns: period / 3,
-        epoch_ns: 0,
-    };
+    let gate = gate_on(period, period / 3);
     let current = gated_plan_in_use(&mut r, id, gate);
     // A new job's first iteration only settles.
     let on = Measurements {
@@ -711,11 +688,7 @@ fn a_first_iteration_past_its_pace_that_held_its_memory_is_stretched_for_unless_
 #[test]
 fn overruns_that_held_their_memory_leave_the_longest_for_a_stretch() {
     let (mut r, id, lat, period) = gated_replanner();
-    let gate = Gate {
-        period_ns: period,
-        phase_ns: 0,
-        epoch_ns: 0,
-    };
+    let gate = gate_on(period, 0);
     gated_plan_in_use(&mut r, id, gate);
     let on = Measurements {
         iteration_ns: period,
