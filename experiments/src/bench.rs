@@ -18,7 +18,7 @@ use rayon::prelude::*;
 use serde::Serialize;
 use tensile_baselines::Policy;
 use tensile_graph::Liveness;
-use tensile_graph::builder::Optimizer;
+use tensile_graph::builder::{Optimizer, Step};
 use tensile_latency_model::DeviceProfile;
 use tensile_planner::RecomputeFirst;
 
@@ -41,6 +41,8 @@ pub struct BenchConfig {
     pub seed: u64,
     pub activation_budget: f64,
     pub optimizer: Optimizer,
+    /// Where the optimizer's updates run.
+    pub step: Step,
     /// Only ResNet-50 (and the mixed five) at fewer batch sizes.
     pub quick: bool,
     /// The size of the thread pool the workloads run on.
@@ -166,7 +168,14 @@ pub fn run_bench(
             work.par_iter()
                 .map(|w| {
                     let tick = |what: &str| tick(&format!("{} {what}", profile.name));
-                    run_workload(w, &policies, profile, &base, config.optimizer, &tick)
+                    run_workload(
+                        w,
+                        &policies,
+                        profile,
+                        &base,
+                        (config.optimizer, config.step),
+                        &tick,
+                    )
                 })
                 .collect()
         });
@@ -211,10 +220,10 @@ fn run_workload(
     policies: &[Policy],
     profile: &DeviceProfile,
     base: &SimOptions,
-    optimizer: Optimizer,
+    (optimizer, step): (Optimizer, Step),
     tick: &dyn Fn(&str),
 ) -> Result<WorkloadOutcome, ExperimentError> {
-    let graphs = w.build(optimizer)?;
+    let graphs = w.build(optimizer, step)?;
     let lives: Vec<Liveness> = graphs.iter().map(Liveness::analyze).collect();
     let opts = SimOptions {
         starts: w.starts.clone(),

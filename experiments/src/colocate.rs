@@ -40,15 +40,33 @@ pub struct ColocateCase {
     pub model: String,
     pub reference_batch: u64,
     pub copies: usize,
+    /// The optimizer of the iteration, as `--optimizer` names it (`adam`,
+    /// `adam-in-backward`); the budget is one copy's peak with the same.
+    pub optimizer: String,
 }
 
 impl ColocateCase {
+    /// With Adam after the backward pass.
     pub fn new(model: &str, reference_batch: u64, copies: usize) -> ColocateCase {
         ColocateCase {
             model: model.to_string(),
             reference_batch,
             copies,
+            optimizer: Optimizer::adam().name().to_string(),
         }
+    }
+
+    /// The same case with another optimizer (`adam-in-backward`).
+    pub fn with_optimizer(self, optimizer: &str) -> Result<ColocateCase, ExperimentError> {
+        Optimizer::with_step_from_name(optimizer).ok_or_else(|| {
+            ExperimentError::Colocate(format!(
+                "unknown optimizer {optimizer:?} (adam, sgd, adam-in-backward or sgd-in-backward)"
+            ))
+        })?;
+        Ok(ColocateCase {
+            optimizer: optimizer.to_string(),
+            ..self
+        })
     }
 
     /// ResNet-50 (batch 32) x2 and x3, BERT-base (batch 16) x2.
@@ -61,7 +79,11 @@ impl ColocateCase {
     }
 
     fn label(&self) -> String {
-        format!("{} b{} x{}", self.model, self.reference_batch, self.copies)
+        let mut label = format!("{} b{} x{}", self.model, self.reference_batch, self.copies);
+        if self.optimizer != Optimizer::adam().name() {
+            label.push_str(&format!(" {}", self.optimizer));
+        }
+        label
     }
 }
 
@@ -233,10 +255,14 @@ fn summarize(device: &str, case: &str, rows: &[&ColocateRow]) -> CaseSummary {
     }
 }
 
-/// A case's copies at `batch`: the zoo model with Adam, once per copy.
+/// A case's copies at `batch`: the zoo model with the case's optimizer,
+/// once per copy.
 pub fn graphs(case: &ColocateCase, batch: u64) -> Result<Vec<Graph>, ExperimentError> {
     let mut cfg = ZooConfig::new(batch);
-    cfg.optimizer = Optimizer::adam();
+    (cfg.optimizer, cfg.step) =
+        Optimizer::with_step_from_name(&case.optimizer).ok_or_else(|| {
+            ExperimentError::Colocate(format!("unknown optimizer {:?}", case.optimizer))
+        })?;
     let g = zoo::build(&case.model, &cfg).map_err(|e| ExperimentError::Colocate(e.to_string()))?;
     Ok(vec![g; case.copies])
 }

@@ -12,7 +12,7 @@ use rand::rngs::ChaCha8Rng;
 use rand::seq::SliceRandom;
 use serde::Serialize;
 use tensile_graph::Graph;
-use tensile_graph::builder::Optimizer;
+use tensile_graph::builder::{Optimizer, Step};
 use tensile_graph::zoo::{self, ZooConfig};
 
 use crate::ExperimentError;
@@ -95,12 +95,13 @@ impl Workload {
     }
 
     /// Builds every job's graph.
-    pub fn build(&self, optimizer: Optimizer) -> Result<Vec<Graph>, ExperimentError> {
+    pub fn build(&self, optimizer: Optimizer, step: Step) -> Result<Vec<Graph>, ExperimentError> {
         self.jobs
             .iter()
             .map(|j| {
                 let mut cfg = ZooConfig::new(j.batch);
                 cfg.optimizer = optimizer;
+                cfg.step = step;
                 zoo::build(&j.model, &cfg).map_err(|e| ExperimentError::Zoo {
                     what: format!("{}:{}", j.model, j.batch),
                     source: Box::new(e),

@@ -50,7 +50,9 @@ struct Args {
     /// Image side (CNNs) or sequence length (BERT) of the zoo model.
     #[arg(long, requires = "model")]
     resolution: Option<u64>,
-    /// Optimizer of the zoo model's iteration: adam or sgd.
+    /// Optimizer of the zoo model's iteration: adam or sgd; with
+    /// `-in-backward` (adam-in-backward), each parameter's update runs as
+    /// soon as its gradient is final, inside the backward pass.
     #[arg(long, default_value = "adam", requires = "model")]
     optimizer: String,
     /// A JSON graph file (traced or exported) instead of a zoo model.
@@ -288,11 +290,17 @@ fn graph(args: &Args) -> Result<Graph> {
     let Some(name) = &args.model else {
         bail!("name a zoo model with --model or give --graph FILE");
     };
-    let optimizer = tensile_graph::builder::Optimizer::from_name(&args.optimizer)
-        .with_context(|| format!("unknown optimizer {:?} (adam or sgd)", args.optimizer))?;
+    let (optimizer, step) = tensile_graph::builder::Optimizer::with_step_from_name(&args.optimizer)
+        .with_context(|| {
+            format!(
+                "unknown optimizer {:?} (adam, sgd, adam-in-backward or sgd-in-backward)",
+                args.optimizer
+            )
+        })?;
     let config = ZooConfig {
         resolution: args.resolution,
         optimizer,
+        step,
         ..ZooConfig::new(args.batch)
     };
     Ok(zoo::build(name, &config)?)

@@ -172,8 +172,9 @@ pub(crate) struct BenchColocateArgs {
     /// Device profiles, comma separated (a6000, h100, paper, cpu or files).
     #[arg(long, default_value = "a6000,h100")]
     pub(crate) device: String,
-    /// Cases, comma separated, each MODEL:BATCHxCOPIES (the budget is one
-    /// copy's vanilla peak at BATCH).
+    /// Cases, comma separated, each MODEL:BATCHxCOPIES[:OPTIMIZER] (the
+    /// budget is one copy's vanilla peak at BATCH; OPTIMIZER as
+    /// `--optimizer` of `sim` names it, adam by default).
     #[arg(long, default_value = "resnet50:32x2,resnet50:32x3,bert_base:16x2")]
     pub(crate) cases: String,
     /// Fractions of the reference batch, comma separated, in (0, 1].
@@ -520,7 +521,10 @@ pub(crate) struct ModelArgs {
 
 #[derive(Debug, Args)]
 pub(crate) struct OptimizerArg {
-    /// Optimizer of the iteration: `adam` or `sgd` (with momentum).
+    /// Optimizer of the iteration: `adam` or `sgd` (with momentum); with
+    /// `-in-backward` (`adam-in-backward`), each parameter's update runs as
+    /// soon as its gradient is final, inside the backward pass (PyTorch's
+    /// post-accumulate-grad hook pattern), instead of after it.
     #[arg(long, default_value = "adam")]
     pub(crate) optimizer: String,
 }

@@ -148,7 +148,8 @@ impl BenchCommand {
                 iterations: a.iterations,
                 seed: a.seed,
                 activation_budget: a.activation_budget,
-                optimizer: input::optimizer(&a.opt)?,
+                optimizer: input::optimizer(&a.opt)?.0,
+                step: input::optimizer(&a.opt)?.1,
                 quick: a.quick,
                 threads: a.jobs,
             },
@@ -176,9 +177,16 @@ impl ColocateCommand {
         }
         let cases = list(&a.cases)
             .map(|c| {
-                let bad =
-                    || format!("--cases: {c:?} is not MODEL:BATCHxCOPIES (e.g. resnet50:32x2)");
+                let bad = || {
+                    format!(
+                        "--cases: {c:?} is not MODEL:BATCHxCOPIES[:OPTIMIZER] (e.g. resnet50:32x2, bert_base:16x2:adam-in-backward)"
+                    )
+                };
                 let (model, rest) = c.split_once(':').with_context(bad)?;
+                let (rest, optimizer) = match rest.split_once(':') {
+                    Some((rest, optimizer)) => (rest, Some(optimizer)),
+                    None => (rest, None),
+                };
                 let (batch, copies) = rest.split_once('x').with_context(bad)?;
                 let batch: u64 = batch.parse().ok().with_context(bad)?;
                 let copies: usize = copies.parse().ok().with_context(bad)?;
@@ -186,7 +194,11 @@ impl ColocateCommand {
                 if batch == 0 || !(1..=16).contains(&copies) {
                     bail!("--cases: {c:?} needs a batch of 1 or more and 1 to 16 copies");
                 }
-                Ok(ColocateCase::new(model, batch, copies))
+                let case = ColocateCase::new(model, batch, copies);
+                match optimizer {
+                    Some(o) => case.with_optimizer(o).with_context(|| format!("--cases: {c:?}")),
+                    None => Ok(case),
+                }
             })
             .collect::<Result<Vec<_>>>()?;
         if cases.is_empty() {
@@ -277,13 +289,14 @@ impl JobSpec {
 
 /// `--jobs`: every entry's graph, built from the zoo or read from its file.
 fn parse_jobs(spec: &str, a: &SimArgs) -> Result<Vec<Graph>> {
-    let optimizer = input::optimizer(&a.opt)?;
+    let (optimizer, step) = input::optimizer(&a.opt)?;
     let mut out = Vec::new();
     for item in list(spec) {
         let graph = match JobSpec::parse(item)? {
             JobSpec::Zoo { model, batch } => {
                 let mut cfg = ZooConfig::new(batch);
                 cfg.optimizer = optimizer;
+                cfg.step = step;
                 zoo::build(&model, &cfg).map_err(anyhow::Error::from)
             }
             JobSpec::File(path) => {

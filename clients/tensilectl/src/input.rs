@@ -5,15 +5,16 @@ use std::io::Read;
 use std::path::Path;
 
 use anyhow::{Context, Result, bail};
+use tensile_graph::builder::{Optimizer, Step};
 use tensile_graph::zoo::{self, ZooConfig};
 use tensile_graph::{Graph, GraphError, Limits, json};
 
 use crate::args::{ModelArgs, OptimizerArg};
 
-pub(crate) fn optimizer(arg: &OptimizerArg) -> Result<tensile_graph::builder::Optimizer> {
-    tensile_graph::builder::Optimizer::from_name(&arg.optimizer).with_context(|| {
+pub(crate) fn optimizer(arg: &OptimizerArg) -> Result<(Optimizer, Step)> {
+    Optimizer::with_step_from_name(&arg.optimizer).with_context(|| {
         format!(
-            "unknown optimizer {:?} (expected adam or sgd)",
+            "unknown optimizer {:?} (expected adam, sgd, adam-in-backward or sgd-in-backward)",
             arg.optimizer
         )
     })
@@ -24,10 +25,12 @@ pub(crate) fn zoo_graph(args: &ModelArgs) -> Result<Graph> {
     let Some(name) = &args.model else {
         bail!("name a zoo model with --model (see `tensilectl zoo`) or give a graph file");
     };
+    let (optimizer, step) = optimizer(&args.opt)?;
     let config = ZooConfig {
         batch: args.batch,
         resolution: args.resolution,
-        optimizer: optimizer(&args.opt)?,
+        optimizer,
+        step,
         classes: args.classes,
     };
     Ok(zoo::build(name, &config)?)

@@ -23,11 +23,12 @@ struct ZooEntry {
 }
 
 pub(crate) fn run(args: &ZooArgs) -> Result<()> {
-    let optimizer = input::optimizer(&args.opt)?;
+    let (optimizer, step) = input::optimizer(&args.opt)?;
     let mut entries = Vec::new();
     for m in &zoo::MODELS {
         let config = ZooConfig {
             optimizer,
+            step,
             ..ZooConfig::new(args.batch)
         };
         let graph = m.build(&config)?;

@@ -31,6 +31,33 @@ pub enum Optimizer {
     },
 }
 
+/// Where the optimizer's updates run in the iteration.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Step {
+    /// After the whole backward pass, in parameter order (`optimizer.step()`
+    /// after `loss.backward()`).
+    #[default]
+    AtEnd,
+    /// Each parameter's update as soon as its gradient is final, inside the
+    /// backward pass (PyTorch's `register_post_accumulate_grad_hook`
+    /// pattern): a gradient is freed by its update instead of living until
+    /// the end of the backward pass, and the optimizer's state is touched
+    /// spread over the backward pass instead of all at its end. The same
+    /// arithmetic per parameter, so the same trained values.
+    InBackward,
+}
+
+impl Step {
+    /// The suffix of the optimizer's name in graph names and on command
+    /// lines (`adam`, `adam-in-backward`).
+    pub fn suffix(self) -> &'static str {
+        match self {
+            Step::AtEnd => "",
+            Step::InBackward => "-in-backward",
+        }
+    }
+}
+
 impl Optimizer {
     /// Adam with PyTorch's defaults (lr 0.001, as in the TENSILE experiments).
     pub fn adam() -> Optimizer {
@@ -65,6 +92,15 @@ impl Optimizer {
             "adam" => Some(Optimizer::adam()),
             "sgd" => Some(Optimizer::sgd()),
             _ => None,
+        }
+    }
+
+    /// An optimizer's name with its step's suffix: `adam`, `sgd`,
+    /// `adam-in-backward` or `sgd-in-backward`.
+    pub fn with_step_from_name(name: &str) -> Option<(Optimizer, Step)> {
+        match name.strip_suffix(Step::InBackward.suffix()) {
+            Some(base) => Optimizer::from_name(base).map(|o| (o, Step::InBackward)),
+            None => Optimizer::from_name(name).map(|o| (o, Step::AtEnd)),
         }
     }
 }
@@ -556,7 +592,7 @@ fn emit(
 }
 
 /// Appends the backward pass from `loss`, in PyTorch's engine order.
-pub(crate) fn backward(b: &mut Builder, loss: TensorId) {
+pub(crate) fn backward(b: &mut Builder, loss: TensorId, step_in_backward: Option<Optimizer>) {
     b.phase = Phase::Backward;
     let seed = b.grad_like(b.grad_name(loss), loss);
     b.op(
@@ -569,14 +605,39 @@ pub(crate) fn backward(b: &mut Builder, loss: TensorId) {
     );
     let mut grads: HashMap<TensorId, TensorId> = HashMap::from([(loss, seed)]);
     let tape = std::mem::take(&mut b.tape);
-    for entry in tape.iter().rev() {
-        let gouts: Vec<Option<TensorId>> = entry.outputs.iter().map(|o| grads.remove(o)).collect();
-        if gouts.iter().all(Option::is_none) {
-            continue;
+    // For a step in the backward pass: the parameters whose gradient is
+    // final once the tape entry at each index has been differentiated (the
+    // first entry that reads them, the last the reverse walk reaches).
+    let mut final_at: BTreeMap<usize, Vec<TensorId>> = BTreeMap::new();
+    if step_in_backward.is_some() {
+        let mut first: BTreeMap<TensorId, usize> = BTreeMap::new();
+        for (i, entry) in tape.iter().enumerate() {
+            for t in entry.grad.sources() {
+                if b.tensors[t.index()].kind == TensorKind::Parameter {
+                    first.entry(t).or_insert(i);
+                }
+            }
         }
-        let name = b.ops[entry.op.index()].name.clone();
-        for (target, g) in emit(b, &name, &entry.grad, &gouts) {
-            accumulate(b, &mut grads, target, g);
+        for (p, i) in first {
+            final_at.entry(i).or_default().push(p);
+        }
+    }
+    for (i, entry) in tape.iter().enumerate().rev() {
+        let gouts: Vec<Option<TensorId>> = entry.outputs.iter().map(|o| grads.remove(o)).collect();
+        if gouts.iter().any(Option::is_some) {
+            let name = b.ops[entry.op.index()].name.clone();
+            for (target, g) in emit(b, &name, &entry.grad, &gouts) {
+                accumulate(b, &mut grads, target, g);
+            }
+        }
+        if let (Some(optimizer), Some(params)) = (step_in_backward, final_at.get(&i)) {
+            for &p in params {
+                if let Some(&g) = grads.get(&p) {
+                    b.phase = Phase::Optimizer;
+                    update(b, optimizer, p, g);
+                    b.phase = Phase::Backward;
+                }
+            }
         }
     }
     b.param_grads = grads
@@ -622,85 +683,89 @@ pub(crate) fn optimizer_step(b: &mut Builder, optimizer: Optimizer) {
         .map(|t| t.id)
         .collect();
     for p in params {
-        let Some(&g) = b.param_grads.get(&p) else {
-            continue;
-        };
-        let (name, shape) = (b.tensors[p.index()].name.clone(), b.shape(p).to_vec());
-        let state = |b: &mut Builder, suffix: &str| {
-            b.tensor(
-                format!("{name}.{suffix}"),
-                shape.clone(),
-                DType::F32,
-                TensorKind::OptimizerState,
-            )
-        };
-        let next = |b: &mut Builder, t: TensorId| {
-            let kind = b.tensors[t.index()].kind;
-            b.tensor(
-                format!("{}'", b.tensors[t.index()].name),
-                shape.clone(),
-                DType::F32,
-                kind,
-            )
-        };
-        let in_place = |pairs: &[(u32, u32)]| {
-            pairs
-                .iter()
-                .map(|&(output, input)| Alias {
-                    output,
-                    input,
-                    kind: AliasKind::InPlace,
-                })
-                .collect()
-        };
-        match optimizer {
-            Optimizer::Adam {
-                lr,
-                beta1,
-                beta2,
-                eps,
-                weight_decay,
-            } => {
-                let m = state(b, "exp_avg");
-                let v = state(b, "exp_avg_sq");
-                let outs = vec![next(b, p), next(b, m), next(b, v)];
-                let a = attrs([
-                    ("lr", AttrValue::Float(lr)),
-                    ("beta1", AttrValue::Float(beta1)),
-                    ("beta2", AttrValue::Float(beta2)),
-                    ("eps", AttrValue::Float(eps)),
-                    ("weight_decay", AttrValue::Float(weight_decay)),
-                ]);
-                b.op(
-                    format!("{name}.adam"),
-                    "aten::_fused_adam_",
-                    vec![p, g, m, v],
-                    outs,
-                    a,
-                    in_place(&[(0, 0), (1, 2), (2, 3)]),
-                );
-            }
-            Optimizer::Sgd {
-                lr,
-                momentum,
-                weight_decay,
-            } => {
-                let buf = state(b, "momentum_buffer");
-                let outs = vec![next(b, p), next(b, buf)];
-                let a = attrs([
-                    ("lr", AttrValue::Float(lr)),
-                    ("momentum", AttrValue::Float(momentum)),
-                    ("weight_decay", AttrValue::Float(weight_decay)),
-                ]);
-                b.op(
-                    format!("{name}.sgd"),
-                    "aten::_fused_sgd_",
-                    vec![p, g, buf],
-                    outs,
-                    a,
-                    in_place(&[(0, 0), (1, 2)]),
-                );
-            }
+        if let Some(&g) = b.param_grads.get(&p) {
+            update(b, optimizer, p, g);
+        }
+    }
+}
+
+/// Appends the update of parameter `p` from its final gradient `g`.
+fn update(b: &mut Builder, optimizer: Optimizer, p: TensorId, g: TensorId) {
+    let (name, shape) = (b.tensors[p.index()].name.clone(), b.shape(p).to_vec());
+    let state = |b: &mut Builder, suffix: &str| {
+        b.tensor(
+            format!("{name}.{suffix}"),
+            shape.clone(),
+            DType::F32,
+            TensorKind::OptimizerState,
+        )
+    };
+    let next = |b: &mut Builder, t: TensorId| {
+        let kind = b.tensors[t.index()].kind;
+        b.tensor(
+            format!("{}'", b.tensors[t.index()].name),
+            shape.clone(),
+            DType::F32,
+            kind,
+        )
+    };
+    let in_place = |pairs: &[(u32, u32)]| {
+        pairs
+            .iter()
+            .map(|&(output, input)| Alias {
+                output,
+                input,
+                kind: AliasKind::InPlace,
+            })
+            .collect()
+    };
+    match optimizer {
+        Optimizer::Adam {
+            lr,
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+        } => {
+            let m = state(b, "exp_avg");
+            let v = state(b, "exp_avg_sq");
+            let outs = vec![next(b, p), next(b, m), next(b, v)];
+            let a = attrs([
+                ("lr", AttrValue::Float(lr)),
+                ("beta1", AttrValue::Float(beta1)),
+                ("beta2", AttrValue::Float(beta2)),
+                ("eps", AttrValue::Float(eps)),
+                ("weight_decay", AttrValue::Float(weight_decay)),
+            ]);
+            b.op(
+                format!("{name}.adam"),
+                "aten::_fused_adam_",
+                vec![p, g, m, v],
+                outs,
+                a,
+                in_place(&[(0, 0), (1, 2), (2, 3)]),
+            );
+        }
+        Optimizer::Sgd {
+            lr,
+            momentum,
+            weight_decay,
+        } => {
+            let buf = state(b, "momentum_buffer");
+            let outs = vec![next(b, p), next(b, buf)];
+            let a = attrs([
+                ("lr", AttrValue::Float(lr)),
+                ("momentum", AttrValue::Float(momentum)),
+                ("weight_decay", AttrValue::Float(weight_decay)),
+            ]);
+            b.op(
+                format!("{name}.sgd"),
+                "aten::_fused_sgd_",
+                vec![p, g, buf],
+                outs,
+                a,
+                in_place(&[(0, 0), (1, 2)]),
+            );
         }
     }
 }

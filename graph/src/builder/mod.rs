@@ -25,7 +25,7 @@ use crate::ir::{
 };
 use crate::validate::{GraphError, Limits};
 
-pub use autograd::Optimizer;
+pub use autograd::{Optimizer, Step};
 
 /// What a backward op needs from the forward pass; one per forward op.
 #[derive(Debug, Clone)]
@@ -237,13 +237,28 @@ impl Builder {
     }
 
     /// Appends the backward pass from `loss` and the optimizer, and validates.
-    pub fn finish(mut self, loss: TensorId, optimizer: Optimizer) -> Result<Graph, GraphError> {
+    pub fn finish(self, loss: TensorId, optimizer: Optimizer) -> Result<Graph, GraphError> {
+        self.finish_stepping(loss, optimizer, Step::AtEnd)
+    }
+
+    /// [`Builder::finish`], with the optimizer's updates where `step` says.
+    pub fn finish_stepping(
+        mut self,
+        loss: TensorId,
+        optimizer: Optimizer,
+        step: Step,
+    ) -> Result<Graph, GraphError> {
         if let Some(reason) = self.error.take() {
             return Err(GraphError::Malformed { reason });
         }
         self.tensors[loss.index()].kind = TensorKind::Output;
-        autograd::backward(&mut self, loss);
-        autograd::optimizer_step(&mut self, optimizer);
+        match step {
+            Step::AtEnd => {
+                autograd::backward(&mut self, loss, None);
+                autograd::optimizer_step(&mut self, optimizer);
+            }
+            Step::InBackward => autograd::backward(&mut self, loss, Some(optimizer)),
+        }
         if let Some(reason) = self.error.take() {
             return Err(GraphError::Malformed { reason });
         }

@@ -13,7 +13,7 @@ mod vgg;
 
 use thiserror::Error;
 
-use crate::builder::{Builder, Optimizer};
+use crate::builder::{Builder, Optimizer, Step};
 use crate::ir::{DType, Graph, TensorId};
 use crate::validate::GraphError;
 
@@ -24,6 +24,8 @@ pub struct ZooConfig {
     /// Image side for CNNs, sequence length for BERT; `None`: the model's default.
     pub resolution: Option<u64>,
     pub optimizer: Optimizer,
+    /// Where the optimizer's updates run.
+    pub step: Step,
     /// Output classes of the classifier (1000 for ImageNet CNNs, 2 for BERT).
     pub classes: Option<u64>,
 }
@@ -34,6 +36,7 @@ impl ZooConfig {
             batch,
             resolution: None,
             optimizer: Optimizer::adam(),
+            step: Step::AtEnd,
             classes: None,
         }
     }
@@ -145,14 +148,15 @@ impl ZooModel {
             classes,
         };
         let mut b = Builder::new(format!(
-            "{}_b{}_r{}_{}",
+            "{}_b{}_r{}_{}{}",
             self.name,
             config.batch,
             resolution,
-            config.optimizer.name()
+            config.optimizer.name(),
+            config.step.suffix()
         ));
         let loss = (self.build)(&mut b, &dims);
-        b.finish(loss, config.optimizer)
+        b.finish_stepping(loss, config.optimizer, config.step)
             .map_err(|source| ZooError::Graph {
                 model: self.name,
                 source,

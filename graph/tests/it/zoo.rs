@@ -1,8 +1,8 @@
 //! The model zoo: reference parameter counts, validity, and errors on bad sizes.
 
-use tensile_graph::builder::Optimizer;
+use tensile_graph::builder::{Optimizer, Step};
 use tensile_graph::zoo::{self, ZooConfig, ZooError};
-use tensile_graph::{Liveness, Phase};
+use tensile_graph::{Graph, Liveness, Phase};
 
 /// Parameter counts of the reference implementations: torchvision for VGG-16,
 /// ResNet-50, DenseNet-121 and Inception-V3 (with its auxiliary head), timm
@@ -162,5 +162,66 @@ fn every_resolution_in_range_builds_or_errs_cleanly() {
             });
             assert!(result.is_ok(), "{} at {r}: {:?}", m.name, result.err());
         }
+    }
+}
+
+#[test]
+fn updates_in_the_backward_pass_follow_each_final_gradient() {
+    assert_eq!(
+        Optimizer::with_step_from_name("adam-in-backward"),
+        Some((Optimizer::adam(), Step::InBackward))
+    );
+    assert_eq!(
+        Optimizer::with_step_from_name("sgd"),
+        Some((Optimizer::sgd(), Step::AtEnd))
+    );
+    assert_eq!(Optimizer::with_step_from_name("adam-in-forward"), None);
+    for m in &zoo::MODELS {
+        let at_end = m.build(&ZooConfig::new(2)).unwrap();
+        let in_backward = m
+            .build(&ZooConfig {
+                step: Step::InBackward,
+                ..ZooConfig::new(2)
+            })
+            .unwrap();
+        let named = |g: &Graph| {
+            let mut ops: Vec<(String, String, Vec<String>)> = g
+                .ops()
+                .iter()
+                .map(|o| {
+                    let inputs = o.inputs.iter().map(|&t| g.tensor(t).name.clone());
+                    (o.name.clone(), o.op_type.clone(), inputs.collect())
+                })
+                .collect();
+            ops.sort();
+            ops
+        };
+        // The same ops over the same tensors: every update reads the
+        // gradient it read after the backward pass, the final one.
+        assert_eq!(named(&at_end), named(&in_backward), "{}", m.name);
+        let ops = in_backward.ops();
+        let last_backward = ops
+            .iter()
+            .rposition(|o| o.phase == Phase::Backward)
+            .unwrap();
+        let mut early = 0;
+        for (i, op) in ops.iter().enumerate() {
+            if op.phase != Phase::Optimizer {
+                continue;
+            }
+            let g = op.inputs[1];
+            assert!(
+                ops[i + 1..].iter().all(|o| !o.inputs.contains(&g)),
+                "{}: {} runs before its gradient is final",
+                m.name,
+                op.name
+            );
+            early += usize::from(i < last_backward);
+        }
+        // All but the updates of what the first layer's backward reaches
+        // last run inside the backward pass.
+        assert!(early * 2 > in_backward.parameters().count(), "{}", m.name);
+        let peak = |g: &Graph| Liveness::analyze(g).vanilla_footprint().peak;
+        assert!(peak(&in_backward) <= peak(&at_end), "{}", m.name);
     }
 }

@@ -9,7 +9,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use tch::{Device, Tensor};
-use tensile_graph::builder::Optimizer;
+use tensile_graph::builder::{Optimizer, Step};
 use tensile_graph::zoo::{self, ZooConfig};
 use tensile_graph::{Graph, Liveness, TensorId};
 use tensile_kernels::{Program, initial_values, run_iteration};
@@ -121,6 +121,54 @@ fn the_worker_computes_what_the_kernels_back_to_back_compute() {
     let live = Liveness::analyze(&g);
     let got = worker_run(&g, &vanilla_plan(&live), 2, HostConfig::default());
     assert_same(&g, &want, &got);
+}
+
+/// Each parameter's update inside the backward pass (`adam-in-backward`)
+/// trains exactly the values the updates after it train, with no plan and
+/// under a plan that swaps: the same arithmetic per parameter, earlier.
+#[test]
+fn updates_in_the_backward_pass_train_the_same_values() {
+    let _heavy = crate::heavy();
+    let build = |step| {
+        let config = ZooConfig {
+            resolution: Some(64),
+            step,
+            ..ZooConfig::new(1)
+        };
+        zoo::build("resnet50", &config).expect("zoo")
+    };
+    let (at_end, in_backward) = (build(Step::AtEnd), build(Step::InBackward));
+    let by_name = |g: &Graph, plan: &Plan| {
+        let values = worker_run(g, plan, 2, HostConfig::default());
+        let mut named: Vec<(String, Vec<u8>)> = bytes(&values)
+            .into_iter()
+            .map(|(t, b)| (g.tensor(t).name.clone(), b))
+            .collect();
+        named.sort();
+        named
+    };
+    let vanilla = |g: &Graph| vanilla_plan(&Liveness::analyze(g));
+    let want = by_name(&at_end, &vanilla(&at_end));
+    assert!(want.iter().any(|(n, _)| n.ends_with("exp_avg_sq")));
+    let copy = CopyModel::duplex(4e9, 4e9, 5_000);
+    let plan = planned(
+        &in_backward,
+        latencies(&in_backward),
+        copy,
+        JobSettings::default(),
+        0.5,
+    );
+    assert!(plan.prediction.swap_outs > 0, "the plan swaps");
+    for got in [
+        by_name(&in_backward, &vanilla(&in_backward)),
+        by_name(&in_backward, &plan),
+    ] {
+        assert_eq!(want.len(), got.len());
+        for (w, h) in want.iter().zip(&got) {
+            assert_eq!(w.0, h.0);
+            assert!(w.1 == h.1, "{} differs", w.0);
+        }
+    }
 }
 
 #[test]
