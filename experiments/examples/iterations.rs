@@ -8,11 +8,12 @@
 //!
 //! ```text
 //! cargo run --release -p tensile-experiments --example iterations -- \
-//!     MODEL BATCH COPIES BUDGET_BYTES [SEED] [ITERATIONS] [DEVICE] [--one-process]
+//!     MODEL[:OPTIMIZER] BATCH COPIES BUDGET_BYTES [SEED] [ITERATIONS] [DEVICE] [--one-process]
 //! ```
 //!
 //! `BUDGET_BYTES` is the budget `bench colocate` prints in its JSON
-//! (`budget_bytes`); the seed defaults to 1, the iterations to 12 and the
+//! (`budget_bytes`); MODEL may name an optimizer as `bench colocate`'s
+//! cases do (`bert_base:adam-in-backward`); the seed defaults to 1, the iterations to 12 and the
 //! device to `a6000`.
 
 use std::process::ExitCode;
@@ -27,7 +28,7 @@ use tensile_planner::RecomputeFirst;
 #[path = "common/mod.rs"]
 mod common;
 
-const USAGE: &str = "usage: iterations MODEL BATCH COPIES BUDGET_BYTES [SEED] [ITERATIONS] [DEVICE] [--one-process]";
+const USAGE: &str = "usage: iterations MODEL[:OPTIMIZER] BATCH COPIES BUDGET_BYTES [SEED] [ITERATIONS] [DEVICE] [--one-process]";
 
 fn main() -> ExitCode {
     common::exit("iterations", run)
@@ -57,7 +58,12 @@ fn run() -> Result<(), String> {
     if shared {
         profile = one_process(&profile, copies);
     }
-    let case = ColocateCase::new(model, batch, copies);
+    let case = match model.split_once(':') {
+        Some((model, optimizer)) => ColocateCase::new(model, batch, copies)
+            .with_optimizer(optimizer)
+            .map_err(|e| e.to_string())?,
+        None => ColocateCase::new(model, batch, copies),
+    };
     let graphs = colocate::graphs(&case, batch).map_err(|e| e.to_string())?;
     let lives: Vec<Liveness> = graphs.iter().map(Liveness::analyze).collect();
     let opts = colocate::options(iterations, seed, Some(budget), RecomputeFirst::default());

@@ -69,12 +69,17 @@ impl ColocateCase {
         })
     }
 
-    /// ResNet-50 (batch 32) x2 and x3, BERT-base (batch 16) x2.
+    /// ResNet-50 (batch 32) x2 and x3, BERT-base (batch 16) x2, with Adam
+    /// after the backward pass and, for BERT-base, inside it.
     pub fn defaults() -> Vec<ColocateCase> {
         vec![
             ColocateCase::new("resnet50", 32, 2),
             ColocateCase::new("resnet50", 32, 3),
             ColocateCase::new("bert_base", 16, 2),
+            ColocateCase {
+                optimizer: "adam-in-backward".to_string(),
+                ..ColocateCase::new("bert_base", 16, 2)
+            },
         ]
     }
 

@@ -175,7 +175,10 @@ pub(crate) struct BenchColocateArgs {
     /// Cases, comma separated, each MODEL:BATCHxCOPIES[:OPTIMIZER] (the
     /// budget is one copy's vanilla peak at BATCH; OPTIMIZER as
     /// `--optimizer` of `sim` names it, adam by default).
-    #[arg(long, default_value = "resnet50:32x2,resnet50:32x3,bert_base:16x2")]
+    #[arg(
+        long,
+        default_value = "resnet50:32x2,resnet50:32x3,bert_base:16x2,bert_base:16x2:adam-in-backward"
+    )]
     pub(crate) cases: String,
     /// Fractions of the reference batch, comma separated, in (0, 1].
     #[arg(long, default_value = "0.5,0.625,0.75,0.875,1")]

@@ -199,7 +199,18 @@ fn usage_errors_are_clear() {
     assert_rejected(
         &out,
         "stats",
-        "unknown optimizer \"lamb\" (expected adam or sgd)",
+        "unknown optimizer \"lamb\" (expected adam, sgd, adam-in-backward or sgd-in-backward)",
+    );
+    let out = tensilectl(&[
+        "bench",
+        "colocate",
+        "--cases",
+        "bert_base:16x2:lamb-in-backward",
+    ]);
+    assert_rejected(
+        &out,
+        "colocate",
+        "--cases: \"bert_base:16x2:lamb-in-backward\": bench colocate: unknown optimizer \"lamb-in-backward\"",
     );
     let out = tensilectl(&["graph", "stats"]);
     assert_rejected(&out, "stats", "name a zoo model with --model");
