@@ -11,7 +11,7 @@
 
 use proptest::prelude::*;
 use tensile_executor::sim::{FixedPlans, SimConfig, SimJob, simulate};
-use tensile_graph::builder::Optimizer;
+use tensile_graph::builder::{Optimizer, Step};
 use tensile_graph::zoo::{self, ZooConfig};
 use tensile_graph::{Graph, Liveness, OpId, TensorId};
 use tensile_planner::{
@@ -64,8 +64,8 @@ fn sim_jobs<'g>(
 }
 
 /// A small zoo model: ResNet-50, VGG-16 or BERT-base at a small batch and
-/// size.
-fn model(which: u8, batch: u64) -> Graph {
+/// size, with Adam after the backward pass or inside it.
+fn model(which: u8, batch: u64, step: Step) -> Graph {
     let (name, resolution) = match which % 3 {
         0 => ("resnet50", 64),
         1 => ("vgg16", 64),
@@ -74,6 +74,7 @@ fn model(which: u8, batch: u64) -> Graph {
     let cfg = ZooConfig {
         resolution: Some(resolution),
         optimizer: Optimizer::adam(),
+        step,
         ..ZooConfig::new(batch)
     };
     zoo::build(name, &cfg).unwrap()
@@ -106,13 +107,18 @@ proptest! {
 
     #[test]
     fn the_measured_peak_never_exceeds_the_budget(
-        mix in proptest::collection::vec((0u8..3, 1u64..4), 1..4),
+        mix in proptest::collection::vec((0u8..3, 1u64..4, any::<bool>()), 1..4),
         seed in 0u64..1000,
         tightness in 0.0f64..1.0,
         coordinate in any::<bool>(),
         sharing in prop_oneof![Just(0.0), Just(0.9)],
     ) {
-        let graphs: Vec<Graph> = mix.iter().map(|&(m, b)| model(m, b)).collect();
+        let graphs: Vec<Graph> = mix
+            .iter()
+            .map(|&(m, b, in_backward)| {
+                model(m, b, if in_backward { Step::InBackward } else { Step::AtEnd })
+            })
+            .collect();
         let lives: Vec<Liveness> = graphs.iter().map(Liveness::analyze).collect();
         let truth: Vec<Vec<u64>> = graphs
             .iter()
@@ -187,7 +193,7 @@ fn coordinated_replanner(
 /// goes under and their vanilla peaks together, and a link of 4 GB/s each
 /// way.
 fn two_copies_halfway() -> (Vec<Graph>, u64, CopyModel) {
-    let graphs: Vec<Graph> = (0..2).map(|_| model(0, 3)).collect();
+    let graphs: Vec<Graph> = (0..2).map(|_| model(0, 3, Step::AtEnd)).collect();
     let floor: u64 = graphs.iter().map(lower_bound).sum();
     let top: u64 = graphs.iter().map(vanilla_peak).sum();
     let budget = (floor + top) / 2;
@@ -236,7 +242,7 @@ fn without_the_guard_wrong_plans_go_over_and_with_it_they_do_not() {
     let copy = CopyModel::duplex(4e9, 4e9, 5_000);
     let mut caught = 0;
     for seed in 0..12u64 {
-        let graphs: Vec<Graph> = (0..2u64).map(|j| model(0, 2 + j)).collect();
+        let graphs: Vec<Graph> = (0..2u64).map(|j| model(0, 2 + j, Step::AtEnd)).collect();
         let lives: Vec<Liveness> = graphs.iter().map(Liveness::analyze).collect();
         let truth: Vec<Vec<u64>> = graphs
             .iter()
@@ -366,7 +372,7 @@ fn choice(
 /// guard evicted for it).
 #[test]
 fn jobs_that_run_free_stay_free_until_a_run_contradicts_their_plan() {
-    let graphs: Vec<Graph> = (0..3).map(|_| model(0, 3)).collect();
+    let graphs: Vec<Graph> = (0..3).map(|_| model(0, 3, Step::AtEnd)).collect();
     let lat = latencies(&graphs[0]);
     let floor: u64 = graphs.iter().map(lower_bound).sum();
     let top: u64 = graphs.iter().map(vanilla_peak).sum();
@@ -402,7 +408,7 @@ fn jobs_that_run_free_stay_free_until_a_run_contradicts_their_plan() {
 /// their plan ask for nothing.
 #[test]
 fn a_free_run_the_guard_evicted_for_is_replanned_gated() {
-    let graphs: Vec<Graph> = (0..3).map(|_| model(0, 3)).collect();
+    let graphs: Vec<Graph> = (0..3).map(|_| model(0, 3, Step::AtEnd)).collect();
     let lat = latencies(&graphs[0]);
     let floor: u64 = graphs.iter().map(lower_bound).sum();
     let top: u64 = graphs.iter().map(vanilla_peak).sum();
@@ -448,7 +454,7 @@ fn a_free_run_the_guard_evicted_for_is_replanned_gated() {
 /// that err, the plan holds the budget too.
 #[test]
 fn recomputing_first_fits_coordinated_jobs_on_a_shorter_cycle() {
-    let graphs: Vec<Graph> = (0..3).map(|_| model(0, 3)).collect();
+    let graphs: Vec<Graph> = (0..3).map(|_| model(0, 3, Step::AtEnd)).collect();
     let lives: Vec<Liveness> = graphs.iter().map(Liveness::analyze).collect();
     let lat = latencies(&graphs[0]);
     let floor: u64 = graphs.iter().map(lower_bound).sum();
