@@ -711,3 +711,47 @@ fn bench_paper_runs_every_experiment_and_compares_at_the_same_memory() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A case that names its optimizer runs with it: its own budget (one
+/// copy's vanilla peak with the updates inside the backward pass, no
+/// higher than with them at the end), a label that says so, and a run
+/// within the budget.
+#[test]
+fn bench_colocate_runs_each_case_with_its_optimizer() {
+    let v = json_of(&[
+        "bench",
+        "colocate",
+        "--device",
+        "a6000",
+        "--cases",
+        "resnet50:4x2,resnet50:4x2:adam-in-backward",
+        "--fractions",
+        "1",
+        "--seeds",
+        "1",
+        "--iterations",
+        "5",
+        "--warmup",
+        "1",
+        "--one-process",
+        "--json",
+    ]);
+    let cases = v["cases"].as_array().unwrap();
+    let labels: Vec<&str> = cases.iter().map(|c| c["case"].as_str().unwrap()).collect();
+    assert_eq!(
+        labels,
+        ["resnet50 b4 x2", "resnet50 b4 x2 adam-in-backward"],
+        "{v}"
+    );
+    let budget = |c: &serde_json::Value| c["budget_bytes"].as_u64().unwrap();
+    assert!(budget(&cases[1]) <= budget(&cases[0]), "{v}");
+    for r in v["rows"].as_array().unwrap() {
+        assert!(r["error"].is_null(), "{r}");
+        let peak = r["peak_bytes"].as_u64().unwrap();
+        assert!(
+            peak > 0 && peak <= r["budget_bytes"].as_u64().unwrap(),
+            "{r}"
+        );
+        assert_eq!(r["over_bytes"].as_u64(), Some(0), "{r}");
+    }
+}
