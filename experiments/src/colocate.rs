@@ -58,11 +58,8 @@ impl ColocateCase {
 
     /// The same case with another optimizer (`adam-in-backward`).
     pub fn with_optimizer(self, optimizer: &str) -> Result<ColocateCase, ExperimentError> {
-        Optimizer::with_step_from_name(optimizer).ok_or_else(|| {
-            ExperimentError::Colocate(format!(
-                "unknown optimizer {optimizer:?} (adam, sgd, adam-in-backward or sgd-in-backward)"
-            ))
-        })?;
+        Optimizer::with_step_from_name(optimizer)
+            .map_err(|e| ExperimentError::Colocate(e.to_string()))?;
         Ok(ColocateCase {
             optimizer: optimizer.to_string(),
             ..self
@@ -264,10 +261,8 @@ fn summarize(device: &str, case: &str, rows: &[&ColocateRow]) -> CaseSummary {
 /// once per copy.
 pub fn graphs(case: &ColocateCase, batch: u64) -> Result<Vec<Graph>, ExperimentError> {
     let mut cfg = ZooConfig::new(batch);
-    (cfg.optimizer, cfg.step) =
-        Optimizer::with_step_from_name(&case.optimizer).ok_or_else(|| {
-            ExperimentError::Colocate(format!("unknown optimizer {:?}", case.optimizer))
-        })?;
+    (cfg.optimizer, cfg.step) = Optimizer::with_step_from_name(&case.optimizer)
+        .map_err(|e| ExperimentError::Colocate(e.to_string()))?;
     let g = zoo::build(&case.model, &cfg).map_err(|e| ExperimentError::Colocate(e.to_string()))?;
     Ok(vec![g; case.copies])
 }

@@ -290,13 +290,8 @@ fn graph(args: &Args) -> Result<Graph> {
     let Some(name) = &args.model else {
         bail!("name a zoo model with --model or give --graph FILE");
     };
-    let (optimizer, step) = tensile_graph::builder::Optimizer::with_step_from_name(&args.optimizer)
-        .with_context(|| {
-            format!(
-                "unknown optimizer {:?} (adam, sgd, adam-in-backward or sgd-in-backward)",
-                args.optimizer
-            )
-        })?;
+    let (optimizer, step) =
+        tensile_graph::builder::Optimizer::with_step_from_name(&args.optimizer)?;
     let config = ZooConfig {
         resolution: args.resolution,
         optimizer,

@@ -141,6 +141,7 @@ impl BenchCommand {
             .map(Policy::parse)
             .collect::<Result<_, _>>()?;
         check_activation_budget(a.activation_budget)?;
+        let (optimizer, step) = input::optimizer(&a.opt)?;
         Ok(BenchCommand {
             config: BenchConfig {
                 devices,
@@ -148,8 +149,8 @@ impl BenchCommand {
                 iterations: a.iterations,
                 seed: a.seed,
                 activation_budget: a.activation_budget,
-                optimizer: input::optimizer(&a.opt)?.0,
-                step: input::optimizer(&a.opt)?.1,
+                optimizer,
+                step,
                 quick: a.quick,
                 threads: a.jobs,
             },

@@ -4,7 +4,7 @@ use std::fs::File;
 use std::io::Read;
 use std::path::Path;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use tensile_graph::builder::{Optimizer, Step};
 use tensile_graph::zoo::{self, ZooConfig};
 use tensile_graph::{Graph, GraphError, Limits, json};
@@ -12,12 +12,7 @@ use tensile_graph::{Graph, GraphError, Limits, json};
 use crate::args::{ModelArgs, OptimizerArg};
 
 pub(crate) fn optimizer(arg: &OptimizerArg) -> Result<(Optimizer, Step)> {
-    Optimizer::with_step_from_name(&arg.optimizer).with_context(|| {
-        format!(
-            "unknown optimizer {:?} (expected adam, sgd, adam-in-backward or sgd-in-backward)",
-            arg.optimizer
-        )
-    })
+    Ok(Optimizer::with_step_from_name(&arg.optimizer)?)
 }
 
 /// Builds the zoo model the arguments name.

@@ -58,6 +58,11 @@ impl Step {
     }
 }
 
+/// A name [`Optimizer::with_step_from_name`] does not know.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown optimizer {0:?} (expected adam, sgd, adam-in-backward or sgd-in-backward)")]
+pub struct UnknownOptimizer(pub String);
+
 impl Optimizer {
     /// Adam with PyTorch's defaults (lr 0.001, as in the TENSILE experiments).
     pub fn adam() -> Optimizer {
@@ -97,11 +102,12 @@ impl Optimizer {
 
     /// An optimizer's name with its step's suffix: `adam`, `sgd`,
     /// `adam-in-backward` or `sgd-in-backward`.
-    pub fn with_step_from_name(name: &str) -> Option<(Optimizer, Step)> {
+    pub fn with_step_from_name(name: &str) -> Result<(Optimizer, Step), UnknownOptimizer> {
         match name.strip_suffix(Step::InBackward.suffix()) {
             Some(base) => Optimizer::from_name(base).map(|o| (o, Step::InBackward)),
             None => Optimizer::from_name(name).map(|o| (o, Step::AtEnd)),
         }
+        .ok_or_else(|| UnknownOptimizer(name.to_string()))
     }
 }
 

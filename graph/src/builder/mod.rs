@@ -25,7 +25,7 @@ use crate::ir::{
 };
 use crate::validate::{GraphError, Limits};
 
-pub use autograd::{Optimizer, Step};
+pub use autograd::{Optimizer, Step, UnknownOptimizer};
 
 /// What a backward op needs from the forward pass; one per forward op.
 #[derive(Debug, Clone)]

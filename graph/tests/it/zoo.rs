@@ -1,6 +1,6 @@
 //! The model zoo: reference parameter counts, validity, and errors on bad sizes.
 
-use tensile_graph::builder::{Optimizer, Step};
+use tensile_graph::builder::{Optimizer, Step, UnknownOptimizer};
 use tensile_graph::zoo::{self, ZooConfig, ZooError};
 use tensile_graph::{Graph, Liveness, Phase};
 
@@ -169,13 +169,16 @@ fn every_resolution_in_range_builds_or_errs_cleanly() {
 fn updates_in_the_backward_pass_follow_each_final_gradient() {
     assert_eq!(
         Optimizer::with_step_from_name("adam-in-backward"),
-        Some((Optimizer::adam(), Step::InBackward))
+        Ok((Optimizer::adam(), Step::InBackward))
     );
     assert_eq!(
         Optimizer::with_step_from_name("sgd"),
-        Some((Optimizer::sgd(), Step::AtEnd))
+        Ok((Optimizer::sgd(), Step::AtEnd))
     );
-    assert_eq!(Optimizer::with_step_from_name("adam-in-forward"), None);
+    assert_eq!(
+        Optimizer::with_step_from_name("adam-in-forward"),
+        Err(UnknownOptimizer("adam-in-forward".to_string()))
+    );
     for m in &zoo::MODELS {
         let at_end = m.build(&ZooConfig::new(2)).unwrap();
         let in_backward = m
