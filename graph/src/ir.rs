@@ -43,6 +43,37 @@ impl fmt::Display for OpId {
     }
 }
 
+/// Where an op runs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum Placement {
+    /// On the device, on its compute stream (every op but a host update).
+    #[default]
+    Device,
+    /// On the host CPU, over host copies of its inputs (an optimizer update
+    /// kept on the host, as ZeRO-Offload's CPU Adam): its device inputs are
+    /// copied to the host first, it writes persistent storage in place
+    /// there, and a device op that reads that storage later gets it copied
+    /// back. It takes no time on the device. The program says where an op
+    /// runs, not a plan: a CPU kernel and a device kernel need not agree to
+    /// the last bit.
+    Host,
+}
+
+impl Placement {
+    pub fn name(self) -> &'static str {
+        match self {
+            Placement::Device => "device",
+            Placement::Host => "host",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Placement> {
+        [Placement::Device, Placement::Host]
+            .into_iter()
+            .find(|p| p.name() == name)
+    }
+}
+
 /// Element type of a tensor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DType {
@@ -279,9 +310,15 @@ pub struct Op {
     pub outputs: Vec<TensorId>,
     pub aliases: Vec<Alias>,
     pub phase: Phase,
+    pub placement: Placement,
 }
 
 impl Op {
+    /// Runs on the host ([`Placement::Host`]).
+    pub fn on_host(&self) -> bool {
+        self.placement == Placement::Host
+    }
+
     /// The alias of output `index`, if it shares an input's memory.
     pub fn alias_of_output(&self, index: usize) -> Option<&Alias> {
         self.aliases.iter().find(|a| a.output as usize == index)
@@ -397,6 +434,24 @@ impl Graph {
     /// Bytes of trainable parameters.
     pub fn param_bytes(&self) -> u64 {
         self.parameters().map(|t| t.bytes).sum()
+    }
+
+    /// The bytes a host op moves through host memory: each tensor it reads
+    /// and each it writes (an update in place counts its storage twice).
+    /// Host updates are elementwise and bound by memory bandwidth, so this
+    /// over the host's bandwidth is their time.
+    pub fn host_traffic_bytes(&self, op: OpId) -> u64 {
+        let op = self.op(op);
+        op.inputs
+            .iter()
+            .chain(&op.outputs)
+            .map(|&t| self.tensor(t).bytes)
+            .sum()
+    }
+
+    /// Whether any op runs on the host.
+    pub fn has_host_ops(&self) -> bool {
+        self.ops.iter().any(Op::on_host)
     }
 
     pub fn into_draft(self) -> GraphDraft {

@@ -16,8 +16,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::ir::{
-    Alias, AliasKind, AttrValue, DType, Graph, GraphDraft, Op, OpId, Phase, Tensor, TensorId,
-    TensorKind,
+    Alias, AliasKind, AttrValue, DType, Graph, GraphDraft, Op, OpId, Phase, Placement, Tensor,
+    TensorId, TensorKind,
 };
 use crate::validate::{GraphError, Limits, OpRef, TensorRef};
 
@@ -58,6 +58,9 @@ struct OpJson {
     attrs: BTreeMap<String, AttrJson>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     aliases: Vec<AliasJson>,
+    /// `"host"` for an op that runs on the host; absent: on the device.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    placement: Option<String>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -177,6 +180,12 @@ fn op_from_json(index: usize, o: OpJson, tensor_count: usize) -> Result<Op, Grap
             names(Phase::ALL.map(Phase::name))
         ),
     })?;
+    let placement = match o.placement.as_deref() {
+        None => Placement::Device,
+        Some(name) => Placement::from_name(name).ok_or_else(|| GraphError::Malformed {
+            reason: format!("{what}: unknown placement {name:?} (expected device or host)"),
+        })?,
+    };
     let tensor_id = |raw: u64, index: usize, output: bool| {
         u32::try_from(raw)
             .ok()
@@ -244,6 +253,7 @@ fn op_from_json(index: usize, o: OpJson, tensor_count: usize) -> Result<Op, Grap
         outputs,
         aliases,
         phase,
+        placement,
     })
 }
 
@@ -311,6 +321,7 @@ fn to_file(name: &str, tensors: &[Tensor], ops: &[Op]) -> GraphFile {
                         kind: a.kind.name().to_string(),
                     })
                     .collect(),
+                placement: o.on_host().then(|| Placement::Host.name().to_string()),
             })
             .collect(),
     }

@@ -32,6 +32,13 @@ pub struct Storage {
     /// The op after whose end it is released; `None`: kept to the end of the
     /// iteration (persistent storage, outputs).
     pub freed_after: Option<OpId>,
+    /// Only host ops touch it (an optimizer's state kept on the host): it
+    /// never takes device memory.
+    pub host_only: bool,
+    /// A host op writes it: its host copy is the one the update keeps
+    /// current, and its device copy, if device ops read it, is a copy of
+    /// that (never copied out, dropped at the update, fetched back).
+    pub host_master: bool,
 }
 
 /// The result of activity analysis over one graph.
@@ -60,6 +67,8 @@ impl Liveness {
                     persistent: graph.is_persistent(t.id),
                     born: graph.producer(t.id),
                     freed_after: None, // set below, once the last use is known
+                    host_only: true,   // cleared below by a device op's touch
+                    host_master: false,
                 });
             }
         }
@@ -70,8 +79,21 @@ impl Liveness {
         let mut last: Vec<Option<OpId>> = storages.iter().map(|s| s.born).collect();
         for op in graph.ops() {
             for &t in op.inputs.iter().chain(&op.outputs) {
-                last[storage_of[t.index()].index()] = Some(op.id);
+                let s = storage_of[t.index()].index();
+                last[s] = Some(op.id);
+                if !op.on_host() {
+                    storages[s].host_only = false;
+                }
             }
+            if op.on_host() {
+                for &t in &op.outputs {
+                    storages[storage_of[t.index()].index()].host_master = true;
+                }
+            }
+        }
+        // A storage no op touches is on the device (an unused input).
+        for s in storages.iter_mut() {
+            s.host_only &= s.host_master;
         }
         let n_ops = graph.ops().len();
         let mut allocs = vec![Vec::new(); n_ops];
@@ -99,20 +121,32 @@ impl Liveness {
         &self.storages[self.storage_of[tensor.index()].index()]
     }
 
-    /// Bytes resident when the iteration starts (inputs and persistent storage).
+    /// Bytes resident on the device when the iteration starts (inputs and
+    /// persistent storage; not what lives on the host only).
     pub fn bytes_at_start(&self) -> u64 {
         self.storages
             .iter()
-            .filter(|s| s.born.is_none())
+            .filter(|s| s.born.is_none() && !s.host_only)
             .map(|s| s.bytes)
             .sum()
     }
 
-    /// Bytes of storage that lives across iterations.
+    /// Bytes of device storage that lives across iterations (not what
+    /// lives on the host only).
     pub fn persistent_bytes(&self) -> u64 {
         self.storages
             .iter()
-            .filter(|s| s.persistent)
+            .filter(|s| s.persistent && !s.host_only)
+            .map(|s| s.bytes)
+            .sum()
+    }
+
+    /// Bytes of storage only host ops touch (an optimizer's state kept on
+    /// the host).
+    pub fn host_only_bytes(&self) -> u64 {
+        self.storages
+            .iter()
+            .filter(|s| s.host_only)
             .map(|s| s.bytes)
             .sum()
     }
@@ -122,13 +156,15 @@ impl Liveness {
         self.footprint(true)
     }
 
-    /// The largest working set of any one op of `graph`: the storages it
-    /// reads and writes, together. No plan can run the op with less on the
-    /// device, so this (plus fixed memory) bounds every plan's peak.
+    /// The largest working set of any one device op of `graph`: the
+    /// storages it reads and writes, together. No plan can run the op with
+    /// less on the device, so this (plus fixed memory) bounds every plan's
+    /// peak. A host op needs nothing on the device.
     pub fn largest_working_set(&self, graph: &Graph) -> u64 {
         graph
             .ops()
             .iter()
+            .filter(|op| !op.on_host())
             .map(|op| {
                 let mut seen: Vec<usize> = op
                     .inputs

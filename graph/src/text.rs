@@ -49,9 +49,10 @@ pub fn render(graph: &Graph) -> String {
             .collect();
         let _ = write!(
             out,
-            "{} {} {} {} ({}) -> ({}) +{alloc} B",
+            "{} {}{} {} {} ({}) -> ({}) +{alloc} B",
             op.id,
             op.phase.name(),
+            if op.on_host() { " on host" } else { "" },
             op.op_type,
             op.name,
             ins.join(", "),

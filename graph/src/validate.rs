@@ -245,6 +245,8 @@ pub enum GraphError {
         tensor: TensorRef,
         producer: OpRef,
     },
+    #[error("{op} runs on the host, but {reason}")]
+    HostOp { op: OpRef, reason: String },
     #[error("{op} reads {tensor} after {overwriter} overwrote it in place")]
     ReadAfterOverwrite {
         op: OpRef,
@@ -280,6 +282,7 @@ pub(crate) fn validate(draft: GraphDraft, limits: &Limits) -> Result<Graph, Grap
     check_order(&draft, &producer)?;
     let storage_root = storage_roots(&draft, &producer);
     check_overwrites(&draft)?;
+    check_host_ops(&draft, &producer, &storage_root)?;
     check_total_bytes(&draft, &storage_root, limits)?;
     Ok(Graph {
         name: draft.name,
@@ -497,6 +500,86 @@ fn check_aliases(draft: &GraphDraft, op: &Op) -> Result<(), GraphError> {
                 });
             }
             _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// A host op updates persistent storage in place on the host, and that
+/// storage is the host's: every output of a host op overwrites one of its
+/// persistent inputs, no device op writes a storage a host op writes, and
+/// none reads it after the host op in the iteration (its device copy is
+/// stale from then on, until the next iteration fetches it).
+fn check_host_ops(
+    draft: &GraphDraft,
+    producer: &[Option<OpId>],
+    storage_root: &[TensorId],
+) -> Result<(), GraphError> {
+    if !draft.ops.iter().any(Op::on_host) {
+        return Ok(());
+    }
+    let persistent = |t: TensorId| {
+        let root = storage_root[t.index()];
+        producer[root.index()].is_none() && draft.tensors[root.index()].kind.is_persistent()
+    };
+    // The op writing each storage on the host.
+    let mut host_writer: Vec<Option<OpId>> = vec![None; draft.tensors.len()];
+    for op in draft.ops.iter().filter(|o| o.on_host()) {
+        let bad = |reason: String| GraphError::HostOp {
+            op: op_ref(op),
+            reason,
+        };
+        for (i, &out) in op.outputs.iter().enumerate() {
+            let alias = op
+                .alias_of_output(i)
+                .filter(|a| a.kind == AliasKind::InPlace)
+                .ok_or_else(|| {
+                    bad(format!(
+                        "its output {} is not an in-place update of one of its inputs",
+                        tensor_ref(draft, out)
+                    ))
+                })?;
+            let input = op.inputs[alias.input as usize];
+            if !persistent(input) {
+                return Err(bad(format!(
+                    "it updates {}, which is not persistent (a parameter, buffer or optimizer state)",
+                    tensor_ref(draft, input)
+                )));
+            }
+            host_writer[storage_root[out.index()].index()] = Some(op.id);
+        }
+    }
+    for op in draft.ops.iter().filter(|o| !o.on_host()) {
+        // A view writes nothing.
+        let writes = op.outputs.iter().enumerate().filter(|&(i, _)| {
+            op.alias_of_output(i)
+                .is_none_or(|a| a.kind == AliasKind::InPlace)
+        });
+        for (_, &t) in writes {
+            if let Some(h) = host_writer[storage_root[t.index()].index()] {
+                return Err(GraphError::HostOp {
+                    op: op_ref(&draft.ops[h.index()]),
+                    reason: format!(
+                        "{} (a device op) also writes the storage of {}, which the host op updates",
+                        op_ref(op),
+                        tensor_ref(draft, t)
+                    ),
+                });
+            }
+        }
+        for &t in &op.inputs {
+            if let Some(h) = host_writer[storage_root[t.index()].index()]
+                && h < op.id
+            {
+                return Err(GraphError::HostOp {
+                    op: op_ref(&draft.ops[h.index()]),
+                    reason: format!(
+                        "{} reads {} on the device after the host op updated its storage",
+                        op_ref(op),
+                        tensor_ref(draft, t)
+                    ),
+                });
+            }
         }
     }
     Ok(())

@@ -6,7 +6,7 @@
 use tensile_graph::validate::{OpRef, TensorRef};
 use tensile_graph::{
     Alias, AliasKind, AttrValue, DType, Graph, GraphDraft, GraphError, Limits, Op, OpId, Phase,
-    Tensor, TensorId, TensorKind,
+    Placement, Tensor, TensorId, TensorKind,
 };
 
 use tensile_planner::{
@@ -114,6 +114,10 @@ fn op_to_proto(o: &Op) -> pb::Op {
                 } as i32,
             })
             .collect(),
+        placement: match o.placement {
+            Placement::Device => pb::Placement::Device,
+            Placement::Host => pb::Placement::Host,
+        } as i32,
     }
 }
 
@@ -128,6 +132,15 @@ fn op_from_proto(o: pb::Op) -> Result<Op, GraphError> {
         .ok_or_else(|| GraphError::Malformed {
             reason: format!("{}: unknown or unspecified phase {}", what(), o.phase),
         })?;
+    let placement = match pb::Placement::try_from(o.placement) {
+        Ok(pb::Placement::Device) => Placement::Device,
+        Ok(pb::Placement::Host) => Placement::Host,
+        Err(_) => {
+            return Err(GraphError::Malformed {
+                reason: format!("{}: unknown placement {}", what(), o.placement),
+            });
+        }
+    };
     let aliases = o
         .aliases
         .iter()
@@ -168,6 +181,7 @@ fn op_from_proto(o: pb::Op) -> Result<Op, GraphError> {
         outputs: o.outputs.into_iter().map(TensorId).collect(),
         aliases,
         phase,
+        placement,
     })
 }
 

@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use crate::builder::layers::GradFn;
 use crate::builder::{Builder, attrs, ints};
-use crate::ir::{Alias, AliasKind, AttrValue, DType, Phase, TensorId, TensorKind};
+use crate::ir::{Alias, AliasKind, AttrValue, DType, OpId, Phase, Placement, TensorId, TensorKind};
 
 /// The optimizer of the iteration, one fused update op per parameter (the
 /// granularity of PyTorch's per-tensor form, `foreach=False`, with the memory
@@ -45,22 +45,35 @@ pub enum Step {
     /// spread over the backward pass instead of all at its end. The same
     /// arithmetic per parameter, so the same trained values.
     InBackward,
+    /// As [`Step::InBackward`], and each update runs on the host
+    /// ([`Placement::Host`]) over host copies of the parameter and its
+    /// gradient, with the optimizer's state kept on the host only
+    /// (ZeRO-Offload's CPU optimizer): the gradient is copied out as soon
+    /// as it is final, and the updated parameter comes back before its
+    /// next use. On the device the state takes no memory and crosses no
+    /// link; the update's arithmetic is the same CPU kernel's.
+    OnHost,
 }
 
 impl Step {
+    pub const ALL: [Step; 3] = [Step::AtEnd, Step::InBackward, Step::OnHost];
+
     /// The suffix of the optimizer's name in graph names and on command
     /// lines (`adam`, `adam-in-backward`).
     pub fn suffix(self) -> &'static str {
         match self {
             Step::AtEnd => "",
             Step::InBackward => "-in-backward",
+            Step::OnHost => "-on-host",
         }
     }
 }
 
 /// A name [`Optimizer::with_step_from_name`] does not know.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown optimizer {0:?} (expected adam, sgd, adam-in-backward or sgd-in-backward)")]
+#[error(
+    "unknown optimizer {0:?} (expected adam, sgd, adam-in-backward, sgd-in-backward, adam-on-host or sgd-on-host)"
+)]
 pub struct UnknownOptimizer(pub String);
 
 impl Optimizer {
@@ -101,13 +114,17 @@ impl Optimizer {
     }
 
     /// An optimizer's name with its step's suffix: `adam`, `sgd`,
-    /// `adam-in-backward` or `sgd-in-backward`.
+    /// `adam-in-backward`, `sgd-in-backward`, `adam-on-host` or
+    /// `sgd-on-host`.
     pub fn with_step_from_name(name: &str) -> Result<(Optimizer, Step), UnknownOptimizer> {
-        match name.strip_suffix(Step::InBackward.suffix()) {
-            Some(base) => Optimizer::from_name(base).map(|o| (o, Step::InBackward)),
-            None => Optimizer::from_name(name).map(|o| (o, Step::AtEnd)),
-        }
-        .ok_or_else(|| UnknownOptimizer(name.to_string()))
+        [Step::InBackward, Step::OnHost]
+            .into_iter()
+            .find_map(|step| {
+                let base = name.strip_suffix(step.suffix())?;
+                Some(Optimizer::from_name(base).map(|o| (o, step)))
+            })
+            .unwrap_or_else(|| Optimizer::from_name(name).map(|o| (o, Step::AtEnd)))
+            .ok_or_else(|| UnknownOptimizer(name.to_string()))
     }
 }
 
@@ -598,7 +615,11 @@ fn emit(
 }
 
 /// Appends the backward pass from `loss`, in PyTorch's engine order.
-pub(crate) fn backward(b: &mut Builder, loss: TensorId, step_in_backward: Option<Optimizer>) {
+pub(crate) fn backward(
+    b: &mut Builder,
+    loss: TensorId,
+    step_in_backward: Option<(Optimizer, Placement)>,
+) {
     b.phase = Phase::Backward;
     let seed = b.grad_like(b.grad_name(loss), loss);
     b.op(
@@ -636,11 +657,12 @@ pub(crate) fn backward(b: &mut Builder, loss: TensorId, step_in_backward: Option
                 accumulate(b, &mut grads, target, g);
             }
         }
-        if let (Some(optimizer), Some(params)) = (step_in_backward, final_at.get(&i)) {
+        if let (Some((optimizer, placement)), Some(params)) = (step_in_backward, final_at.get(&i)) {
             for &p in params {
                 if let Some(&g) = grads.get(&p) {
                     b.phase = Phase::Optimizer;
-                    update(b, optimizer, p, g);
+                    let op = update(b, optimizer, p, g);
+                    b.ops[op.index()].placement = placement;
                     b.phase = Phase::Backward;
                 }
             }
@@ -696,7 +718,7 @@ pub(crate) fn optimizer_step(b: &mut Builder, optimizer: Optimizer) {
 }
 
 /// Appends the update of parameter `p` from its final gradient `g`.
-fn update(b: &mut Builder, optimizer: Optimizer, p: TensorId, g: TensorId) {
+fn update(b: &mut Builder, optimizer: Optimizer, p: TensorId, g: TensorId) -> OpId {
     let (name, shape) = (b.tensors[p.index()].name.clone(), b.shape(p).to_vec());
     let state = |b: &mut Builder, suffix: &str| {
         b.tensor(
@@ -750,7 +772,7 @@ fn update(b: &mut Builder, optimizer: Optimizer, p: TensorId, g: TensorId) {
                 outs,
                 a,
                 in_place(&[(0, 0), (1, 2), (2, 3)]),
-            );
+            )
         }
         Optimizer::Sgd {
             lr,
@@ -771,7 +793,7 @@ fn update(b: &mut Builder, optimizer: Optimizer, p: TensorId, g: TensorId) {
                 outs,
                 a,
                 in_place(&[(0, 0), (1, 2)]),
-            );
+            )
         }
     }
 }

@@ -20,8 +20,8 @@ pub mod layers;
 use std::collections::BTreeMap;
 
 use crate::ir::{
-    Alias, AliasKind, AttrValue, DType, Graph, GraphDraft, Op, OpId, Phase, Tensor, TensorId,
-    TensorKind,
+    Alias, AliasKind, AttrValue, DType, Graph, GraphDraft, Op, OpId, Phase, Placement, Tensor,
+    TensorId, TensorKind,
 };
 use crate::validate::{GraphError, Limits};
 
@@ -178,6 +178,7 @@ impl Builder {
             outputs,
             aliases,
             phase: self.phase,
+            placement: Placement::Device,
         });
         id
     }
@@ -257,7 +258,10 @@ impl Builder {
                 autograd::backward(&mut self, loss, None);
                 autograd::optimizer_step(&mut self, optimizer);
             }
-            Step::InBackward => autograd::backward(&mut self, loss, Some(optimizer)),
+            Step::InBackward => {
+                autograd::backward(&mut self, loss, Some((optimizer, Placement::Device)));
+            }
+            Step::OnHost => autograd::backward(&mut self, loss, Some((optimizer, Placement::Host))),
         }
         if let Some(reason) = self.error.take() {
             return Err(GraphError::Malformed { reason });

@@ -1,5 +1,6 @@
 //! The JSON format: round trips and clear errors.
 
+use tensile_graph::builder::Step;
 use tensile_graph::zoo::{self, ZooConfig};
 use tensile_graph::{GraphError, Limits, json};
 
@@ -8,12 +9,41 @@ use crate::util::tiny;
 #[test]
 fn every_zoo_graph_round_trips_through_json() {
     for m in &zoo::MODELS {
-        let g = m.build(&ZooConfig::new(2)).unwrap();
-        for text in [json::to_string(&g), json::to_string_pretty(&g)] {
-            let back = json::parse(text.as_bytes(), &Limits::default()).unwrap();
-            assert_eq!(back, g, "{}", m.name);
+        for step in Step::ALL {
+            let config = ZooConfig {
+                step,
+                ..ZooConfig::new(2)
+            };
+            let g = m.build(&config).unwrap();
+            for text in [json::to_string(&g), json::to_string_pretty(&g)] {
+                let back = json::parse(text.as_bytes(), &Limits::default()).unwrap();
+                assert_eq!(back, g, "{} {step:?}", m.name);
+            }
         }
     }
+}
+
+#[test]
+fn placement_is_written_only_for_host_ops() {
+    let on_host = zoo::build(
+        "resnet50",
+        &ZooConfig {
+            step: Step::OnHost,
+            ..ZooConfig::new(1)
+        },
+    )
+    .unwrap();
+    let text = json::to_string(&on_host);
+    let host_ops = on_host.ops().iter().filter(|o| o.on_host()).count();
+    assert_eq!(text.matches("\"placement\":\"host\"").count(), host_ops);
+    assert!(!text.contains("\"placement\":\"device\""));
+    let bad = text.replacen("\"placement\":\"host\"", "\"placement\":\"gpu\"", 1);
+    let err = json::parse(bad.as_bytes(), &Limits::default()).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("unknown placement \"gpu\" (expected device or host)"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -3,8 +3,8 @@
 use std::collections::BTreeMap;
 
 use tensile_graph::{
-    Alias, AliasKind, DType, Graph, GraphDraft, GraphError, Limits, Op, OpId, Phase, Tensor,
-    TensorId, TensorKind,
+    Alias, AliasKind, DType, Graph, GraphDraft, GraphError, Limits, Op, OpId, Phase, Placement,
+    Tensor, TensorId, TensorKind,
 };
 
 /// A graph under construction; ids are assigned in order.
@@ -55,6 +55,7 @@ impl G {
             outputs: outputs.to_vec(),
             aliases: Vec::new(),
             phase,
+            placement: Placement::Device,
         });
         id
     }

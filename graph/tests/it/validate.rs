@@ -1,7 +1,7 @@
 //! Validation: every rule, each with the message a user sees.
 
 use expect_test::{Expect, expect};
-use tensile_graph::{AliasKind, Limits, TensorId, TensorKind};
+use tensile_graph::{AliasKind, Limits, Liveness, Phase, Placement, TensorId, TensorKind};
 
 use crate::util::{G, tiny};
 
@@ -244,6 +244,54 @@ fn errors_are_one_line_even_for_odd_names() {
         g,
         expect![[
             r#"op 0 "multi\nline": input #0 is tensor 1000, out of range (the graph has 11 tensors)"#
+        ]],
+    );
+}
+
+#[test]
+fn host_ops_update_persistent_storage_that_only_they_write() {
+    // The tiny fixture's update (op 8) on the host is valid; its weight is
+    // the host's then.
+    let mut g = tiny();
+    g.draft.ops[8].placement = Placement::Host;
+    let ok = g.build().unwrap();
+    let live = Liveness::analyze(&ok);
+    let w = live.storage(TensorId(1));
+    assert!(w.host_master && !w.host_only, "{w:?}");
+    // A host op that writes what is not persistent.
+    let mut g = tiny();
+    g.draft.ops[1].placement = Placement::Host;
+    rejects(
+        g,
+        expect![[
+            r#"op 1 "relu" runs on the host, but it updates tensor 2 "h", which is not persistent (a parameter, buffer or optimizer state)"#
+        ]],
+    );
+    // A host op's output that is not an update in place.
+    let mut g = tiny();
+    g.draft.ops[8].placement = Placement::Host;
+    g.draft.ops[8].aliases.clear();
+    rejects(
+        g,
+        expect![[
+            r#"op 8 "w.sgd" runs on the host, but its output tensor 10 "w'" is not an in-place update of one of its inputs"#
+        ]],
+    );
+    // A device op that reads the weight after the host op updated it.
+    let mut g = tiny();
+    g.draft.ops[8].placement = Placement::Host;
+    let late = g.t("late", &[8, 16], TensorKind::Gradient);
+    g.op(
+        "late",
+        "aten::clone",
+        Phase::Optimizer,
+        &[TensorId(10)],
+        &[late],
+    );
+    rejects(
+        g,
+        expect![[
+            r#"op 8 "w.sgd" runs on the host, but op 9 "late" reads tensor 10 "w'" on the device after the host op updated its storage"#
         ]],
     );
 }

@@ -2,7 +2,7 @@
 
 use tensile_graph::builder::{Optimizer, Step, UnknownOptimizer};
 use tensile_graph::zoo::{self, ZooConfig, ZooError};
-use tensile_graph::{Graph, Liveness, Phase};
+use tensile_graph::{Graph, Liveness, Phase, TensorKind};
 
 /// Parameter counts of the reference implementations: torchvision for VGG-16,
 /// ResNet-50, DenseNet-121 and Inception-V3 (with its auxiliary head), timm
@@ -226,5 +226,61 @@ fn updates_in_the_backward_pass_follow_each_final_gradient() {
         assert!(early * 2 > in_backward.parameters().count(), "{}", m.name);
         let peak = |g: &Graph| Liveness::analyze(g).vanilla_footprint().peak;
         assert!(peak(&in_backward) <= peak(&at_end), "{}", m.name);
+    }
+}
+
+#[test]
+fn updates_on_the_host_keep_the_optimizer_state_off_the_device() {
+    assert_eq!(
+        Optimizer::with_step_from_name("adam-on-host"),
+        Ok((Optimizer::adam(), Step::OnHost))
+    );
+    assert_eq!(
+        Optimizer::with_step_from_name("sgd-on-host"),
+        Ok((Optimizer::sgd(), Step::OnHost))
+    );
+    for m in &zoo::MODELS {
+        let build = |step| {
+            m.build(&ZooConfig {
+                step,
+                ..ZooConfig::new(2)
+            })
+            .unwrap()
+        };
+        let (in_backward, on_host) = (build(Step::InBackward), build(Step::OnHost));
+        // The same iteration, op for op; only where the updates run differs.
+        assert_eq!(in_backward.ops().len(), on_host.ops().len(), "{}", m.name);
+        for (a, b) in in_backward.ops().iter().zip(on_host.ops()) {
+            assert_eq!(
+                (&a.name, &a.inputs, &a.outputs),
+                (&b.name, &b.inputs, &b.outputs)
+            );
+            assert_eq!(b.on_host(), b.phase == Phase::Optimizer, "{}", b.name);
+        }
+        let (lb, lh) = (Liveness::analyze(&in_backward), Liveness::analyze(&on_host));
+        let state: u64 = on_host
+            .tensors()
+            .iter()
+            .filter(|t| t.kind == TensorKind::OptimizerState && on_host.producer(t.id).is_none())
+            .map(|t| t.bytes)
+            .sum();
+        assert_eq!(lh.host_only_bytes(), state, "{}", m.name);
+        assert_eq!(
+            lh.persistent_bytes() + state,
+            lb.persistent_bytes(),
+            "{}",
+            m.name
+        );
+        assert!(
+            lh.vanilla_footprint().peak + state <= lb.vanilla_footprint().peak,
+            "{}",
+            m.name
+        );
+        // The state's storages are the host's; the parameters' too, read
+        // on the device.
+        for p in on_host.parameters() {
+            let s = lh.storage(p.id);
+            assert!(s.host_master && !s.host_only, "{}: {}", m.name, p.name);
+        }
     }
 }

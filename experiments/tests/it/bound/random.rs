@@ -2,8 +2,8 @@
 //! for the exhaustive checks of the swap bound.
 
 use tensile_graph::{
-    Alias, AliasKind, DType, Graph, GraphDraft, Limits, Op, OpId, Phase, Tensor, TensorId,
-    TensorKind,
+    Alias, AliasKind, DType, Graph, GraphDraft, Limits, Op, OpId, Phase, Placement, Tensor,
+    TensorId, TensorKind,
 };
 
 /// splitmix64: a seeded stream, the same on every platform.
@@ -58,6 +58,7 @@ pub(crate) fn random_graph(rng: &mut Rng, name: &str) -> Graph {
             outputs: outs,
             aliases,
             phase,
+            placement: Placement::Device,
         });
     };
     let size = |rng: &mut Rng| 1024 * rng.range(1, 65);

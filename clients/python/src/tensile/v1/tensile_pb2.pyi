@@ -115,6 +115,25 @@ PHASE_BACKWARD: Phase.ValueType  # 2
 PHASE_OPTIMIZER: Phase.ValueType  # 3
 Global___Phase: _TypeAlias = Phase  # noqa: Y015
 
+class _Placement:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _PlacementEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Placement.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    PLACEMENT_DEVICE: _Placement.ValueType  # 0
+    PLACEMENT_HOST: _Placement.ValueType  # 1
+
+class Placement(_Placement, metaclass=_PlacementEnumTypeWrapper):
+    """Where an op runs. The default is the device; an op on the host (an
+    optimizer update kept on the host CPU) reads host copies of its inputs
+    and updates persistent storage in place there.
+    """
+
+PLACEMENT_DEVICE: Placement.ValueType  # 0
+PLACEMENT_HOST: Placement.ValueType  # 1
+Global___Placement: _TypeAlias = Placement  # noqa: Y015
+
 class _AliasKind:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -479,11 +498,13 @@ class Op(_message.Message):
     OUTPUTS_FIELD_NUMBER: _builtins.int
     ATTRS_FIELD_NUMBER: _builtins.int
     ALIASES_FIELD_NUMBER: _builtins.int
+    PLACEMENT_FIELD_NUMBER: _builtins.int
     id: _builtins.int
     name: _builtins.str
     op_type: _builtins.str
     """ATen operator name, e.g. "aten::convolution_backward"."""
     phase: Global___Phase.ValueType
+    placement: Global___Placement.ValueType
     @_builtins.property
     def inputs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
@@ -503,10 +524,11 @@ class Op(_message.Message):
         outputs: _abc.Iterable[_builtins.int] | None = ...,
         attrs: _abc.Mapping[_builtins.str, Global___AttrValue] | None = ...,
         aliases: _abc.Iterable[Global___Alias] | None = ...,
+        placement: Global___Placement.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["aliases", b"aliases", "attrs", b"attrs", "id", b"id", "inputs", b"inputs", "name", b"name", "op_type", b"op_type", "outputs", b"outputs", "phase", b"phase"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["aliases", b"aliases", "attrs", b"attrs", "id", b"id", "inputs", b"inputs", "name", b"name", "op_type", b"op_type", "outputs", b"outputs", "phase", b"phase", "placement", b"placement"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
