@@ -44,6 +44,9 @@ pub fn copy_model(p: &DeviceProfile) -> CopyModel {
         half_duplex: p.is_half_duplex(),
         // The paper plans every job as if it had the link to itself.
         shared_by_jobs: !p.is_half_duplex(),
+        host_bytes_per_s: p
+            .host_update_bytes_per_s
+            .unwrap_or(CopyModel::DEFAULT_HOST_BYTES_PER_S),
     }
 }
 

@@ -132,6 +132,12 @@ pub struct DeviceProfile {
     /// The one efficiency (of both peaks) that the cold-start estimate
     /// ([`crate::estimate_latencies`]) applies to every kernel class.
     pub estimate_efficiency: f64,
+    /// How fast one job's host ops (an optimizer update kept on the host
+    /// CPU) move host memory: bytes read and written per second
+    /// ([`tensile_graph::Graph::host_traffic_bytes`]; Adam moves 28 bytes
+    /// per f32 parameter). `None`: not given (the planner's copy model
+    /// then takes the build machine's measured figure).
+    pub host_update_bytes_per_s: Option<f64>,
 }
 
 /// The built-in profiles, by name, as embedded JSON.
@@ -236,6 +242,10 @@ impl DeviceProfile {
             ("d2h_bytes_per_s", self.d2h_bytes_per_s),
             ("peak_flops", self.peak_flops),
             ("mem_bytes_per_s", self.mem_bytes_per_s),
+            (
+                "host_update_bytes_per_s",
+                self.host_update_bytes_per_s.unwrap_or(1.0),
+            ),
         ] {
             if !(value.is_finite() && value > 0.0) {
                 return Err(fail(

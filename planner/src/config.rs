@@ -15,6 +15,12 @@ pub struct CopyModel {
     /// Jobs share the link in equal parts; otherwise every job plans as if it
     /// had the whole link (the paper's model, which ignores contention).
     pub shared_by_jobs: bool,
+    /// How fast one job's host ops (optimizer updates on the host CPU)
+    /// move host memory, bytes read and written per second: a host op
+    /// takes [`tensile_graph::Graph::host_traffic_bytes`] over this, plus
+    /// the copy latency. Each job's host ops run one after another, on
+    /// the job's own CPU threads.
+    pub host_bytes_per_s: f64,
 }
 
 impl CopyModel {
@@ -26,7 +32,19 @@ impl CopyModel {
             latency_ns,
             half_duplex: false,
             shared_by_jobs: true,
+            host_bytes_per_s: CopyModel::DEFAULT_HOST_BYTES_PER_S,
         }
+    }
+
+    /// The host update bandwidth of a device that does not say: torch's
+    /// CPU `_fused_adam_` measured on the 2 cores of the build machine,
+    /// 0.93 G parameters per second (28 bytes each; one core: 0.60 G),
+    /// bound by the machine's memory bandwidth.
+    pub const DEFAULT_HOST_BYTES_PER_S: f64 = 26e9;
+
+    /// Nanoseconds the host takes for a host op that moves `bytes`.
+    pub fn host_ns(&self, bytes: u64) -> u64 {
+        self.duration_ns(bytes, self.host_bytes_per_s)
     }
 
     /// Nanoseconds to move `bytes` at `bytes_per_s`, plus the fixed latency.

@@ -44,7 +44,7 @@ use cudarc::driver::sys::CUdeviceptr;
 use cudarc::driver::{CudaContext, CudaEvent, CudaStream, PinnedHostSlice, result};
 use tensile_graph::StorageId;
 
-use crate::engine::{Copy, CopyEngine, CopyId, CopyState, CopyStatus, CopyTable, Dir};
+use crate::engine::{Copy, CopyEngine, CopyId, CopyState, CopyStatus, CopyTable, Dir, HostRun};
 use crate::host::Payload;
 
 /// A device buffer the CUDA engine can copy to and from by address:
@@ -691,6 +691,17 @@ impl<P: DevicePayload> CopyEngine for CudaCopies<P> {
             }
             Err((s, why)) => self.fail_now(s, why),
         }
+    }
+
+    fn run_on_host(&mut self, run: HostRun) -> CopyId {
+        let first = run.storages.first().copied().unwrap_or(StorageId(0));
+        self.fail_now(
+            first,
+            format!(
+                "op {} runs on the host, which the CUDA copy engine does not do",
+                run.op.0
+            ),
+        )
     }
 
     fn poll(&mut self, now: u64) {

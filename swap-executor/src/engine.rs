@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use tensile_graph::StorageId;
+use tensile_graph::{OpId, StorageId};
 
 /// Which way a copy goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -24,6 +24,22 @@ pub struct Copy {
     /// The copy may not start before this time: the end of the copy that
     /// brings the data (a swap-out right after a prefetch), or its fire
     /// time. A real engine orders such copies on its queue instead.
+    pub not_before: u64,
+}
+
+/// An op that runs on the host over host copies of its storages (an
+/// optimizer update kept on the host CPU), learned of like a copy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostRun {
+    pub op: OpId,
+    /// The storages whose host copies it reads or writes, each once.
+    pub storages: Vec<StorageId>,
+    /// The bytes it moves through host memory (its time on a virtual host).
+    pub bytes: u64,
+    /// It starts once these copies (the swap-outs that bring its inputs to
+    /// the host) have completed; none of them failed.
+    pub after: Vec<CopyId>,
+    /// Nor before this time.
     pub not_before: u64,
 }
 
@@ -64,6 +80,13 @@ pub trait CopyEngine {
     /// Takes note of what has completed by `now` (real engines look at
     /// their copy thread or stream; virtual time has nothing to do).
     fn poll(&mut self, now: u64);
+    /// Runs `run` on the host, after the copies it names and after the
+    /// host runs submitted before it (one after another, in submission
+    /// order); its end is learned as a copy's. While it runs, the host
+    /// copies of its storages stay, even if [`CopyEngine::discard_host`]
+    /// comes meanwhile. An engine that cannot run host ops reports the
+    /// run failed, saying why.
+    fn run_on_host(&mut self, run: HostRun) -> CopyId;
     /// What is known of `id` after the last [`CopyEngine::poll`].
     fn status(&self, id: CopyId) -> CopyStatus;
     /// The executor is done with `id`: its bookkeeping may go. Called only

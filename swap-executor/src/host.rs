@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 
 use tensile_graph::StorageId;
 
-use crate::engine::{Copy, CopyEngine, CopyId, CopyState, CopyStatus, CopyTable, Dir};
+use crate::engine::{Copy, CopyEngine, CopyId, CopyState, CopyStatus, CopyTable, Dir, HostRun};
 
 /// A device buffer whose bytes the engine can move: implemented by the
 /// worker for its tensors (a shallow handle: cloning shares the memory).
@@ -650,6 +650,17 @@ impl<P: Payload> CopyEngine for HostCopies<P> {
             },
         );
         id
+    }
+
+    fn run_on_host(&mut self, run: HostRun) -> CopyId {
+        let first = run.storages.first().copied().unwrap_or(StorageId(0));
+        self.fail_now(
+            first,
+            format!(
+                "op {} runs on the host, which the host copy engine does not do",
+                run.op.0
+            ),
+        )
     }
 
     fn poll(&mut self, now: u64) {

@@ -35,7 +35,7 @@ mod virtual_time;
 
 pub use cuda::{CudaConfig, CudaCopies, CudaUnavailable, DevicePayload, cuda_available};
 pub use cuda_clock::CudaOpClock;
-pub use engine::{Copy, CopyEngine, CopyError, CopyId, CopyStatus, Dir};
+pub use engine::{Copy, CopyEngine, CopyError, CopyId, CopyStatus, Dir, HostRun};
 pub use host::{HostConfig, HostCopies, Payload};
 pub use queue::ExecutionQueue;
 pub use virtual_time::VirtualCopies;

@@ -11,7 +11,7 @@ use std::rc::Rc;
 
 use tensile_planner::CopyModel;
 
-use crate::engine::{Copy, CopyEngine, CopyError, CopyId, CopyStatus, Dir};
+use crate::engine::{Copy, CopyEngine, CopyError, CopyId, CopyStatus, Dir, HostRun};
 
 #[derive(Debug, Clone)]
 pub struct VirtualCopies {
@@ -20,10 +20,15 @@ pub struct VirtualCopies {
     h2d: f64,
     /// When each lane is free next; shared by the engines of one link.
     free_at: Rc<Cell<[u64; 2]>>,
+    /// When this job's host is free next: its host ops run one after
+    /// another on its own CPU threads, not shared with other jobs.
+    host_free_at: u64,
     ends: HashMap<CopyId, u64>,
     next_id: u64,
     /// Every copy as (direction, start, end), for checks and plots.
     pub log: Vec<(Dir, u64, u64)>,
+    /// Every host run as (start, end).
+    pub host_log: Vec<(u64, u64)>,
 }
 
 impl VirtualCopies {
@@ -34,9 +39,11 @@ impl VirtualCopies {
             d2h: copy.d2h_bytes_per_s * share,
             h2d: copy.h2d_bytes_per_s * share,
             free_at: Rc::new(Cell::new([0; 2])),
+            host_free_at: 0,
             ends: HashMap::new(),
             next_id: 0,
             log: Vec::new(),
+            host_log: Vec::new(),
         }
     }
 
@@ -45,9 +52,11 @@ impl VirtualCopies {
     pub fn sharing_lanes(&self) -> VirtualCopies {
         VirtualCopies {
             free_at: Rc::clone(&self.free_at),
+            host_free_at: 0,
             ends: HashMap::new(),
             next_id: 0,
             log: Vec::new(),
+            host_log: Vec::new(),
             ..*self
         }
     }
@@ -65,6 +74,22 @@ impl CopyEngine for VirtualCopies {
         free_at[lane] = end;
         self.free_at.set(free_at);
         self.log.push((c.dir, start, end));
+        let id = CopyId(self.next_id);
+        self.next_id += 1;
+        self.ends.insert(id, end);
+        id
+    }
+
+    fn run_on_host(&mut self, run: HostRun) -> CopyId {
+        let ready = run
+            .after
+            .iter()
+            .filter_map(|c| self.ends.get(c).copied())
+            .fold(run.not_before, u64::max);
+        let start = ready.max(self.host_free_at);
+        let end = start + self.copy.host_ns(run.bytes);
+        self.host_free_at = end;
+        self.host_log.push((start, end));
         let id = CopyId(self.next_id);
         self.next_id += 1;
         self.ends.insert(id, end);

@@ -9,7 +9,7 @@ use tch::{Device, Tensor};
 use tensile_graph::StorageId;
 use tensile_swap_executor::{
     Copy, CopyEngine, CopyId, CopyStatus, CudaConfig, CudaCopies, CudaUnavailable, DevicePayload,
-    HostConfig, HostCopies,
+    HostConfig, HostCopies, HostRun,
 };
 
 use crate::payload::{Flat, FlatMeta};
@@ -130,6 +130,9 @@ impl Copies {
 impl CopyEngine for Copies {
     fn submit(&mut self, copy: Copy) -> CopyId {
         each!(self, e => e.submit(copy))
+    }
+    fn run_on_host(&mut self, run: HostRun) -> CopyId {
+        each!(self, e => e.run_on_host(run))
     }
     fn poll(&mut self, now: u64) {
         each!(self, e => e.poll(now))

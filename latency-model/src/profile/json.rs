@@ -58,6 +58,7 @@ pub(super) fn parse(text: &str) -> Result<DeviceProfile, ProfileError> {
         sharing_slowdown: top.number("sharing_slowdown")?,
         efficiency,
         estimate_efficiency: top.number("estimate_efficiency")?,
+        host_update_bytes_per_s: top.optional_number("host_update_bytes_per_s")?,
     };
     top.finish()?;
     Ok(p)
@@ -131,6 +132,15 @@ impl<'a> Fields<'a> {
         value
             .as_f64()
             .ok_or_else(|| self.error(field, format!("must be a number, got {value}")))
+    }
+
+    /// A number that may be left out.
+    fn optional_number(&mut self, field: &str) -> Result<Option<f64>, ProfileError> {
+        if !self.map.contains_key(field) {
+            self.taken.push(field.to_string());
+            return Ok(None);
+        }
+        self.number(field).map(Some)
     }
 
     /// A non-negative whole number (bytes, nanoseconds); `1e9` is accepted.
