@@ -41,7 +41,9 @@ impl<C: CopyEngine> Executor<'_, C> {
             .enumerate()
             .filter(|(i, st)| {
                 let slot = &self.slots[*i];
-                if st.persistent {
+                if st.host_only {
+                    false
+                } else if st.persistent {
                     let starts_on_host = first && on_host.contains(&StorageId(*i as u32));
                     !(slot.on_device() || slot.host_valid() || starts_on_host)
                 } else {

@@ -45,6 +45,8 @@ pub enum ExecError {
         "persistent tensor {tensor} has no data on the device or the host at the start of iteration {iteration}: it was freed with no host copy"
     )]
     LostPersistent { tensor: u32, iteration: usize },
+    #[error("op {op} ({name}) runs on the host and failed there: {why}")]
+    HostOpFailed { op: u32, name: String, why: String },
     #[error(
         "op {op} ({name}) needs {need} more bytes of device memory, beyond the {limit} bytes the job may hold, and nothing will free any"
     )]
@@ -125,4 +127,9 @@ pub struct IterationStats {
     /// the new plan wants it, so its copies and waits are not the plan's).
     pub plan_version: u64,
     pub switched: bool,
+    /// Ops handed to the host (optimizer updates kept there).
+    pub host_runs: usize,
+    /// Time the iteration ran on after its last op for its host ops (and
+    /// the copies around them) to end: the program's, not a stall.
+    pub host_wait_ns: u64,
 }

@@ -7,6 +7,11 @@
 //! - `interface`: what the machine and its driver exchange.
 //! - `machine`: the executor state machine, generic over a
 //!   [`CopyEngine`]; allocations and frees leave it as [`Effect`]s.
+//! - `schedule`: a plan's events indexed by where they fire.
+//! - `host_ops`: ops that run on the host (optimizer updates kept there),
+//!   handed to the engine's host while the device goes on.
+//! - `flight`: copies in flight (submitted, learned of, started from the
+//!   Execution Queue).
 //! - `state`: what it knows of one storage (device side, host side, copies
 //!   in flight).
 //! - `evict`: Capuchin's passive mode (LRU eviction under a budget).
@@ -17,10 +22,13 @@
 //!   iteration handed to the planner's re-planner.
 
 mod evict;
+mod flight;
 mod guard;
+mod host_ops;
 mod interface;
 mod machine;
 pub mod replan;
+mod schedule;
 pub mod sim;
 mod state;
 pub mod trace;

@@ -14,10 +14,12 @@
 
 use tensile_graph::{Graph, Liveness, OpId, StorageId, TensorId};
 use tensile_planner::{Event, EventKind, Plan, Trigger};
-use tensile_swap_executor::{Copy, CopyEngine, CopyStatus, Dir, ExecutionQueue};
+use tensile_swap_executor::{CopyEngine, Dir, ExecutionQueue};
 
 use crate::guard::Room;
+use crate::host_ops::HostInFlight;
 use crate::interface::{Effect, ExecError, ExecOptions, IterationStats, Next};
+use crate::schedule::{Schedule, uses};
 use crate::state::{Device, Host, InFlight, Slot, Wake};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,64 +30,12 @@ enum Phase {
     End,
 }
 
-/// Plan events indexed by where they fire.
-#[derive(Debug, Clone, Default)]
-struct Schedule {
-    at_start: Vec<Event>,
-    before: Vec<Vec<Event>>,
-    after: Vec<Vec<Event>>,
-    start_on_host: Vec<StorageId>,
-    /// Planned start of every op within the iteration (a coordinated
-    /// plan's pace); empty: ops start as soon as they can.
-    op_start: Vec<u64>,
-}
-
-impl Schedule {
-    fn new(plan: &Plan, live: &Liveness, n: usize) -> Schedule {
-        let mut s = Schedule {
-            before: vec![Vec::new(); n],
-            after: vec![Vec::new(); n],
-            ..Schedule::default()
-        };
-        for e in &plan.events {
-            match e.trigger {
-                Trigger::IterationStart => s.at_start.push(*e),
-                Trigger::Before(op) => s.before[op.index()].push(*e),
-                Trigger::After(op) => s.after[op.index()].push(*e),
-            }
-        }
-        s.start_on_host = plan
-            .start_on_host
-            .iter()
-            .map(|t| live.storage_of[t.index()])
-            .collect();
-        if plan.prediction.op_start_ns.len() == n {
-            s.op_start = plan.prediction.op_start_ns.clone();
-        }
-        s
-    }
-}
-
-/// Per storage, the ops that touch it, in order.
-fn uses(graph: &Graph, live: &Liveness) -> Vec<Vec<u32>> {
-    let mut uses = vec![Vec::new(); live.storages.len()];
-    for op in graph.ops() {
-        for &t in op.inputs.iter().chain(&op.outputs) {
-            let u: &mut Vec<u32> = &mut uses[live.storage_of[t.index()].index()];
-            if u.last() != Some(&op.id.0) {
-                u.push(op.id.0);
-            }
-        }
-    }
-    uses
-}
-
 /// One job's executor over the copy engine `C`.
 #[derive(Debug)]
 pub struct Executor<'g, C> {
     pub(crate) graph: &'g Graph,
     pub(crate) live: &'g Liveness,
-    schedule: Schedule,
+    pub(crate) schedule: Schedule,
     pub(crate) options: ExecOptions,
     next_plan: Option<Plan>,
     plan_version: u64,
@@ -93,25 +43,27 @@ pub struct Executor<'g, C> {
     pub(crate) iteration: usize,
     phase: Phase,
     pub(crate) pc: usize,
-    before_idx: usize,
+    pub(crate) before_idx: usize,
     pub(crate) slots: Vec<Slot>,
     pub(crate) mem: u64,
     base_bytes: u64,
     pub(crate) engine: C,
     /// Storages with a copy in flight, looked at when the engine is polled.
-    flying: Vec<StorageId>,
+    pub(crate) flying: Vec<StorageId>,
     /// Copies no storage waits for, forgotten once they have ended.
-    retired: Vec<InFlight>,
+    pub(crate) retired: Vec<InFlight>,
     /// Swap events waiting for their delay.
     pub(crate) queue: ExecutionQueue<Event>,
     /// Swap-outs due while their storage's prefetch, of unknown end, was in
     /// flight: (fire time, storage).
-    deferred_outs: Vec<(u64, StorageId)>,
+    pub(crate) deferred_outs: Vec<(u64, StorageId)>,
     kernel_start: u64,
     /// Late prefetches the next kernel waits on: (storage, since when).
     late_since: Vec<(StorageId, u64)>,
     /// Since when the executor waits for a copy whose end it did not know.
     waiting_since: Option<u64>,
+    /// The same, at the end of an iteration whose host ops run on.
+    pub(crate) host_since: Option<u64>,
     pub(crate) cur: IterationStats,
     done: Vec<IterationStats>,
     effects: Vec<Effect>,
@@ -133,6 +85,13 @@ pub struct Executor<'g, C> {
     pub(crate) limit_may_rise: bool,
     /// Per storage, the ops that read or write it, in order.
     pub(crate) uses: Vec<Vec<u32>>,
+    /// Host ops on the engine's host, in submission order.
+    pub(crate) host_runs: Vec<HostInFlight>,
+    /// Prefetches due while a host run was still rewriting their storage:
+    /// their buffers exist; their copies start once it has ended.
+    pub(crate) parked_ins: Vec<Event>,
+    /// A host run failed: the next step says so.
+    pub(crate) host_error: Option<ExecError>,
 }
 
 impl<'g, C: CopyEngine> Executor<'g, C> {
@@ -167,6 +126,7 @@ impl<'g, C: CopyEngine> Executor<'g, C> {
             kernel_start: 0,
             late_since: Vec::new(),
             waiting_since: None,
+            host_since: None,
             cur: IterationStats::default(),
             done: Vec::new(),
             effects: Vec::new(),
@@ -178,6 +138,9 @@ impl<'g, C: CopyEngine> Executor<'g, C> {
             blocked: None,
             limit_may_rise: false,
             uses: uses(graph, live),
+            host_runs: Vec::new(),
+            parked_ins: Vec::new(),
+            host_error: None,
         }
     }
 
@@ -329,179 +292,6 @@ impl<'g, C: CopyEngine> Executor<'g, C> {
         }
     }
 
-    /// A copy no storage waits for any more: the engine may still be moving
-    /// its bytes, so it is forgotten only once it has ended.
-    fn retire(&mut self, copy: InFlight) {
-        self.retired.push(copy);
-    }
-
-    /// Queues a copy of `s` on the engine.
-    pub(crate) fn submit(&mut self, s: StorageId, dir: Dir, not_before: u64) -> InFlight {
-        let bytes = self.bytes(s);
-        let id = self.engine.submit(Copy {
-            dir,
-            storage: s,
-            bytes,
-            not_before,
-        });
-        let end = match self.engine.status(id) {
-            CopyStatus::Ends(t) => Some(t),
-            CopyStatus::Pending | CopyStatus::Failed(_) => None,
-        };
-        if !self.flying.contains(&s) {
-            self.flying.push(s);
-        }
-        InFlight { id, end }
-    }
-
-    /// Learns from the engine what has completed or failed by `now`: ends
-    /// that were not known, finished prefetches (which then no longer need
-    /// the engine), and failures, which never lose data: a failed swap-out
-    /// keeps the device buffer (and any release waits for nothing), a failed
-    /// prefetch gives its buffer back so the op fetches the data on demand.
-    fn refresh(&mut self, now: u64) {
-        if self.flying.is_empty() && self.retired.is_empty() {
-            return;
-        }
-        self.engine.poll(now);
-        let engine = &mut self.engine;
-        self.retired.retain(|c| match engine.status(c.id) {
-            CopyStatus::Ends(t) if t <= now => {
-                engine.forget(c.id);
-                false
-            }
-            CopyStatus::Failed(_) => {
-                engine.forget(c.id);
-                false
-            }
-            CopyStatus::Ends(_) | CopyStatus::Pending => true,
-        });
-        let flying = std::mem::take(&mut self.flying);
-        for s in flying {
-            let i = s.index();
-            if let Device::Arriving(mut c) = self.slots[i].device {
-                match self.engine.status(c.id) {
-                    CopyStatus::Ends(t) if t <= now => {
-                        self.engine.forget(c.id);
-                        self.slots[i].device = Device::Ready { since: t };
-                    }
-                    CopyStatus::Ends(t) => {
-                        c.end = Some(t);
-                        self.slots[i].device = Device::Arriving(c);
-                    }
-                    CopyStatus::Pending => {}
-                    CopyStatus::Failed(_) => {
-                        self.cur.failed_copies += 1;
-                        self.engine.forget(c.id);
-                        // A swap-out queued behind it may read the buffer:
-                        // then it goes when that copy is done.
-                        self.slots[i].device = Device::Invalid;
-                        if self.slots[i].writing().is_none() {
-                            self.free(s);
-                        }
-                    }
-                }
-            }
-            if let Host::Writing { mut copy, keep } = self.slots[i].host {
-                match self.engine.status(copy.id) {
-                    CopyStatus::Ends(t) => {
-                        copy.end = Some(t);
-                        self.slots[i].host = Host::Writing { copy, keep };
-                    }
-                    CopyStatus::Pending => {}
-                    CopyStatus::Failed(_) => {
-                        self.cur.failed_copies += 1;
-                        self.engine.forget(copy.id);
-                        self.engine.discard_host(s);
-                        self.slots[i].host = Host::None;
-                        self.slots[i].release_pending = false;
-                        self.slots[i].out_failed = true;
-                    }
-                }
-            }
-            let slot = self.slots[i];
-            if matches!(slot.device, Device::Arriving(_)) || slot.writing().is_some() {
-                self.flying.push(s);
-            }
-        }
-        for (at, s) in std::mem::take(&mut self.deferred_outs) {
-            match self.slots[s.index()].device {
-                Device::Arriving(InFlight { end: None, .. }) => self.deferred_outs.push((at, s)),
-                _ => self.start_swap_out(s, at),
-            }
-        }
-    }
-
-    /// Starts the swap events that are due, in fire order, on the engine.
-    fn run_queue(&mut self, now: u64) {
-        for (at, e) in self.queue.pop_due(now) {
-            let s = self.live.storage_of[e.tensor.index()];
-            match e.kind {
-                EventKind::SwapOut => {
-                    // Behind a prefetch whose end is not known yet: start
-                    // it once the data is there (virtual time knows the end
-                    // and queues it after).
-                    if let Device::Arriving(InFlight { end: None, .. }) =
-                        self.slots[s.index()].device
-                    {
-                        self.deferred_outs.push((at, s));
-                    } else {
-                        self.start_swap_out(s, at);
-                    }
-                }
-                EventKind::SwapIn => {
-                    let slot = self.slots[s.index()];
-                    if let Host::Writing { copy, .. } = slot.host {
-                        self.slots[s.index()].host = Host::Writing { copy, keep: true };
-                        continue;
-                    }
-                    if slot.on_device() && slot.device != Device::Awaiting {
-                        continue;
-                    }
-                    let copy = self.submit(s, Dir::ToDevice, at);
-                    let slot = &mut self.slots[s.index()];
-                    if slot.on_device() {
-                        slot.device = Device::Arriving(copy);
-                        slot.release_pending = false;
-                    } else {
-                        // Its buffer went before the copy started: the copy
-                        // still takes its time on the link; nothing waits.
-                        self.retire(copy);
-                    }
-                }
-                _ => {}
-            }
-        }
-    }
-
-    /// Copies `s` to the host, if its data is on the device (or arriving).
-    fn start_swap_out(&mut self, s: StorageId, at: u64) {
-        let slot = self.slots[s.index()];
-        // Copied even when a host copy exists: the plan counted the copy's
-        // time and the buffer until it completes.
-        if !slot.on_device() || slot.device == Device::Invalid {
-            return;
-        }
-        let not_before = match slot.ready_at() {
-            Some(Wake::At(t)) => at.max(t),
-            _ => at,
-        };
-        let copy = self.submit(s, Dir::ToHost, not_before);
-        self.slots[s.index()].out_failed = false;
-        // A second swap-out while one is in flight: the host copy is
-        // complete when the later one is; a prefetch that came meanwhile
-        // still keeps the buffer.
-        let keep = match slot.host {
-            Host::Writing { copy: old, keep } => {
-                self.retire(old);
-                keep
-            }
-            Host::None | Host::Valid => false,
-        };
-        self.slots[s.index()].host = Host::Writing { copy, keep };
-        self.cur.swapped_bytes += self.bytes(s);
-    }
-
     /// Frees what may be freed at a boundary: finished swap-outs and
     /// pending releases with no copy in flight.
     pub(crate) fn boundary_frees(&mut self, now: u64) {
@@ -524,7 +314,7 @@ impl<'g, C: CopyEngine> Executor<'g, C> {
         }
     }
 
-    fn fire(&mut self, e: Event, now: u64) {
+    pub(crate) fn fire(&mut self, e: Event, now: u64) {
         let s = self.live.storage_of[e.tensor.index()];
         match e.kind {
             EventKind::Release => {
@@ -710,9 +500,15 @@ impl<'g, C: CopyEngine> Executor<'g, C> {
         if let Some(since) = self.waiting_since.take() {
             self.cur.stall_ns += now.saturating_sub(since);
         }
+        if let Some(since) = self.host_since.take() {
+            self.cur.host_wait_ns += now.saturating_sub(since);
+        }
         if let Some(since) = self.memory_since.take() {
             self.cur.stall_ns += now.saturating_sub(since);
             self.cur.memory_wait_ns += now.saturating_sub(since);
+        }
+        if let Some(err) = self.host_error.take() {
+            return Err(err);
         }
         loop {
             self.run_queue(now);
@@ -733,6 +529,12 @@ impl<'g, C: CopyEngine> Executor<'g, C> {
                         self.phase = Phase::End;
                         continue;
                     }
+                    if self.graph.ops()[self.pc].on_host() {
+                        match self.host_op(now)? {
+                            Some(next) => return Ok(next),
+                            None => continue,
+                        }
+                    }
                     return self.before_op(now);
                 }
                 Phase::Running { .. } => return Ok(Next::WaitUntil(now)),
@@ -746,16 +548,8 @@ impl<'g, C: CopyEngine> Executor<'g, C> {
         let op = OpId(self.pc as u32);
         self.boundary_frees(now);
         self.retry_deferred(now);
-        // A coordinated plan's pace: never ahead of the planned time line,
-        // on which its copies and the other jobs' memory are timed.
-        if self.before_idx == 0
-            && let Some(&at) = self.schedule.op_start.get(self.pc)
-        {
-            let due = self.cur.start_ns + at;
-            if due > now {
-                self.cur.paced_ns += due - now;
-                return Ok(Next::WaitUntil(due));
-            }
+        if let Some(next) = self.pace(now) {
+            return Ok(next);
         }
         if let Some(w) = self.swap_out_gate(now) {
             return Ok(self.wait(w, now));
@@ -810,6 +604,11 @@ impl<'g, C: CopyEngine> Executor<'g, C> {
         for i in 0..self.graph.op(op).outputs.len() {
             let t = self.graph.op(op).outputs[i];
             let s = self.live.storage_of[t.index()];
+            if self.live.storages[s.index()].host_master {
+                // Only a view of it (no device op writes what a host op
+                // does): its host copy stays the current one.
+                continue;
+            }
             self.alloc(s, now);
             if self.slots[s.index()].host_valid() {
                 self.engine.discard_host(s);
@@ -829,6 +628,20 @@ impl<'g, C: CopyEngine> Executor<'g, C> {
             recompute: false,
         };
         Ok(Next::Kernel { op })
+    }
+
+    /// A coordinated plan's pace: never ahead of the planned time line, on
+    /// which its copies and the other jobs' memory are timed.
+    pub(crate) fn pace(&mut self, now: u64) -> Option<Next> {
+        if self.before_idx != 0 {
+            return None;
+        }
+        let due = self.cur.start_ns + self.schedule.op_start.get(self.pc)?;
+        if due <= now {
+            return None;
+        }
+        self.cur.paced_ns += due - now;
+        Some(Next::WaitUntil(due))
     }
 
     /// After the last op: waits for the copies the iteration owes, then
@@ -859,9 +672,15 @@ impl<'g, C: CopyEngine> Executor<'g, C> {
             )
             .chain(self.slots.iter().filter_map(Slot::ready_at))
             .chain((!self.deferred_outs.is_empty()).then_some(Wake::Unknown))
+            .chain(self.host_runs_end())
             .max()
             .unwrap_or(Wake::At(now));
         if last > Wake::At(now) {
+            if self.cur.host_runs > 0 {
+                // The program's own host work and the copies around it,
+                // not a stall of the plan.
+                return self.wait_for_host(last, now);
+            }
             return self.wait(last, now);
         }
         self.boundary_frees(now);
@@ -890,8 +709,13 @@ impl<'g, C: CopyEngine> Executor<'g, C> {
             return;
         }
         self.cur.op_ns[op.index()] = now - self.kernel_start;
-        // Frees before allocations at a boundary, as the planner counts;
-        // copies due by now are on the engine first.
+        self.op_ended(op, now);
+    }
+
+    /// What happens at the end of `op`: its events fire, the cursor moves
+    /// on. Frees before allocations at a boundary, as the planner counts;
+    /// copies due by now are on the engine first.
+    pub(crate) fn op_ended(&mut self, op: OpId, now: u64) {
         self.run_queue(now);
         let events = std::mem::take(&mut self.schedule.after[op.index()]);
         for e in events.iter().filter(|e| e.kind == EventKind::Release) {
@@ -925,7 +749,20 @@ impl<'g, C: CopyEngine> Executor<'g, C> {
             let s = StorageId(i as u32);
             let on_host = self.schedule.start_on_host.contains(&s);
             let slot = self.slots[i];
-            if st.persistent && self.iteration == 0 && on_host {
+            if st.host_master && self.iteration == 0 {
+                // A host op keeps it on the host; device ops read a copy.
+                self.slots[i] = Slot {
+                    host: Host::Valid,
+                    ..Slot::GONE
+                };
+                if !on_host && !st.host_only {
+                    self.alloc(s, now);
+                    self.slots[i].device = Device::Ready { since: now };
+                }
+            } else if st.host_master && on_host && slot.on_device() && slot.ready(now) {
+                // A new plan wants it on the host, where it is current.
+                self.free(s);
+            } else if st.persistent && self.iteration == 0 && on_host {
                 self.slots[i] = Slot {
                     host: Host::Valid,
                     ..Slot::GONE

@@ -47,6 +47,9 @@ pub(crate) enum Host {
     /// A swap-out in flight. `keep`: a prefetch came while it was in flight,
     /// so the device buffer stays when it ends.
     Writing { copy: InFlight, keep: bool },
+    /// A host op is rewriting it (the storage is the host's): current once
+    /// that run ends.
+    Updating(InFlight),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

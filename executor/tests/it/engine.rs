@@ -5,7 +5,7 @@
 //! storage while a copy of it is in flight; a plan that does lose a
 //! parameter is an error, not a fresh buffer.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use tensile_executor::{
     CopyEngine, Effect, ExecError, Executor, IterationStats, Next, VirtualCopies,
@@ -15,7 +15,7 @@ use tensile_graph::{Graph, Liveness, OpId, StorageId, TensorId, TensorKind};
 use tensile_planner::{
     CopyModel, Event, EventKind, JobInput, JobSettings, Plan, PlannerConfig, Trigger, plan,
 };
-use tensile_swap_executor::{Copy, CopyError, CopyId, CopyStatus};
+use tensile_swap_executor::{Copy, CopyError, CopyId, CopyStatus, Dir, HostRun};
 
 use crate::{latencies, mlp};
 
@@ -25,6 +25,8 @@ struct Opaque {
     inner: VirtualCopies,
     polled: u64,
     copies: HashMap<CopyId, (Copy, u64)>,
+    /// Which of `copies` are host runs (they read no device buffer).
+    host_runs: HashSet<CopyId>,
     fail_every: Option<u64>,
     submitted: u64,
 }
@@ -35,6 +37,7 @@ impl Opaque {
             inner: VirtualCopies::new(copy, 1.0),
             polled: 0,
             copies: HashMap::new(),
+            host_runs: HashSet::new(),
             fail_every,
             submitted: 0,
         }
@@ -44,7 +47,7 @@ impl Opaque {
     fn in_flight(&self) -> Vec<(CopyId, StorageId)> {
         self.copies
             .iter()
-            .filter(|(_, (_, end))| *end > self.polled)
+            .filter(|(id, (_, end))| *end > self.polled && !self.host_runs.contains(id))
             .map(|(&id, (c, _))| (id, c.storage))
             .collect()
     }
@@ -70,6 +73,25 @@ impl CopyEngine for Opaque {
         id
     }
 
+    fn run_on_host(&mut self, run: HostRun) -> CopyId {
+        let storage = run.storages.first().copied().unwrap_or(StorageId(0));
+        let bytes = run.bytes;
+        let id = self.inner.run_on_host(run);
+        let CopyStatus::Ends(end) = self.inner.status(id) else {
+            panic!("virtual time knows the end")
+        };
+        // Never failed: a host run is not a copy the executor can redo.
+        self.host_runs.insert(id);
+        let copy = Copy {
+            dir: Dir::ToHost,
+            storage,
+            bytes,
+            not_before: 0,
+        };
+        self.copies.insert(id, (copy, end));
+        id
+    }
+
     fn poll(&mut self, now: u64) {
         self.polled = self.polled.max(now);
     }
@@ -81,9 +103,10 @@ impl CopyEngine for Opaque {
         if end > self.polled {
             return CopyStatus::Pending;
         }
-        if self
-            .fail_every
-            .is_some_and(|k| (id.0 + 1).is_multiple_of(k))
+        if !self.host_runs.contains(&id)
+            && self
+                .fail_every
+                .is_some_and(|k| (id.0 + 1).is_multiple_of(k))
         {
             return CopyStatus::Failed(CopyError::Failed {
                 id,

@@ -3,7 +3,7 @@
 #![allow(clippy::unwrap_used)]
 
 use tensile_executor::sim::{FixedPlans, SimConfig, SimJob, simulate};
-use tensile_graph::builder::Optimizer;
+use tensile_graph::builder::{Optimizer, Step};
 use tensile_graph::zoo::{self, ZooConfig};
 use tensile_graph::{Graph, Liveness};
 use tensile_planner::{CopyModel, JobInput, JobSettings, PlannerConfig, plan};
@@ -135,6 +135,28 @@ pub(crate) fn mlp(batch: u64, width: u64, depth: usize, optimizer: Optimizer) ->
 
 fn zoo_graph(name: &str, batch: u64) -> Graph {
     zoo::build(name, &ZooConfig::new(batch)).unwrap()
+}
+
+fn zoo_graph_on_host(name: &str, batch: u64) -> Graph {
+    let config = ZooConfig {
+        step: Step::OnHost,
+        ..ZooConfig::new(batch)
+    };
+    zoo::build(name, &config).unwrap()
+}
+
+/// With every update on the host: the gradients go out, the updates run on
+/// the host beside the backward pass, the parameters come back, and the
+/// executor measures what the planner predicted, to the byte and the ns.
+#[test]
+fn exact_latencies_with_updates_on_the_host() {
+    for name in ["bert_base", "resnet50"] {
+        check(
+            &[zoo_graph_on_host(name, 2)],
+            None,
+            CopyModel::duplex(24e9, 24e9, 5_000),
+        );
+    }
 }
 
 #[test]

@@ -10,6 +10,12 @@
 //! a wait for nothing, or too long, is an error. That recomputations find
 //! their inputs resident is checked by running the plan (`main.rs`: no lost
 //! tensor, exactly the predicted stalls).
+//!
+//! Ops on the host take no time on the device's line and touch nothing on
+//! the device: each runs on the host once the swap-outs of its device
+//! inputs and the host op before it have ended, the iteration lasting
+//! until the last has; what it rewrites is current on the host throughout
+//! except while it runs, and a swap-in of it may not start before then.
 
 use tensile_graph::{Graph, Liveness, OpId, StorageId};
 use tensile_planner::{CopyModel, EventKind, Plan, Trigger};
@@ -91,11 +97,49 @@ fn line(g: &Graph, live: &Liveness, plan: &Plan, lat: &[u64], bad: &mut Vec<Stri
         }
         t = after_wait;
         l.start[k] = t;
-        t += lat[k];
+        if !g.op(OpId(k as u32)).on_host() {
+            t += lat[k];
+        }
         l.end[k] = t;
     }
     l.period = t;
     l
+}
+
+/// When each host op ends (by op id; 0 for device ops): one after another,
+/// each after the swap-outs of its inputs the plan fires before it.
+fn host_ends(
+    g: &Graph,
+    live: &Liveness,
+    plan: &Plan,
+    l: &Line,
+    copy: CopyModel,
+    share: f64,
+) -> Vec<u64> {
+    let mut ends = vec![0; g.ops().len()];
+    let mut free = 0;
+    for op in g.ops().iter().filter(|o| o.on_host()) {
+        let k = op.id.index();
+        let mut ready = l.start[k];
+        for &t in &op.inputs {
+            let s = live.storage_of[t.index()];
+            for e in &plan.events {
+                if e.kind != EventKind::SwapOut || live.storage_of[e.tensor.index()] != s {
+                    continue;
+                }
+                let at = match e.trigger {
+                    Trigger::After(o) if o.index() < k => l.end[o.index()] + e.delay_ns,
+                    Trigger::IterationStart => e.delay_ns,
+                    _ => continue,
+                };
+                let bytes = live.storages[s.index()].bytes;
+                ready = ready.max(at + copy.duration_ns(bytes, copy.d2h_bytes_per_s * share));
+            }
+        }
+        free = ready.max(free) + copy.host_ns(g.host_traffic_bytes(op.id));
+        ends[k] = free;
+    }
+    ends
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -103,10 +147,21 @@ enum What {
     // At equal times: copies and releases after an op's end come before the
     // next op's accesses (frees before allocations).
     Release,
-    Out { end: u64 },
-    In { end: u64 },
+    Out {
+        end: u64,
+    },
+    In {
+        end: u64,
+    },
     Recompute,
-    Access { op: u32, write: bool },
+    /// A host op rewrites it on the host until `end`.
+    HostWrite {
+        end: u64,
+    },
+    Access {
+        op: u32,
+        write: bool,
+    },
 }
 
 /// Checks `plan` for `g` with predicted latencies `lat`; `share` is the job's
@@ -120,12 +175,22 @@ pub(crate) fn check_plan(
     share: f64,
 ) -> Vec<String> {
     let mut bad = Vec::new();
-    let l = line(g, live, plan, lat, &mut bad);
+    let mut l = line(g, live, plan, lat, &mut bad);
+    let host_end = host_ends(g, live, plan, &l, copy, share);
+    l.period = host_end.iter().copied().fold(l.period, u64::max);
     let mut arrivals: Vec<(StorageId, u64)> = Vec::new();
     let nst = live.storages.len();
     let mut items: Vec<Vec<(u64, What)>> = vec![Vec::new(); nst];
     for op in g.ops() {
         let k = op.id.index();
+        if op.on_host() {
+            for &t in &op.outputs {
+                let end = host_end[k];
+                items[live.storage_of[t.index()].index()]
+                    .push((l.start[k], What::HostWrite { end }));
+            }
+            continue;
+        }
         for &t in &op.inputs {
             items[live.storage_of[t.index()].index()].push((
                 l.start[k],
@@ -228,7 +293,8 @@ fn check_storage(
     // copy is current.
     let mut device = (st.persistent && !on_host) || (!st.persistent && st.born.is_none());
     let mut ready = 0u64;
-    let mut host_valid = on_host;
+    let mut host_valid = on_host || st.host_master;
+    let mut host_from = 0u64;
     let mut out_until = 0u64;
     let mut tail_out_end = None;
     for &(t, what) in its {
@@ -244,11 +310,13 @@ fn check_storage(
                 if out_until > t {
                     bad.push(format!("{name}: op {op} overlaps its swap-out"));
                 }
-                if write {
+                // What a host op rewrites, device ops only view.
+                if write && !st.host_master {
                     host_valid = false;
                 }
                 device = true;
             }
+            What::HostWrite { end } => host_from = end,
             What::Out { end } => {
                 if !device {
                     bad.push(format!(
@@ -269,6 +337,11 @@ fn check_storage(
                 }
                 if t < out_until {
                     bad.push(format!("{name}: swap-in at {t} before its swap-out ends"));
+                }
+                if t < host_from {
+                    bad.push(format!(
+                        "{name}: swap-in at {t} before its host update ends at {host_from}"
+                    ));
                 }
                 device = true;
                 ready = end;
