@@ -63,6 +63,13 @@ impl Coord {
             job.rebuild();
         }
         self.refresh_foreign(state);
+        // The copies around host ops, placed where the others' leave room.
+        if state.iter().any(|j| !j.host_ops.is_empty()) {
+            for job in state.iter_mut() {
+                job.place_host_copies();
+            }
+            self.refresh_foreign(state);
+        }
     }
 
     /// Recomputes what each job sees of the other jobs' copies.

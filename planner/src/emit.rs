@@ -37,7 +37,7 @@ pub(crate) fn emit(job: &Job<'_>) -> Plan {
             push(pos, tr, 0, EventKind::Release, i);
         }
         for g in &st.gaps {
-            if g.wrap && !g.head_out() {
+            if g.wrap && !g.head_out() && !g.tail_in() {
                 start_on_host.push(st.root);
             }
             match g.out {

@@ -79,11 +79,27 @@ pub(crate) struct Gap {
     pub(crate) wrap: bool,
     /// `None`: released at `after`'s end (a host copy exists, or recompute).
     pub(crate) out: Option<Copy>,
-    /// `None`: rebuilt by the recompute step `before`.
+    /// `None`: rebuilt by the recompute step `before` (or, `forced`, gone
+    /// for the rest of the iteration: `before` is the iteration's end).
     pub(crate) inn: Option<Copy>,
+    /// The program's own copies around a host op, not a plan's choice: a
+    /// host op's device input going out (and its buffer with it), or a
+    /// storage a host op rewrites coming back before its next use.
+    pub(crate) forced: bool,
 }
 
 impl Gap {
+    /// An across-iteration gap whose swap-in comes at the tail of the
+    /// iteration, after its last access (a storage a host op rewrites,
+    /// fetched once the host op is done), rather than at the head of the
+    /// next: the storage is back on the device when the iteration ends.
+    pub(crate) fn tail_in(&self) -> bool {
+        self.wrap
+            && self
+                .inn
+                .is_some_and(|c| c.trigger.is_some_and(|t| t >= self.after))
+    }
+
     /// An across-iteration gap whose swap-out comes at the head of the
     /// iteration (before the first access) rather than after the last one.
     pub(crate) fn head_out(&self) -> bool {
@@ -109,6 +125,23 @@ pub(crate) struct StorageState {
     pub(crate) revivals: Vec<(usize, usize)>,
     /// A swap-in must end this long before the access that needs it.
     pub(crate) lead: u64,
+    /// Only host ops touch it: no device memory, never a candidate.
+    pub(crate) host_only: bool,
+    /// A host op rewrites it: its host copy is always current (so it is
+    /// released, never copied out), and after its last device access it
+    /// is away until the next iteration fetches it.
+    pub(crate) host_master: bool,
+}
+
+/// A host op on the job's time line: the step it is at, and what it takes
+/// on the host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct HostOp {
+    pub(crate) op: OpId,
+    pub(crate) dur: u64,
+    /// The storages of its inputs, and those it writes.
+    pub(crate) inputs: Vec<usize>,
+    pub(crate) writes: Vec<usize>,
 }
 
 /// A copy as the executor's queues see it, for [`Job::rebuild`].
@@ -173,6 +206,16 @@ pub(crate) struct Job<'g> {
     /// shared link, on this job's periodic time line: its own copies must
     /// not overlap them.
     pub(crate) foreign: Vec<IntervalSet>,
+    /// The job's host ops, in order: they take no time on the device, and
+    /// run one after another on the host.
+    pub(crate) host_ops: Vec<HostOp>,
+    /// How long the iteration runs on after its last op, for its host ops
+    /// (and their inputs' copies out) to end: an iteration ends when they
+    /// have. Set by [`Job::rebuild`].
+    pub(crate) tail: u64,
+    /// When each host op ends (as [`Job::host_ops`]). Set by
+    /// [`Job::rebuild`].
+    pub(crate) host_end: Vec<u64>,
 }
 
 pub(crate) const OUT: usize = 0;
@@ -208,9 +251,39 @@ impl<'g> Job<'g> {
                 gaps: Vec::new(),
                 revivals: Vec::new(),
                 lead: 0,
+                host_only: s.host_only,
+                host_master: s.host_master,
             })
             .collect();
-        for op in graph.ops() {
+        for s in st.iter_mut().filter(|s| s.host_only) {
+            s.bytes = 0;
+        }
+        let mut op_latency = op_latency;
+        let mut host_ops = Vec::new();
+        for op in graph.ops().iter().filter(|o| o.on_host()) {
+            op_latency[op.id.index()] = 0;
+            let mut inputs: Vec<usize> = op
+                .inputs
+                .iter()
+                .map(|t| live.storage_of[t.index()].index())
+                .collect();
+            inputs.sort_unstable();
+            inputs.dedup();
+            let mut writes: Vec<usize> = op
+                .outputs
+                .iter()
+                .map(|t| live.storage_of[t.index()].index())
+                .collect();
+            writes.sort_unstable();
+            writes.dedup();
+            host_ops.push(HostOp {
+                op: op.id,
+                dur: copy.host_ns(graph.host_traffic_bytes(op.id)),
+                inputs,
+                writes,
+            });
+        }
+        for op in graph.ops().iter().filter(|o| !o.on_host()) {
             let step = op.id.index();
             let mut touch = |t: TensorId, write: bool| {
                 let s = &mut st[live.storage_of[t.index()].index()];
@@ -245,8 +318,12 @@ impl<'g> Job<'g> {
             wrap_allowed: false,
             cycle: 0,
             foreign: vec![IntervalSet::new(); chans],
+            host_ops,
+            tail: 0,
+            host_end: Vec::new(),
         };
         job.rebuild();
+        job.place_host_copies();
         job
     }
 
@@ -321,7 +398,7 @@ impl<'g> Job<'g> {
             Some(end) => self.boundary_at_or_after(end).max(gap.after + 1),
             None => gap.after + 1,
         };
-        if gap.wrap {
+        if gap.wrap && !gap.tail_in() {
             [(from.min(n), n), (0, to)]
         } else {
             [(from, to.max(from)), (0, 0)]
@@ -351,6 +428,9 @@ impl<'g> Job<'g> {
 
     /// Steps `[from, to)` of the storage's life without any plan.
     pub(crate) fn life(&self, s: &StorageState) -> (usize, usize) {
+        if s.host_only {
+            return (0, 0);
+        }
         if s.persistent {
             return (0, self.n());
         }
@@ -512,6 +592,44 @@ impl<'g> Job<'g> {
         self.times.push(t);
         submit(&mut queue, u64::MAX, &mut start);
         self.clash = false;
+        // The host ops, one after another, each once its inputs are out.
+        let mut end_all = t;
+        self.host_end.clear();
+        if !self.host_ops.is_empty() {
+            let mut out_end: Vec<u64> = vec![0; self.st.len()];
+            for (x, it) in items.iter().enumerate() {
+                if !it.inn && self.st[it.s].gaps[it.k].forced {
+                    out_end[it.s] = out_end[it.s].max(start[x] + it.dur);
+                }
+            }
+            let mut step_of = vec![usize::MAX; self.graph.ops().len()];
+            for (k, st) in self.steps.iter().enumerate() {
+                if st.is_real() {
+                    step_of[st.op.index()] = k;
+                }
+            }
+            let mut host_free = 0u64;
+            for h in &self.host_ops {
+                let k = step_of[h.op.index()];
+                let ready = h
+                    .inputs
+                    .iter()
+                    .map(|&s| out_end[s])
+                    .fold(self.times[k], u64::max);
+                host_free = ready.max(host_free) + h.dur;
+                end_all = end_all.max(host_free);
+                self.host_end.push(host_free);
+            }
+            // Fetches after the last op of what host ops rewrote.
+            for (x, it) in items.iter().enumerate() {
+                let g = &self.st[it.s].gaps[it.k];
+                if it.inn && g.forced && g.tail_in() {
+                    end_all = end_all.max(start[x] + it.dur);
+                }
+            }
+        }
+        self.tail = end_all - t;
+        let t = end_all;
         for (x, it) in items.iter().enumerate() {
             let fire = it.trigger.map_or(0, |tr| self.times[tr + 1]) + it.delay;
             let g = &mut self.st[it.s].gaps[it.k];
@@ -531,7 +649,7 @@ impl<'g> Job<'g> {
             let end = start[x] + it.dur;
             if it.inn {
                 let by = self.needed_by(s, &g);
-                if end > self.times[by] && self.reads(by, s) {
+                if !g.tail_in() && end > self.times[by] && self.reads(by, s) {
                     self.clash = true;
                 }
                 if awaited_copy[x]
@@ -577,26 +695,175 @@ impl<'g> Job<'g> {
         }
         self.tree = MemTree::new(&mem);
         let mut spans: Vec<Vec<(u64, u64)>> = vec![Vec::new(); self.chans.len()];
+        // A host op's inputs go out when the op is reached, wherever the
+        // other jobs' copies are: the shared queue puts one behind another.
+        let mut fifo: Vec<Vec<(u64, u64)>> = vec![Vec::new(); self.chans.len()];
         for s in &self.st {
             for g in &s.gaps {
-                for (ch, c) in [(OUT, g.out), (in_chan, g.inn)] {
+                for (ch, c, fixed) in [(OUT, g.out, g.forced), (in_chan, g.inn, false)] {
                     if let Some(c) = c {
-                        spans[ch].extend(self.spans(&c));
+                        let to = if fixed { &mut fifo[ch] } else { &mut spans[ch] };
+                        to.extend(self.spans(&c));
                     }
                 }
             }
         }
-        for (ch, v) in spans.into_iter().enumerate() {
+        for (ch, (v, fixed)) in spans.into_iter().zip(fifo).enumerate() {
             // The queue keeps copies on one channel apart; the part of a
             // copy that runs on into the next iteration may still meet one
             // at the head, and other coordinated jobs' copies may meet any.
             let foreign = self.foreign[ch].busy();
             let (_, overlap) =
                 IntervalSet::from_intervals(v.iter().chain(foreign).copied().collect());
-            let (set, _) = IntervalSet::from_intervals(v);
+            let own: Vec<(u64, u64)> = v.into_iter().chain(fixed).collect();
+            let (set, own_overlap) = IntervalSet::from_intervals(own);
             self.chans[ch] = set;
-            self.clash |= overlap;
+            self.clash |= overlap || own_overlap;
         }
+    }
+
+    /// Places the program's own copies around its host ops
+    /// ([`Gap::forced`]), anew: each host op's device inputs go out when the
+    /// op is reached (the executor does so), their buffers with them; and,
+    /// where the job may swap across iterations, each storage a host op
+    /// rewrites is released after its last device access and fetched back
+    /// before its first in the next iteration (when no fetch fits before
+    /// that access, the job waits for it there).
+    pub(crate) fn place_host_copies(&mut self) {
+        if self.host_ops.is_empty() {
+            return;
+        }
+        for st in &mut self.st {
+            st.gaps.retain(|g| !g.forced);
+        }
+        self.rebuild();
+        let n = self.n();
+        let graph = self.graph;
+        for h in self.host_ops.clone() {
+            let Some(k) = self.steps.iter().position(|x| x.op == h.op && x.is_real()) else {
+                continue;
+            };
+            let mut seen = Vec::new();
+            for &t in &graph.op(h.op).inputs {
+                let s = self.live.storage_of[t.index()];
+                let st = &self.st[s.index()];
+                if seen.contains(&s) || st.persistent || st.host_master {
+                    continue;
+                }
+                seen.push(s);
+                // Read on the device after the host op: it stays.
+                let (Some(&first), Some(&last)) = (st.accesses.first(), st.accesses.last()) else {
+                    continue;
+                };
+                let bytes = st.bytes;
+                if last.step > k || k == 0 || first.step >= k {
+                    continue;
+                }
+                let out = Copy {
+                    trigger: Some(k - 1),
+                    delay: 0,
+                    dur: self.out_dur(bytes),
+                };
+                let st = &mut self.st[s.index()];
+                st.last = None;
+                st.gaps.push(Gap {
+                    after: last.step,
+                    before: n,
+                    wrap: false,
+                    out: Some(out),
+                    inn: None,
+                    forced: true,
+                });
+            }
+        }
+        self.rebuild();
+        if !(self.settings.swap && self.settings.across_iteration) {
+            return;
+        }
+        // Latest first use first: each takes the latest fetch that fits.
+        let mut rewritten: Vec<StorageId> = (0..self.st.len())
+            .map(|i| StorageId(i as u32))
+            .filter(|s| {
+                let st = &self.st[s.index()];
+                st.host_master && !st.host_only && !st.accesses.is_empty()
+            })
+            .collect();
+        rewritten.sort_by_key(|s| std::cmp::Reverse(self.st[s.index()].accesses[0].step));
+        for s in rewritten {
+            let acc = &self.st[s.index()].accesses;
+            let (first, last) = (acc[0].step, acc[acc.len() - 1].step);
+            let by = self.times[first];
+            // At the head of the next iteration, else at the tail of this
+            // one once the host op is done, else the next waits for it.
+            let written = self
+                .host_ops
+                .iter()
+                .position(|h| h.writes.contains(&s.index()))
+                .and_then(|h| self.host_end.get(h).copied())
+                .unwrap_or(0);
+            let placed = crate::swap::place_in(self, s, 0, by, 0)
+                .or_else(|| {
+                    let end = self.iteration_ns();
+                    crate::swap::place_in(self, s, written, end, last + 1)
+                        .and_then(|c| self.before_last_op(c, last))
+                })
+                .or_else(|| self.fetch_in_tail(s, written, last));
+            let Some(inn) = placed else {
+                continue;
+            };
+            let gap = Gap {
+                after: last,
+                before: first,
+                wrap: true,
+                out: None,
+                inn: Some(inn),
+                forced: true,
+            };
+            self.apply_gap(s, gap);
+        }
+        self.rebuild();
+    }
+
+    /// The earliest fetch of `s` from `lo` on (once its host op is done)
+    /// after its last access, at the tail of the iteration: past the last
+    /// op, the iteration lasts until it has arrived.
+    fn fetch_in_tail(&self, s: StorageId, lo: u64, last: usize) -> Option<Copy> {
+        let dur = self.in_dur(self.st[s.index()].bytes);
+        let lo = lo.max(self.times[last + 1]);
+        let start = self
+            .chan(self.in_chan())
+            .earliest_fit(lo, u64::MAX, dur)
+            .unwrap_or(lo);
+        let k = self.boundary_at_or_before(start).max(last + 1);
+        self.before_last_op(
+            Copy {
+                trigger: Some(k - 1),
+                delay: start - self.times[k],
+                dur,
+            },
+            last,
+        )
+    }
+
+    /// A fetch at the tail of the iteration triggered before its last op
+    /// (so that its buffer counts in the last op's memory, as the executor
+    /// has it then) and after the storage's last access `last`, the same
+    /// copy: `None` when the last op is that access.
+    fn before_last_op(&self, c: Copy, last: usize) -> Option<Copy> {
+        let n = self.n();
+        let t = c.trigger?;
+        if t + 1 < n {
+            return Some(c);
+        }
+        let mut k = n - 1;
+        while k > last + 1 && !self.steps[k - 1].is_real() {
+            k -= 1;
+        }
+        (k > last).then(|| Copy {
+            trigger: Some(k - 1),
+            delay: c.start(&self.times) - self.times[k],
+            dur: c.dur,
+        })
     }
 
     /// Applies a placed gap to memory and channels.
@@ -694,6 +961,7 @@ impl<'g> Job<'g> {
             .graph
             .ops()
             .iter()
+            .filter(|op| !op.on_host())
             .map(|op| {
                 seen.clear();
                 seen.extend(
@@ -723,8 +991,9 @@ impl<'g> Job<'g> {
         (m.max(0) as u64, step)
     }
 
+    /// The iteration's length: its last op's end, and its host ops'.
     pub(crate) fn iteration_ns(&self) -> u64 {
-        self.times[self.n()]
+        self.times[self.n()] + self.tail
     }
 
     /// Memory during each step: (start ns, bytes).

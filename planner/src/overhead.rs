@@ -154,7 +154,7 @@ fn gap_at(job: &Job<'_>, s: StorageId, p: usize) -> Option<(usize, usize)> {
             } else {
                 g.after < p && p < by
             };
-            (g.inn.is_some() && spans).then_some((k, by))
+            (g.inn.is_some() && !g.forced && spans).then_some((k, by))
         })
 }
 
@@ -189,6 +189,7 @@ fn late_swap(
             wrap,
             out,
             inn: None,
+            forced: false,
         };
         let Some(late) = late_in(
             job,

@@ -135,6 +135,7 @@ pub(crate) fn apply(job: &mut Job<'_>, r: &Recompute) {
         wrap: false,
         out: None,
         inn: None,
+        forced: false,
     });
     job.rebuild();
 }

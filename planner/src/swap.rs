@@ -14,7 +14,11 @@ pub(crate) fn gap_around(job: &Job<'_>, s: StorageId, step: usize) -> Option<(us
     let i = acc.partition_point(|a| a.step < step);
     let (after, before, wrap) = if i > 0 && i < acc.len() {
         (acc[i - 1].step, acc[i].step, false)
-    } else if st.persistent && job.settings.across_iteration && job.wrap_allowed && !acc.is_empty()
+    } else if st.persistent
+        && !st.host_master
+        && job.settings.across_iteration
+        && job.wrap_allowed
+        && !acc.is_empty()
     {
         (acc[acc.len() - 1].step, acc[0].step, true)
     } else {
@@ -32,6 +36,10 @@ pub(crate) fn gap_around(job: &Job<'_>, s: StorageId, step: usize) -> Option<(us
 /// an earlier gap put it there and nothing wrote the storage since.
 pub(crate) fn host_copy_valid(job: &Job<'_>, s: StorageId, after: usize) -> bool {
     let st = &job.st[s.index()];
+    // A host op keeps it current on the host.
+    if st.host_master {
+        return true;
+    }
     let writes_in = |lo: usize, hi: usize| {
         st.accesses
             .iter()
@@ -50,7 +58,13 @@ pub(crate) fn host_copy_valid(job: &Job<'_>, s: StorageId, after: usize) -> bool
 /// The latest swap-in of `s` ending by `by` (less the storage's lead) and
 /// starting at or after `lo`, whose buffer is allocated at a real op
 /// boundary after `min_alloc`.
-fn place_in(job: &Job<'_>, s: StorageId, lo: u64, by: u64, min_alloc: usize) -> Option<Copy> {
+pub(crate) fn place_in(
+    job: &Job<'_>,
+    s: StorageId,
+    lo: u64,
+    by: u64,
+    min_alloc: usize,
+) -> Option<Copy> {
     let st = &job.st[s.index()];
     let by = by.checked_sub(st.lead)?;
     let dur = job.in_dur(st.bytes);
@@ -181,6 +195,7 @@ pub(crate) fn place(job: &Job<'_>, s: StorageId, peak: usize) -> Option<Gap> {
                 wrap,
                 out: Some(out),
                 inn: Some(inn),
+                forced: false,
             };
             let clears = job
                 .absent(&gap)
@@ -210,6 +225,7 @@ pub(crate) fn place(job: &Job<'_>, s: StorageId, peak: usize) -> Option<Gap> {
         wrap,
         out,
         inn: Some(inn),
+        forced: false,
     })
 }
 
@@ -240,6 +256,7 @@ pub(crate) fn reuse_host_copy(job: &mut Job<'_>, s: StorageId, from: usize) -> u
                     wrap: false,
                     out: None,
                     inn: Some(inn),
+                    forced: false,
                 },
             );
             placed += 1;

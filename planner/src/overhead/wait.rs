@@ -85,6 +85,7 @@ pub(crate) fn apply(job: &mut Job<'_>, m: &Move) -> bool {
                 wrap: false,
                 out: Some(out),
                 inn: None,
+                forced: false,
             };
             let mut view = channel(job, job.in_chan());
             if job.in_chan() == OUT {
@@ -191,7 +192,7 @@ pub(super) fn stall_at(
         let found = if let Some(k) = st
             .gaps
             .iter()
-            .position(|g| g.inn.is_some() && job.needed_by(x, g) == q)
+            .position(|g| g.inn.is_some() && !g.forced && job.needed_by(x, g) == q)
         {
             let g = Gap {
                 before: q,
@@ -269,6 +270,7 @@ fn fresh_carrier(
             wrap: true,
             out,
             inn: None,
+            forced: false,
         };
         let mut view = view.to_vec();
         if job.in_chan() == OUT
@@ -311,7 +313,7 @@ pub(super) fn carrier_steps(job: &Job<'_>, p: usize) -> Vec<usize> {
         }
         for g in &st.gaps {
             let q = job.needed_by(x, g);
-            if g.inn.is_some() && q <= p && job.reads(q, x) {
+            if g.inn.is_some() && !g.forced && q <= p && job.reads(q, x) {
                 out.push(q);
             }
         }
