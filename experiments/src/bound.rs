@@ -106,7 +106,7 @@ pub struct BoundReport {
 /// and what `planner::plan` reports as `vanilla_timeline`.
 pub fn vanilla_curve(job: &BoundJob<'_>) -> Result<Vec<(u64, u64)>, ExperimentError> {
     check_latencies(0, job)?;
-    Ok(JobModel::new(job.graph, &job.latency_ns, job.base_bytes, 0).curve())
+    Ok(JobModel::new(job.graph, &job.latency_ns, job.base_bytes, 0, None).curve())
 }
 
 fn check_latencies(j: usize, job: &BoundJob<'_>) -> Result<(), ExperimentError> {
@@ -159,7 +159,7 @@ pub fn swap_bound(
     }
     let mut models: Vec<JobModel> = jobs
         .iter()
-        .map(|j| JobModel::new(j.graph, &j.latency_ns, j.base_bytes, j.phase_ns))
+        .map(|j| JobModel::new(j.graph, &j.latency_ns, j.base_bytes, j.phase_ns, Some(link)))
         .collect();
     let longest = models.iter().map(JobModel::iteration_ns).max().unwrap_or(0);
     let period = period_ns.unwrap_or(longest);

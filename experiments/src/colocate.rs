@@ -67,7 +67,8 @@ impl ColocateCase {
     }
 
     /// ResNet-50 (batch 32) x2 and x3, BERT-base (batch 16) x2, with Adam
-    /// after the backward pass and, for BERT-base, inside it.
+    /// after the backward pass and, for BERT-base, inside it and inside it
+    /// on the host.
     pub fn defaults() -> Vec<ColocateCase> {
         vec![
             ColocateCase::new("resnet50", 32, 2),
@@ -75,6 +76,10 @@ impl ColocateCase {
             ColocateCase::new("bert_base", 16, 2),
             ColocateCase {
                 optimizer: "adam-in-backward".to_string(),
+                ..ColocateCase::new("bert_base", 16, 2)
+            },
+            ColocateCase {
+                optimizer: "adam-on-host".to_string(),
                 ..ColocateCase::new("bert_base", 16, 2)
             },
         ]

@@ -530,7 +530,9 @@ impl<'g> Job<'g> {
         let mut awaited: Vec<Vec<usize>> = vec![Vec::new(); n];
         for (x, it) in items.iter().enumerate() {
             let g = &self.st[it.s].gaps[it.k];
+            // A fetch at the tail is for the next iteration's first access.
             if it.inn
+                && !g.tail_in()
                 && g.before > 0
                 && self.steps[g.before - 1].wait
                 && self.reads(g.before, StorageId(it.s as u32))

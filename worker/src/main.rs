@@ -52,7 +52,9 @@ struct Args {
     resolution: Option<u64>,
     /// Optimizer of the zoo model's iteration: adam or sgd; with
     /// `-in-backward` (adam-in-backward), each parameter's update runs as
-    /// soon as its gradient is final, inside the backward pass.
+    /// soon as its gradient is final, inside the backward pass; with
+    /// `-on-host` (adam-on-host), so too, but on the host CPU, the
+    /// optimizer's state kept there.
     #[arg(long, default_value = "adam", requires = "model")]
     optimizer: String,
     /// A JSON graph file (traced or exported) instead of a zoo model.

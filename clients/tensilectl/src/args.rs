@@ -177,7 +177,7 @@ pub(crate) struct BenchColocateArgs {
     /// `--optimizer` of `sim` names it, adam by default).
     #[arg(
         long,
-        default_value = "resnet50:32x2,resnet50:32x3,bert_base:16x2,bert_base:16x2:adam-in-backward"
+        default_value = "resnet50:32x2,resnet50:32x3,bert_base:16x2,bert_base:16x2:adam-in-backward,bert_base:16x2:adam-on-host"
     )]
     pub(crate) cases: String,
     /// Fractions of the reference batch, comma separated, in (0, 1].
@@ -527,7 +527,10 @@ pub(crate) struct OptimizerArg {
     /// Optimizer of the iteration: `adam` or `sgd` (with momentum); with
     /// `-in-backward` (`adam-in-backward`), each parameter's update runs as
     /// soon as its gradient is final, inside the backward pass (PyTorch's
-    /// post-accumulate-grad hook pattern), instead of after it.
+    /// post-accumulate-grad hook pattern), instead of after it; with
+    /// `-on-host` (`adam-on-host`), so too, but on the host CPU, with the
+    /// optimizer's state kept there (ZeRO-Offload's CPU optimizer): the
+    /// gradient goes out, the updated parameter comes back.
     #[arg(long, default_value = "adam")]
     pub(crate) optimizer: String,
 }

@@ -199,7 +199,7 @@ fn usage_errors_are_clear() {
     assert_rejected(
         &out,
         "stats",
-        "unknown optimizer \"lamb\" (expected adam, sgd, adam-in-backward or sgd-in-backward)",
+        "unknown optimizer \"lamb\" (expected adam, sgd, adam-in-backward, sgd-in-backward, adam-on-host or sgd-on-host)",
     );
     let out = tensilectl(&[
         "bench",

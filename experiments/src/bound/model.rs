@@ -1,9 +1,13 @@
 //! One job as the swap bound sees it: its steps on its own time line, its
 //! device memory per step under vanilla liveness (what `planner::plan`
 //! reports as `vanilla_timeline`), and, at an instant, the copy windows of
-//! every storage that is resident but idle then.
+//! every storage that is resident but idle then. Host ops (updates kept on
+//! the host) take no device time and touch nothing on the device; what
+//! only they touch takes no device memory, and what they rewrite has a
+//! current host copy, so it needs no copy out.
 
 use tensile_graph::{Graph, Liveness};
+use tensile_planner::CopyModel;
 
 /// A storage that could be off the device at the instant looked at: the
 /// room its copies have. `None`: no copy is needed that way (a persistent
@@ -38,6 +42,8 @@ struct Store {
     /// Resident at iteration start without being persistent (an input):
     /// its data arrives when the iteration starts.
     input: bool,
+    /// A host op keeps it current on the host: never copied out.
+    host_master: bool,
     /// Steps `[from, to)` during which vanilla holds it.
     life: (usize, usize),
     /// The ops that touch it, and those that write it, in order.
@@ -62,24 +68,38 @@ pub(super) struct JobModel {
 }
 
 impl JobModel {
-    /// `latency_ns` must have one entry per op (the caller checks).
-    pub(super) fn new(graph: &Graph, latency_ns: &[u64], base: u64, phase_ns: u64) -> JobModel {
+    /// `latency_ns` must have one entry per op (the caller checks). With
+    /// `link`, an iteration with host ops lasts as long as vanilla's does
+    /// on it ([`host_tail_end`]).
+    pub(super) fn new(
+        graph: &Graph,
+        latency_ns: &[u64],
+        base: u64,
+        phase_ns: u64,
+        link: Option<&CopyModel>,
+    ) -> JobModel {
         let live = Liveness::analyze(graph);
         let n = graph.ops().len();
         let mut starts = Vec::with_capacity(n + 1);
         let mut t = 0u64;
-        for &l in latency_ns {
+        for (op, &l) in graph.ops().iter().zip(latency_ns) {
             starts.push(t);
-            t += l;
+            if !op.on_host() {
+                t += l;
+            }
+        }
+        if let Some(link) = link.filter(|_| graph.has_host_ops()) {
+            t = t.max(host_tail_end(graph, &live, &starts, link));
         }
         starts.push(t);
         let mut stores: Vec<Store> = live
             .storages
             .iter()
             .map(|s| Store {
-                bytes: s.bytes,
+                bytes: if s.host_only { 0 } else { s.bytes },
                 persistent: s.persistent,
                 input: !s.persistent && s.born.is_none(),
+                host_master: s.host_master,
                 life: if s.persistent {
                     (0, n)
                 } else {
@@ -95,6 +115,10 @@ impl JobModel {
         let mut accessed = Vec::with_capacity(n);
         for (k, op) in graph.ops().iter().enumerate() {
             let mut here: Vec<u32> = Vec::new();
+            if op.on_host() {
+                accessed.push(here);
+                continue;
+            }
             for (&t, write) in op
                 .inputs
                 .iter()
@@ -214,7 +238,9 @@ impl JobModel {
                         continue;
                     }
                     let w = s.writes.partition_point(|&w| w < k);
-                    let out_ns = if w > 0 {
+                    let out_ns = if s.host_master {
+                        None
+                    } else if w > 0 {
                         Some(tau - end(s.writes[w - 1]))
                     } else if s.persistent {
                         // Last written in the previous iteration.
@@ -240,7 +266,10 @@ impl JobModel {
                         continue;
                     }
                     (
-                        s.writes.last().map(|&w| tau - end(w)),
+                        s.writes
+                            .last()
+                            .filter(|_| !s.host_master)
+                            .map(|&w| tau - end(w)),
                         s.accesses.first().map(|&a| start(a) + period_ns - tau),
                     )
                 }
@@ -252,4 +281,36 @@ impl JobModel {
             });
         }
     }
+}
+
+/// When a vanilla iteration with host ops ends on `link` (`starts`: when
+/// each op starts): each host op's device inputs go out as it is reached,
+/// one after another on the link; the host ops run one after another, each
+/// once its inputs are out; what each rewrites comes back as it ends. A
+/// plan that adds no time ends no later, so the bound gives its copies no
+/// less time than this.
+fn host_tail_end(graph: &Graph, live: &Liveness, starts: &[u64], link: &CopyModel) -> u64 {
+    let (mut out_free, mut in_free, mut host_free) = (0u64, 0u64, 0u64);
+    let mut end = 0;
+    for op in graph.ops().iter().filter(|o| o.on_host()) {
+        let mut ready = starts[op.id.index()];
+        for &t in &op.inputs {
+            let s = &live.storages[live.storage_of[t.index()].index()];
+            if !s.persistent && !s.host_master {
+                out_free = out_free.max(starts[op.id.index()])
+                    + link.duration_ns(s.bytes, link.d2h_bytes_per_s);
+                ready = ready.max(out_free);
+            }
+        }
+        host_free = host_free.max(ready) + link.host_ns(graph.host_traffic_bytes(op.id));
+        end = end.max(host_free);
+        for &t in &op.outputs {
+            let s = &live.storages[live.storage_of[t.index()].index()];
+            if !s.host_only {
+                in_free = in_free.max(host_free) + link.duration_ns(s.bytes, link.h2d_bytes_per_s);
+                end = end.max(in_free);
+            }
+        }
+    }
+    end
 }
