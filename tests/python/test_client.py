@@ -48,6 +48,24 @@ def test_a_graph_file_becomes_the_same_message_as_its_dict(zoo_graph):
     assert (t.name, list(t.shape), t.bytes) == (doc["tensors"][0]["name"], doc["tensors"][0]["shape"], doc["tensors"][0]["bytes"])
 
 
+def test_ops_on_the_host_keep_their_placement(tmp_path):
+    path = tmp_path / "resnet50-host.json"
+    out = subprocess.run(
+        [TENSILECTL, "graph", "export", "--model", "resnet50", "--batch", "1", "--optimizer", "adam-on-host", "-o", str(path)],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(path.read_text())
+    msg = tc.graph_to_proto(doc)
+    on_host = [o.get("placement") == "host" for o in doc["ops"]]
+    assert any(on_host)
+    assert [m.placement == pb.PLACEMENT_HOST for m in msg.ops] == on_host
+    doc["ops"][0]["placement"] = "gpu"
+    with pytest.raises(ValueError, match="op 0 .* placement: unknown value 'gpu'"):
+        tc.graph_to_proto(doc)
+
+
 def test_a_traced_model_converts():
     graph = trace_training_step(lambda: torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU()), torch.optim.Adam, [InputSpec("input", (2, 8))], name="mlp")
     msg = tc.graph_to_proto(graph)

@@ -83,6 +83,7 @@ _KINDS = {
 }
 _PHASES = {"forward": pb.PHASE_FORWARD, "backward": pb.PHASE_BACKWARD, "optimizer": pb.PHASE_OPTIMIZER}
 _ALIASES = {"in_place": pb.ALIAS_KIND_IN_PLACE, "view": pb.ALIAS_KIND_VIEW}
+_PLACEMENTS = {"device": pb.PLACEMENT_DEVICE, "host": pb.PLACEMENT_HOST}
 _EVENTS = {
     pb.EVENT_KIND_SWAP_OUT: "swap_out",
     pb.EVENT_KIND_SWAP_IN: "swap_in",
@@ -386,6 +387,7 @@ def _graph_from_dict(doc: Mapping[str, Any], what: str) -> pb.Graph:
             phase=_lookup(_PHASES, o["phase"], f"{where} phase"),
             inputs=[int(x) for x in o["inputs"]],
             outputs=[int(x) for x in o["outputs"]],
+            placement=_lookup(_PLACEMENTS, o.get("placement", "device"), f"{where} placement"),
         )
         for key, value in o.get("attrs", {}).items():
             op.attrs[key].CopyFrom(_attr(value, f"{where} attribute {key!r}"))
