@@ -5,6 +5,8 @@
 //! # Layout
 //! - `config`: the copy link and per-job knobs.
 //! - `job`: one job's steps, storages, gaps, memory per step, channels.
+//! - `host_copies`: the program's own copies around its host ops, placed
+//!   before the planner's.
 //! - `intervals`: copy-channel occupancy (half-open interval sets).
 //! - `memtree`: memory per step (segment tree: range add, first maximum).
 //! - `swap`: greedy swap scheduling, across-iteration swaps, host-copy reuse.
@@ -43,6 +45,7 @@ mod config;
 mod coord;
 mod emit;
 mod gate;
+mod host_copies;
 mod intervals;
 mod job;
 mod lengthen;
