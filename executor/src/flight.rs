@@ -41,7 +41,11 @@ impl<C: CopyEngine> Executor<'_, C> {
     /// keeps the device buffer (and any release waits for nothing), a failed
     /// prefetch gives its buffer back so the op fetches the data on demand.
     pub(crate) fn refresh(&mut self, now: u64) {
-        if self.flying.is_empty() && self.retired.is_empty() && self.host_runs.is_empty() {
+        if self.flying.is_empty()
+            && self.retired.is_empty()
+            && self.host_runs.is_empty()
+            && self.host_retry.is_empty()
+        {
             return;
         }
         self.engine.poll(now);
@@ -106,6 +110,7 @@ impl<C: CopyEngine> Executor<'_, C> {
                 self.flying.push(s);
             }
         }
+        self.retry_host(now);
         for (at, s) in std::mem::take(&mut self.deferred_outs) {
             match self.slots[s.index()].device {
                 Device::Arriving(InFlight { end: None, .. }) => self.deferred_outs.push((at, s)),

@@ -15,7 +15,7 @@
 
 use tensile_graph::{OpId, StorageId};
 use tensile_planner::{Event, EventKind, Trigger};
-use tensile_swap_executor::{CopyEngine, CopyStatus, HostRun};
+use tensile_swap_executor::{CopyEngine, CopyId, CopyStatus, HostRun};
 
 use crate::interface::{ExecError, Next};
 use crate::machine::Executor;
@@ -28,6 +28,8 @@ pub(crate) struct HostInFlight {
     pub(crate) copy: InFlight,
     /// The storages it writes.
     writes: Vec<StorageId>,
+    /// The swap-outs of its inputs it waits for.
+    after: Vec<CopyId>,
 }
 
 impl<C: CopyEngine> Executor<'_, C> {
@@ -64,6 +66,22 @@ impl<C: CopyEngine> Executor<'_, C> {
         }) {
             self.run_queue(now);
         }
+        let after = match self.host_inputs(op, now)? {
+            Ok(after) => after,
+            Err(w) => return Ok(Some(self.wait(w, now))),
+        };
+        self.submit_host(op, after, now)?;
+        self.cur.host_runs += 1;
+        self.op_ended(op, now);
+        Ok(None)
+    }
+
+    /// The copies a host run at `op` must wait for: each input's swap-out
+    /// on its way, started here for a device input that has none (`keep`
+    /// when a later device op reads it). `Err`: an input is not yet
+    /// anywhere it could be copied from, wait for it.
+    fn host_inputs(&mut self, op: OpId, now: u64) -> Result<Result<Vec<CopyId>, Wake>, ExecError> {
+        let o = self.graph.op(op);
         let mut after = Vec::new();
         let mut wait: Option<Wake> = None;
         for &t in &o.inputs {
@@ -97,9 +115,16 @@ impl<C: CopyEngine> Executor<'_, C> {
                 },
             }
         }
-        if let Some(w) = wait {
-            return Ok(Some(self.wait(w, now)));
-        }
+        Ok(match wait {
+            Some(w) => Err(w),
+            None => Ok(after),
+        })
+    }
+
+    /// Hands the host op `op` to the engine's host, after `after`, and
+    /// marks what it writes as being rewritten there.
+    fn submit_host(&mut self, op: OpId, after: Vec<CopyId>, now: u64) -> Result<(), ExecError> {
+        let o = self.graph.op(op);
         let mut storages: Vec<StorageId> = Vec::new();
         for &t in o.inputs.iter().chain(&o.outputs) {
             let s = self.live.storage_of[t.index()];
@@ -117,8 +142,8 @@ impl<C: CopyEngine> Executor<'_, C> {
         let id = self.engine.run_on_host(HostRun {
             op,
             storages,
-            bytes: graph.host_traffic_bytes(op),
-            after,
+            bytes: self.graph.host_traffic_bytes(op),
+            after: after.clone(),
             not_before: now,
         });
         let end = match self.engine.status(id) {
@@ -134,10 +159,35 @@ impl<C: CopyEngine> Executor<'_, C> {
             self.slots[w.index()].host = Host::Updating(copy);
             self.drop_stale(w, now);
         }
-        self.host_runs.push(HostInFlight { op, copy, writes });
-        self.cur.host_runs += 1;
-        self.op_ended(op, now);
-        Ok(None)
+        self.host_runs.push(HostInFlight {
+            op,
+            copy,
+            writes,
+            after,
+        });
+        Ok(())
+    }
+
+    /// Host runs that failed because a swap-out of an input failed (an
+    /// engine fails such a run before it starts: nothing was written) go
+    /// again, the input copied out anew from its device buffer, which a
+    /// failed swap-out keeps. Runs after the failed swap-outs were learned
+    /// of and before anything else can free those buffers.
+    pub(crate) fn retry_host(&mut self, now: u64) {
+        for op in std::mem::take(&mut self.host_retry) {
+            let again = match self.host_inputs(op, now) {
+                Ok(Ok(after)) => self.submit_host(op, after, now),
+                // An input still on its way: next time.
+                Ok(Err(_)) => {
+                    self.host_retry.push(op);
+                    continue;
+                }
+                Err(e) => Err(e),
+            };
+            if let Err(e) = again {
+                self.host_error.get_or_insert(e);
+            }
+        }
     }
 
     /// Whether a device op after `op` touches `s`.
@@ -196,6 +246,21 @@ impl<C: CopyEngine> Executor<'_, C> {
                     self.host_runs.push(run);
                 }
                 CopyStatus::Pending => self.host_runs.push(run),
+                CopyStatus::Failed(_)
+                    if run
+                        .after
+                        .iter()
+                        .any(|&c| matches!(self.engine.status(c), CopyStatus::Failed(_))) =>
+                {
+                    // It never started: what it writes is as it was on the
+                    // host. It goes again once the failed copies are
+                    // learned of (`retry_host`).
+                    self.engine.forget(run.copy.id);
+                    for &w in &run.writes {
+                        self.slots[w.index()].host = Host::Valid;
+                    }
+                    self.host_retry.push(run.op);
+                }
                 CopyStatus::Failed(why) => {
                     self.engine.forget(run.copy.id);
                     // Its storages were written in part: their data is gone.
@@ -253,7 +318,12 @@ impl<C: CopyEngine> Executor<'_, C> {
 
     /// When the last host run in flight ends.
     pub(crate) fn host_runs_end(&self) -> Option<Wake> {
-        self.host_runs.iter().map(|r| Wake::of(r.copy)).max()
+        let retry = (!self.host_retry.is_empty()).then_some(Wake::Unknown);
+        self.host_runs
+            .iter()
+            .map(|r| Wake::of(r.copy))
+            .chain(retry)
+            .max()
     }
 
     fn lost(&self, op: OpId, tensor: u32) -> ExecError {

@@ -87,6 +87,8 @@ pub struct Executor<'g, C> {
     pub(crate) uses: Vec<Vec<u32>>,
     /// Host ops on the engine's host, in submission order.
     pub(crate) host_runs: Vec<HostInFlight>,
+    /// Host runs to submit again (an input's swap-out failed).
+    pub(crate) host_retry: Vec<OpId>,
     /// Prefetches due while a host run was still rewriting their storage:
     /// their buffers exist; their copies start once it has ended.
     pub(crate) parked_ins: Vec<Event>,
@@ -139,6 +141,7 @@ impl<'g, C: CopyEngine> Executor<'g, C> {
             limit_may_rise: false,
             uses: uses(graph, live),
             host_runs: Vec::new(),
+            host_retry: Vec::new(),
             parked_ins: Vec::new(),
             host_error: None,
         }

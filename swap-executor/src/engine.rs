@@ -37,7 +37,8 @@ pub struct HostRun {
     /// The bytes it moves through host memory (its time on a virtual host).
     pub bytes: u64,
     /// It starts once these copies (the swap-outs that bring its inputs to
-    /// the host) have completed; none of them failed.
+    /// the host) have completed. If one fails, the run fails before it
+    /// starts, having written nothing (the executor submits it again).
     pub after: Vec<CopyId>,
     /// Nor before this time.
     pub not_before: u64,
