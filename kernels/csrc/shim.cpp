@@ -402,4 +402,11 @@ int tk_set_allocator_settings(const char* conf, char** err) {
   });
 }
 
+// How many tensors share the storage of `t` (c10::Storage's use count: one
+// per TensorImpl over it, views included). A tensor over memory the caller
+// lends (from_blob) must be the only one left before that memory goes.
+int64_t tk_storage_use_count(const at::Tensor* t) {
+  return static_cast<int64_t>(t->storage().use_count());
+}
+
 }  // extern "C"

@@ -48,6 +48,7 @@ unsafe extern "C" {
     ) -> i32;
     fn tk_set_deterministic_cudnn(on: i32);
     fn tk_set_allocator_settings(conf: *const c_char, err: *mut *mut c_char) -> i32;
+    fn tk_storage_use_count(t: *const c_void) -> i64;
 }
 
 /// cuDNN's deterministic algorithms on or off (its autotuner off).
@@ -132,6 +133,67 @@ pub(crate) fn write_bytes(dst: &Tensor, src: &[u8]) -> Result<(), String> {
     let copied = bytes.f_copy_(&blob).map(drop);
     drop(blob);
     copied.map_err(|e| format!("copying {len} B: {e}"))
+}
+
+/// Runs `f` on flat CPU tensors over memory the caller lends: one tensor
+/// per buffer, of its kind, as long as the buffer (see
+/// [`crate::with_cpu_tensors`]). No tensor over the buffers may outlive
+/// `f`: that is checked when `f` returns (or panics), and a tensor that
+/// escaped aborts the process, since it would point at memory about to go
+/// back to its owner.
+pub(crate) fn with_cpu_tensors<R>(
+    bufs: &mut [(&mut [u8], tch::Kind)],
+    f: impl FnOnce(&[Tensor]) -> R,
+) -> Result<R, String> {
+    let mut tensors = Vec::with_capacity(bufs.len());
+    for (bytes, kind) in bufs.iter_mut() {
+        let elt = kind.elt_size_in_bytes();
+        let (len, at) = (bytes.len(), bytes.as_mut_ptr());
+        // An empty buffer's pointer is dangling: no alignment to check.
+        if !len.is_multiple_of(elt) || (len > 0 && !(at as usize).is_multiple_of(elt)) {
+            return Err(format!(
+                "{len} B at {at:p} are not whole, aligned elements of {kind:?}"
+            ));
+        }
+        let t = if len == 0 {
+            Tensor::f_empty([0], (*kind, tch::Device::Cpu))
+        } else {
+            // SAFETY: `bytes` is `len` bytes, aligned for `kind`, borrowed
+            // mutably for this whole function, so nothing else reads or
+            // writes them meanwhile; the tensor, which does not own them, and
+            // every view of it are gone before this function returns (the
+            // use count is checked below, and the process aborts if one
+            // escaped).
+            unsafe {
+                Tensor::f_from_blob(
+                    at.cast_const(),
+                    &[(len / elt) as i64],
+                    &[1],
+                    *kind,
+                    tch::Device::Cpu,
+                )
+            }
+        }
+        .map_err(|e| format!("wrapping {len} B as {kind:?}: {e}"))?;
+        tensors.push(t);
+    }
+    let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&tensors)));
+    for t in &tensors {
+        // SAFETY: `t` is a live tensor; the shim only reads its storage's
+        // reference count.
+        let users = unsafe { tk_storage_use_count(t.as_ptr() as *const c_void) };
+        if users > 1 {
+            eprintln!(
+                "tensile-kernels: a tensor over lent host memory outlived its use ({users} users): aborting"
+            );
+            std::process::abort();
+        }
+    }
+    drop(tensors);
+    match out {
+        Ok(r) => Ok(r),
+        Err(p) => std::panic::resume_unwind(p),
+    }
 }
 
 /// One argument value, in schema order (see `tk_arg` in the shim).

@@ -131,7 +131,63 @@ pub fn write_bytes(dst: &tch::Tensor, src: &[u8]) -> Result<(), String> {
     ffi::write_bytes(dst, src)
 }
 
+/// Runs `f` on CPU tensors over bytes the caller owns, without copying
+/// them: one flat tensor per buffer (`bytes.len() / elt` elements of its
+/// kind), valid only inside `f`, whose in-place writes land in the bytes.
+/// For kernels that run over a copy engine's host buffers (an optimizer
+/// update kept on the host). Every tensor over the buffers, views
+/// included, must be dropped before `f` returns: one that is kept aborts
+/// the process (it would point at memory given back). An error names a
+/// buffer that is not whole, aligned elements of its kind.
+pub fn with_cpu_tensors<R>(
+    bufs: &mut [(&mut [u8], tch::Kind)],
+    f: impl FnOnce(&[tch::Tensor]) -> R,
+) -> Result<R, String> {
+    ffi::with_cpu_tensors(bufs, f)
+}
+
 /// The schema `op` binds to, as PyTorch prints it, or why it cannot run.
 pub fn binding_of(op: &tensile_graph::Op) -> Result<String, String> {
     bind::bind(op, &mut bind::Cache::default()).map(|b| b.schema.text)
+}
+
+#[cfg(test)]
+mod tests {
+    use tch::Kind;
+
+    #[test]
+    fn tensors_over_lent_bytes_write_in_place_and_misfits_are_errors() {
+        let mut a: Vec<u8> = [1.5f32, -2.0, 4.0]
+            .iter()
+            .flat_map(|x| x.to_ne_bytes())
+            .collect();
+        let mut b: Vec<u8> = [0.5f32, 0.5, 0.5]
+            .iter()
+            .flat_map(|x| x.to_ne_bytes())
+            .collect();
+        let sum = super::with_cpu_tensors(
+            &mut [(&mut a[..], Kind::Float), (&mut b[..], Kind::Float)],
+            |t| {
+                let mut x = t[0].shallow_clone();
+                let _ = x.f_add_(&t[1]).expect("adds");
+                // A view made and dropped inside is fine.
+                t[0].narrow(0, 1, 2).sum(Kind::Double).double_value(&[])
+            },
+        )
+        .expect("wraps");
+        assert_eq!(sum, 3.0);
+        let back: Vec<f32> = a
+            .chunks(4)
+            .map(|c| f32::from_ne_bytes(c.try_into().expect("4 bytes")))
+            .collect();
+        assert_eq!(back, [2.0, -1.5, 4.5]);
+        let mut odd = [0u8; 6];
+        let err = super::with_cpu_tensors(&mut [(&mut odd[..], Kind::Float)], |_| ())
+            .expect_err("6 bytes are not floats");
+        assert!(err.contains("not whole, aligned elements"), "{err}");
+        let mut empty: Vec<u8> = Vec::new();
+        let n = super::with_cpu_tensors(&mut [(&mut empty[..], Kind::Float)], |t| t[0].numel())
+            .expect("empty");
+        assert_eq!(n, 0);
+    }
 }

@@ -26,6 +26,10 @@
 //! Only payloads that say they may be reused ([`Payload::reusable`]: the
 //! worker's CPU tensors) are; kept buffers are the engine's, not the
 //! device's resident bytes, as a caching allocator's free blocks are.
+//!
+//! Host runs (ops kept on the host CPU) go to a host thread of their own,
+//! over the host copies, through a kernel the driver installs: see
+//! `host_run`.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -36,6 +40,12 @@ use std::time::{Duration, Instant};
 use tensile_graph::StorageId;
 
 use crate::engine::{Copy, CopyEngine, CopyId, CopyState, CopyStatus, CopyTable, Dir, HostRun};
+
+#[path = "host_run.rs"]
+mod host_run;
+
+use host_run::Runs;
+pub use host_run::{HostBytes, HostKernel};
 
 /// A device buffer whose bytes the engine can move: implemented by the
 /// worker for its tensors (a shallow handle: cloning shares the memory).
@@ -131,6 +141,13 @@ enum Done<P: Payload> {
         end: Instant,
         result: Result<P, String>,
     },
+    /// A host run ended; the host buffers it held come back.
+    Run {
+        id: CopyId,
+        end: Instant,
+        result: Result<(), String>,
+        bufs: Vec<(StorageId, HostBuf<P::Meta>)>,
+    },
 }
 
 /// What the engine knows of one copy.
@@ -167,6 +184,10 @@ pub struct HostCopies<P: Payload> {
     reuse_bytes: u64,
     outs_submitted: u64,
     outs_done: u64,
+    /// The storage of every copy on a lane (host runs wait for those of
+    /// their storages).
+    touching: HashMap<CopyId, StorageId>,
+    runs: Runs<P>,
 }
 
 impl<P: Payload> std::fmt::Debug for HostCopies<P> {
@@ -307,6 +328,8 @@ impl<P: Payload> HostCopies<P> {
             reuse_bytes: 0,
             outs_submitted: 0,
             outs_done: 0,
+            touching: HashMap::new(),
+            runs: Runs::new(done_tx),
         }
     }
 
@@ -435,8 +458,10 @@ impl<P: Payload> HostCopies<P> {
         }
     }
 
-    /// Drops the storage's host copy, giving its bytes back to the pool.
+    /// Drops the storage's host copy, giving its bytes back to the pool (a
+    /// host run holding them gives them back when it ends).
     fn discard(&mut self, s: StorageId) {
+        self.runs.stale(s);
         if let Some(h) = self.host.remove(&s) {
             self.pool_used -= h.bytes.len() as u64;
             // Kept for reuse unless a copy still reads it.
@@ -466,9 +491,23 @@ impl<P: Payload> HostCopies<P> {
     }
 
     fn apply(&mut self, done: Done<P>) {
+        if let Done::Run {
+            id,
+            end,
+            result,
+            bufs,
+        } = done
+        {
+            self.run_returned(id, end, result, bufs);
+            return;
+        }
         self.in_flight -= 1;
         match done {
+            Done::Run { .. } => {}
             Done::Out { id, end, result } => {
+                self.touching.remove(&id);
+                self.runs
+                    .copy_done(id, result.as_ref().map(drop).map_err(Clone::clone));
                 self.outs_done += 1;
                 let Some((s, meta, len)) = self.out_meta.remove(&id) else {
                     return;
@@ -494,6 +533,9 @@ impl<P: Payload> HostCopies<P> {
                 self.copies.set(id, state);
             }
             Done::In { id, end, result } => {
+                self.touching.remove(&id);
+                self.runs
+                    .copy_done(id, result.as_ref().map(drop).map_err(Clone::clone));
                 let Some(CopyState::Pending { storage: s, .. }) = self.copies.get(id) else {
                     return;
                 };
@@ -520,13 +562,14 @@ impl<P: Payload> HostCopies<P> {
                 self.copies.set(id, state);
             }
         }
+        self.dispatch_runs();
     }
 
     /// Waits up to `timeout` for a copy to complete; says whether one did.
     /// The driver calls this instead of spinning while the executor waits
     /// for a copy.
     pub fn wait(&mut self, timeout: Duration) -> bool {
-        if self.in_flight == 0 {
+        if self.in_flight == 0 && self.runs.outstanding() == 0 {
             return false;
         }
         match self.done_rx.recv_timeout(timeout) {
@@ -538,9 +581,9 @@ impl<P: Payload> HostCopies<P> {
         }
     }
 
-    /// Waits for every copy in flight to complete.
+    /// Waits for every copy and host run in flight to complete.
     pub fn drain(&mut self) {
-        while self.in_flight > 0 {
+        while self.in_flight > 0 || self.runs.outstanding() > 0 {
             match self.done_rx.recv() {
                 Ok(d) => self.apply(d),
                 Err(_) => return,
@@ -577,30 +620,29 @@ impl<P: Payload> HostCopies<P> {
         bytes as f64 * f64::from(n) / secs
     }
 
-    /// Copies in flight.
-    pub fn in_flight(&self) -> usize {
-        self.in_flight
-    }
-}
-
-impl<P: Payload> CopyEngine for HostCopies<P> {
-    fn submit(&mut self, copy: Copy) -> CopyId {
+    /// Puts copy `id` on its lane (or fails it, for want of data or room).
+    fn start(&mut self, id: CopyId, copy: Copy, fail: bool) {
         let s = copy.storage;
-        let n = self.next_id + 1;
-        let fail = self.config.fail_every.is_some_and(|k| n.is_multiple_of(k));
         let not_before = self.epoch + Duration::from_nanos(copy.not_before);
+        let failed = |e: &mut Self, why: String| {
+            if e.wanted_in.get(&s) == Some(&id) {
+                e.wanted_in.remove(&s);
+            }
+            // A host run may wait for it (a prefetch that was deferred).
+            e.runs.copy_done(id, Err(why.clone()));
+            e.copies.set(id, CopyState::Failed(why, s));
+        };
         let job = match copy.dir {
             Dir::ToHost => {
                 let Some(src) = self.device.get(&s).map(P::share) else {
-                    return self.fail_now(s, format!("storage {} has no device data", s.0));
+                    return failed(self, format!("storage {} has no device data", s.0));
                 };
                 let len = src.byte_len() as u64;
                 let buf = self.take_spare(len as usize);
                 if let Err(why) = self.reserve(len, s) {
                     self.keep_spare(buf);
-                    return self.fail_now(s, why);
+                    return failed(self, why);
                 }
-                let id = self.fresh_id();
                 self.out_meta.insert(id, (s, src.meta(), len));
                 Job::Out {
                     id,
@@ -612,12 +654,10 @@ impl<P: Payload> CopyEngine for HostCopies<P> {
             }
             Dir::ToDevice => {
                 let Some(h) = self.host.get(&s) else {
-                    return self.fail_now(s, format!("storage {} has no host copy", s.0));
+                    return failed(self, format!("storage {} has no host copy", s.0));
                 };
                 let (src, meta) = (Arc::clone(&h.bytes), h.meta.clone());
                 let reuse = self.take_device(&meta, src.len());
-                let id = self.fresh_id();
-                self.wanted_in.insert(s, id);
                 Job::In {
                     id,
                     src,
@@ -628,17 +668,15 @@ impl<P: Payload> CopyEngine for HostCopies<P> {
                 }
             }
         };
-        let id = match &job {
-            Job::Out { id, .. } | Job::In { id, .. } => *id,
-        };
         let lane = self.lane_for(copy.dir);
         if self.lanes[lane].0.send(job).is_err() {
-            self.out_meta.remove(&id);
-            self.copies
-                .set(id, CopyState::Failed("the copy thread is gone".into(), s));
-            return id;
+            if let Some((_, _, len)) = self.out_meta.remove(&id) {
+                self.pool_used -= len;
+            }
+            return failed(self, "the copy thread is gone".into());
         }
         self.in_flight += 1;
+        self.touching.insert(id, s);
         if copy.dir == Dir::ToHost {
             self.outs_submitted += 1;
         }
@@ -649,18 +687,44 @@ impl<P: Payload> CopyEngine for HostCopies<P> {
                 storage: s,
             },
         );
+    }
+
+    /// Copies in flight.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight
+    }
+}
+
+impl<P: Payload> CopyEngine for HostCopies<P> {
+    fn submit(&mut self, copy: Copy) -> CopyId {
+        let id = self.fresh_id();
+        let fail = self
+            .config
+            .fail_every
+            .is_some_and(|k| (id.0 + 1).is_multiple_of(k));
+        let s = copy.storage;
+        if copy.dir == Dir::ToDevice {
+            self.wanted_in.insert(s, id);
+            if self.runs.is_lent(s) {
+                // A host run is writing its host copy: the copy reads what
+                // the run leaves.
+                self.copies.set(
+                    id,
+                    CopyState::Pending {
+                        dir: copy.dir,
+                        storage: s,
+                    },
+                );
+                self.runs.defer(id, copy, fail);
+                return id;
+            }
+        }
+        self.start(id, copy, fail);
         id
     }
 
     fn run_on_host(&mut self, run: HostRun) -> CopyId {
-        let first = run.storages.first().copied().unwrap_or(StorageId(0));
-        self.fail_now(
-            first,
-            format!(
-                "op {} runs on the host, which the host copy engine does not do",
-                run.op.0
-            ),
-        )
+        self.submit_run(run)
     }
 
     fn poll(&mut self, now: u64) {
@@ -689,7 +753,8 @@ impl<P: Payload> CopyEngine for HostCopies<P> {
 
 impl<P: Payload> Drop for HostCopies<P> {
     fn drop(&mut self) {
-        // Closing the job channels ends the copy threads once they are done.
+        // Closing the job channels ends the copy threads once they are done
+        // (the host thread goes with `runs`, after).
         for (tx, handle) in std::mem::take(&mut self.lanes) {
             drop(tx);
             let _ = handle.join();

@@ -1,14 +1,16 @@
 //! Tests of the host copy engine over a plain byte payload: bytes round-
 //! trip, copies are paced at the bandwidth, the pool cap holds, failures
-//! (injected or for want of room) are reported as failed copies.
+//! (injected or for want of room) are reported as failed copies; host runs
+//! come after their input copies, one after another, over bytes nothing
+//! else touches meanwhile.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tensile_graph::StorageId;
+use tensile_graph::{OpId, StorageId};
 
-use super::{HostConfig, HostCopies, Payload};
-use crate::engine::{Copy, CopyEngine, CopyError, CopyId, CopyStatus, Dir};
+use super::{HostBytes, HostConfig, HostCopies, HostKernel, Payload};
+use crate::engine::{Copy, CopyEngine, CopyError, CopyId, CopyStatus, Dir, HostRun};
 
 /// A "device" buffer: shared bytes.
 #[derive(Debug, Clone)]
@@ -269,4 +271,242 @@ fn freed_device_buffers_are_refilled_once_no_swap_out_reads_them() {
     e.set_device(StorageId(3), pattern(len, 3));
     e.drop_device(StorageId(3));
     assert_eq!(e.reuse_bytes(), 0);
+}
+
+fn run(op: u32, storages: &[u32], after: Vec<CopyId>) -> HostRun {
+    HostRun {
+        op: OpId(op),
+        storages: storages.iter().map(|&s| StorageId(s)).collect(),
+        bytes: 0,
+        after,
+        not_before: 0,
+    }
+}
+
+/// A host copy's bytes now.
+fn host_bytes(e: &HostCopies<Buf>, s: u32) -> Vec<u8> {
+    let p = e.host_payload(StorageId(s)).expect("a host copy");
+    p.expect("bytes").0.to_vec()
+}
+
+/// Adds the second buffer into the first, byte by byte (an "update" of a
+/// parameter by its gradient); slow by `pause`.
+fn add_kernel(pause: Duration) -> impl HostKernel<()> {
+    move |_: OpId, bufs: &mut [HostBytes<'_, ()>]| {
+        std::thread::sleep(pause);
+        let [param, grad] = bufs else {
+            return Err(format!("{} buffers", bufs.len()));
+        };
+        for (p, g) in param.bytes.iter_mut().zip(grad.bytes.iter()) {
+            *p = p.wrapping_add(*g);
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn a_host_run_starts_after_its_input_copy_and_writes_in_place() {
+    let epoch = Instant::now();
+    // 4 MB at 0.2 GB/s: the gradient's swap-out takes about 20 ms.
+    let config = HostConfig {
+        bytes_per_s: Some(0.2e9),
+        ..HostConfig::default()
+    };
+    let mut e = HostCopies::<Buf>::new(config, epoch);
+    e.set_host_kernel(add_kernel(Duration::ZERO));
+    let len = 4_000_000;
+    let (param, grad) = (pattern(len, 1), pattern(len, 2));
+    e.put_host(StorageId(0), &param).expect("fits");
+    e.set_device(StorageId(1), grad.clone());
+    let out = e.submit(copy(Dir::ToHost, 1, len as u64));
+    let r = e.run_on_host(run(9, &[0, 1], vec![out]));
+    let CopyStatus::Ends(t_run) = settle(&mut e, epoch, r) else {
+        panic!("the run ends")
+    };
+    let CopyStatus::Ends(t_out) = settle(&mut e, epoch, out) else {
+        panic!("the copy ends")
+    };
+    assert!(
+        t_run >= t_out,
+        "the run ended at {t_run}, before its input at {t_out}"
+    );
+    let want: Vec<u8> = param
+        .0
+        .iter()
+        .zip(grad.0.iter())
+        .map(|(p, g)| p.wrapping_add(*g))
+        .collect();
+    assert_eq!(host_bytes(&e, 0), want, "the parameter's host copy updated");
+    assert_eq!(host_bytes(&e, 1), grad.0.to_vec(), "the gradient read only");
+    assert_eq!(e.pool_bytes().0, 2 * len as u64);
+    e.forget(r);
+    e.forget(out);
+    // The parameter comes back to the device with the update.
+    let back = e.submit(copy(Dir::ToDevice, 0, len as u64));
+    assert!(matches!(settle(&mut e, epoch, back), CopyStatus::Ends(_)));
+    assert_eq!(e.device(StorageId(0)).expect("prefetched").0.to_vec(), want);
+}
+
+#[test]
+fn host_runs_run_one_after_another_in_submission_order() {
+    let epoch = Instant::now();
+    let config = HostConfig {
+        bytes_per_s: Some(0.1e9),
+        ..HostConfig::default()
+    };
+    let mut e = HostCopies::<Buf>::new(config, epoch);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let seen = Arc::clone(&log);
+    e.set_host_kernel(move |op: OpId, _: &mut [HostBytes<'_, ()>]| {
+        seen.lock().expect("log").push((op.0, Instant::now()));
+        std::thread::sleep(Duration::from_millis(5));
+        Ok(())
+    });
+    for s in 0..3 {
+        e.put_host(StorageId(s), &pattern(1000, s as u8))
+            .expect("fits");
+    }
+    // The first waits for a 10 ms copy; the others wait for nothing, on
+    // other storages, and still come after it.
+    e.set_device(StorageId(7), pattern(1_000_000, 7));
+    let out = e.submit(copy(Dir::ToHost, 7, 1_000_000));
+    let ids = [
+        e.run_on_host(run(10, &[0, 7], vec![out])),
+        e.run_on_host(run(11, &[1], Vec::new())),
+        e.run_on_host(run(12, &[2], Vec::new())),
+    ];
+    let ends: Vec<u64> = ids
+        .iter()
+        .map(|&id| match settle(&mut e, epoch, id) {
+            CopyStatus::Ends(t) => t,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    let order: Vec<u32> = log.lock().expect("log").iter().map(|l| l.0).collect();
+    assert_eq!(order, [10, 11, 12]);
+    assert!(ends.windows(2).all(|w| w[0] <= w[1]), "{ends:?}");
+    assert_eq!(e.host_runs_in_flight(), 0);
+}
+
+#[test]
+fn a_failing_kernel_or_input_copy_fails_the_run_and_says_why() {
+    let epoch = Instant::now();
+    let mut e = HostCopies::<Buf>::new(HostConfig::default(), epoch);
+    e.set_host_kernel(|op: OpId, _: &mut [HostBytes<'_, ()>]| match op.0 {
+        1 => Err("the update diverged".to_string()),
+        2 => panic!("a bug in the kernel"),
+        _ => Ok(()),
+    });
+    e.put_host(StorageId(0), &pattern(100, 0)).expect("fits");
+    let why = |e: &mut HostCopies<Buf>, id| match settle(e, epoch, id) {
+        CopyStatus::Failed(CopyError::Failed { why, .. }) => why,
+        other => panic!("expected a failure, got {other:?}"),
+    };
+    let a = e.run_on_host(run(1, &[0], Vec::new()));
+    assert!(why(&mut e, a).contains("the update diverged"));
+    let b = e.run_on_host(run(2, &[0], Vec::new()));
+    let msg = why(&mut e, b);
+    assert!(msg.contains("panicked") && msg.contains("a bug"), "{msg}");
+    // The host thread goes on after a panic.
+    let c = e.run_on_host(run(3, &[0], Vec::new()));
+    assert!(matches!(settle(&mut e, epoch, c), CopyStatus::Ends(_)));
+    // A run whose input copy fails fails too, naming the copy, and never
+    // runs; a storage with no host copy likewise.
+    let config = HostConfig {
+        fail_every: Some(1),
+        fault_delay: Duration::from_millis(10),
+        ..HostConfig::default()
+    };
+    let mut f = HostCopies::<Buf>::new(config, epoch);
+    let ran = Arc::new(Mutex::new(false));
+    let flag = Arc::clone(&ran);
+    f.set_host_kernel(move |_: OpId, _: &mut [HostBytes<'_, ()>]| {
+        *flag.lock().expect("flag") = true;
+        Ok(())
+    });
+    f.set_device(StorageId(1), pattern(100, 1));
+    let out = f.submit(copy(Dir::ToHost, 1, 100));
+    let r = f.run_on_host(run(4, &[1], vec![out]));
+    let msg = why(&mut f, r);
+    assert!(
+        msg.contains(&format!("copy {} that it waits for failed", out.0))
+            && msg.contains("injected"),
+        "{msg}"
+    );
+    let r = f.run_on_host(run(5, &[6], Vec::new()));
+    assert!(why(&mut f, r).contains("storage 6 has no host copy"));
+    assert!(!*ran.lock().expect("flag"), "no run reached the kernel");
+}
+
+#[test]
+fn a_run_keeps_the_bytes_it_uses_when_the_host_copy_is_discarded() {
+    let epoch = Instant::now();
+    let mut e = HostCopies::<Buf>::new(HostConfig::default(), epoch);
+    let (param, grad) = (pattern(1000, 3), pattern(1000, 4));
+    e.put_host(StorageId(0), &param).expect("fits");
+    e.put_host(StorageId(1), &grad).expect("fits");
+    e.set_host_kernel(add_kernel(Duration::from_millis(50)));
+    let r = e.run_on_host(run(0, &[0, 1], Vec::new()));
+    // The end of the iteration: the gradient's host copy is stale, while
+    // the run still reads it. Its bytes stay counted until the run is done.
+    std::thread::sleep(Duration::from_millis(10));
+    e.discard_host(StorageId(1));
+    assert_eq!(e.pool_bytes().0, 2000, "the run still holds the gradient");
+    assert!(matches!(settle(&mut e, epoch, r), CopyStatus::Ends(_)));
+    let want: Vec<u8> = param
+        .0
+        .iter()
+        .zip(grad.0.iter())
+        .map(|(p, g)| p.wrapping_add(*g))
+        .collect();
+    assert_eq!(host_bytes(&e, 0), want, "it read the discarded bytes whole");
+    assert!(
+        e.host_payload(StorageId(1)).is_none(),
+        "discarded at the end"
+    );
+    assert_eq!(e.pool_bytes().0, 1000);
+    assert!(e.pool_bytes().1 <= 2000);
+}
+
+#[test]
+fn a_prefetch_submitted_during_a_run_reads_what_the_run_wrote() {
+    let epoch = Instant::now();
+    let mut e = HostCopies::<Buf>::new(HostConfig::default(), epoch);
+    e.set_host_kernel(|_: OpId, bufs: &mut [HostBytes<'_, ()>]| {
+        std::thread::sleep(Duration::from_millis(30));
+        bufs[0].bytes.fill(42);
+        Ok(())
+    });
+    e.put_host(StorageId(0), &pattern(4096, 0)).expect("fits");
+    let r = e.run_on_host(run(0, &[0], Vec::new()));
+    std::thread::sleep(Duration::from_millis(5));
+    let p = e.submit(copy(Dir::ToDevice, 0, 4096));
+    let (CopyStatus::Ends(t_run), CopyStatus::Ends(t_in)) =
+        (settle(&mut e, epoch, r), settle(&mut e, epoch, p))
+    else {
+        panic!("both end")
+    };
+    assert!(t_in >= t_run);
+    assert_eq!(
+        e.device(StorageId(0)).expect("fetched").0.to_vec(),
+        vec![42; 4096]
+    );
+}
+
+#[test]
+fn without_a_kernel_a_host_run_fails_saying_so() {
+    let epoch = Instant::now();
+    let mut e = HostCopies::<Buf>::new(HostConfig::default(), epoch);
+    e.put_host(StorageId(0), &pattern(10, 0)).expect("fits");
+    let r = e.run_on_host(run(5, &[0], Vec::new()));
+    match e.status(r) {
+        CopyStatus::Failed(CopyError::Failed { why, .. }) => {
+            assert!(
+                why.contains("op 5") && why.contains("no host kernel"),
+                "{why}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(e.host_runs_in_flight(), 0);
 }

@@ -17,7 +17,8 @@
 //!   a bandwidth and a fixed per-copy latency (the simulator's engine).
 //! - `host`: [`HostCopies`], real bytes between device payloads (a trait
 //!   the worker implements for its tensors) and a capped pool of host
-//!   buffers, on paced copy threads, with fault injection.
+//!   buffers, on paced copy threads, with fault injection; host runs on a
+//!   host thread through a kernel the driver installs ([`HostKernel`]).
 //!
 //! - `cuda`: [`CudaCopies`], real copies between libtorch's device buffers
 //!   (a [`DevicePayload`]) and a capped pool of pinned host buffers on one
@@ -36,6 +37,6 @@ mod virtual_time;
 pub use cuda::{CudaConfig, CudaCopies, CudaUnavailable, DevicePayload, cuda_available};
 pub use cuda_clock::CudaOpClock;
 pub use engine::{Copy, CopyEngine, CopyError, CopyId, CopyStatus, Dir, HostRun};
-pub use host::{HostConfig, HostCopies, Payload};
+pub use host::{HostBytes, HostConfig, HostCopies, HostKernel, Payload};
 pub use queue::ExecutionQueue;
 pub use virtual_time::VirtualCopies;

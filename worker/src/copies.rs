@@ -9,7 +9,7 @@ use tch::{Device, Tensor};
 use tensile_graph::StorageId;
 use tensile_swap_executor::{
     Copy, CopyEngine, CopyId, CopyStatus, CudaConfig, CudaCopies, CudaUnavailable, DevicePayload,
-    HostConfig, HostCopies, HostRun,
+    HostConfig, HostCopies, HostKernel, HostRun,
 };
 
 use crate::payload::{Flat, FlatMeta};
@@ -124,6 +124,15 @@ impl Copies {
 
     pub fn in_flight(&self) -> usize {
         each!(self, e => e.in_flight())
+    }
+
+    /// Installs the kernel of host runs: the host engine's only (the
+    /// worker refuses host ops on the CUDA engine at start, see
+    /// `host_kernels::check_engine`).
+    pub(crate) fn set_host_kernel(&mut self, kernel: impl HostKernel<FlatMeta>) {
+        if let Copies::Host(e) = self {
+            e.set_host_kernel(kernel);
+        }
     }
 }
 

@@ -16,6 +16,9 @@
 //! - `ledger`: [`Ledger`], the device bytes each worker of one device holds,
 //!   in slot files of a shared directory, so that workers sharing one
 //!   budget hold its sum.
+//! - `host_kernels`: ops placed on the host (optimizer updates kept on the
+//!   host CPU) run by the host copy engine over its host buffers, viewed as
+//!   CPU tensors, through the worker's host [`Kernels`].
 //! - `real`: the real kernels (`tensile-kernels`) as [`Kernels`], their
 //!   initial values, saving parameters.
 //! - `session`: [`Session`], the job's connection to the scheduler (register,
@@ -24,9 +27,11 @@
 //! - `main.rs`: the `tensile-worker` binary.
 
 mod copies;
+mod host_kernels;
 mod ledger;
 mod payload;
 mod real;
+mod report;
 mod runtime;
 mod session;
 
@@ -34,8 +39,9 @@ pub use copies::{Copies, Engine, cuda_ordinal};
 pub use ledger::{Claim, Ledger, LedgerError, Others, REFRESH, SlotState};
 pub use payload::{Flat, FlatMeta, Layout};
 pub use real::{initial_of, save_params};
+pub use report::IterationReport;
 pub use runtime::{
-    ALL_WAIT_GRACE, BREAK_AFTER, IterationReport, Kernels, POLL, STUCK_AFTER, Worker, WorkerConfig,
-    WorkerError, vanilla_plan,
+    ALL_WAIT_GRACE, BREAK_AFTER, Kernels, POLL, STUCK_AFTER, Worker, WorkerConfig, WorkerError,
+    vanilla_plan,
 };
 pub use session::{PushedPlan, Session, SessionConfig};

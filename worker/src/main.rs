@@ -543,6 +543,13 @@ fn run_copy(args: &Args, g: &Graph, live: &Liveness, shared: &Shared, copy: JobC
         ledger: shared.ledger.clone(),
     };
     let mut worker = Worker::new(g, live, &plan, program, initial, config)?;
+    if g.has_host_ops() {
+        // Updates kept on the host run the CPU kernels over the host
+        // copies, whatever the device.
+        let host = tensile_kernels::Program::new(g, Device::Cpu)
+            .with_context(|| format!("graph {:?}: its host ops cannot run", g.name()))?;
+        worker.set_host_kernels(host);
+    }
     let bar = shared.bars.add(
         ProgressBar::new(args.iterations as u64).with_style(
             ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} iterations ({elapsed})")

@@ -20,16 +20,17 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use serde::Serialize;
 use tch::Tensor;
-use tensile_executor::{Effect, ExecError, Executor, IterationStats, Next};
+use tensile_executor::{Effect, ExecError, Executor, Next};
 use tensile_graph::{Graph, Liveness, OpId, StorageId, TensorId};
 use tensile_planner::{Event, GateClock, Plan};
 use tensile_proto::clock::monotonic_ns;
 use tensile_swap_executor::{CudaOpClock, CudaUnavailable, HostConfig, Payload};
 
 use crate::copies::{Copies, Engine};
+use crate::host_kernels::{self, HostLayouts, HostOps};
 use crate::ledger::{Ledger, LedgerError, SlotState};
+use crate::report::IterationReport;
 
 use crate::payload::{Flat, Layout};
 
@@ -101,6 +102,14 @@ pub enum WorkerError {
     Cuda(#[from] CudaUnavailable),
     #[error("op {op} ({name}) failed: {why}")]
     Kernel { op: u32, name: String, why: String },
+    #[error(
+        "op {op} ({name}) runs on the host, which the CUDA copy engine does not do: run the job with --copy host"
+    )]
+    HostOpOnCuda { op: u32, name: String },
+    #[error(
+        "op {op} ({name}) runs on the host, and the worker was given no host kernels to run it (Worker::set_host_kernels)"
+    )]
+    NoHostKernels { op: u32, name: String },
     #[error("tensor {tensor} ({name}): {why}")]
     Tensor {
         tensor: u32,
@@ -140,95 +149,6 @@ pub struct WorkerConfig {
     /// without it an allocation past what the others leave is out of
     /// memory, as on a shared GPU.
     pub ledger: Option<PathBuf>,
-}
-
-/// What one iteration measured.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct IterationReport {
-    pub iteration: usize,
-    pub time_ns: u64,
-    /// The most bytes of device storage held at once, measured from the
-    /// tensors held (their storages' extents).
-    pub measured_peak_bytes: u64,
-    /// The same as the executor counts it (the graph's sizes).
-    pub executor_peak_bytes: u64,
-    pub stall_ns: u64,
-    pub passive_swaps: usize,
-    pub late_prefetches: usize,
-    pub late_prefetch_wait_ns: u64,
-    /// The storages (root tensors) whose prefetches were late.
-    #[serde(skip)]
-    pub late_prefetch_tensors: Vec<TensorId>,
-    /// Resident device bytes at every change during the iteration, as (ns
-    /// since the Unix epoch, bytes), when [`Worker::record_memory`] is on.
-    #[serde(skip)]
-    pub memory: Vec<(u64, u64)>,
-    pub failed_copies: usize,
-    pub recomputed_ops: usize,
-    pub swapped_bytes: u64,
-    /// Time inside the kernels (recomputations included): the rest of
-    /// `time_ns` is the worker's own (executor, effects, views, copies
-    /// started) and waits.
-    pub kernel_ns: u64,
-    /// Time of every op as the executor measured it (its kernel and the
-    /// worker's work around it), indexed by op id.
-    #[serde(skip)]
-    pub op_ns: Vec<u64>,
-    /// When the iteration started, ns on the host's monotonic clock (the
-    /// clock of the plans' gates).
-    pub start_monotonic_ns: u64,
-    /// How long the iteration waited for its gate's slot before it began.
-    pub gate_wait_ns: u64,
-    /// The gate's period and this job's phase in it (0, 0: no gate).
-    pub gate_period_ns: u64,
-    pub gate_phase_ns: u64,
-    /// What the guard of `--memory-mb` did: time waited for memory,
-    /// storages evicted, prefetches held back.
-    pub memory_wait_ns: u64,
-    pub guard_evictions: usize,
-    pub held_back: usize,
-    /// On CUDA, the caching allocator's peak of allocated bytes during the
-    /// iteration (`torch.cuda.max_memory_allocated`, its peak reset as each
-    /// iteration ends): every tensor of the process, the kernels'
-    /// temporaries included, where `measured_peak_bytes` counts the
-    /// storages the plan moves. Absent on the CPU.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub allocator_peak_bytes: Option<u64>,
-}
-
-impl IterationReport {
-    fn new(
-        iteration: usize,
-        s: &IterationStats,
-        measured_peak_bytes: u64,
-        kernel_ns: u64,
-    ) -> IterationReport {
-        IterationReport {
-            iteration,
-            time_ns: s.end_ns - s.start_ns,
-            measured_peak_bytes,
-            executor_peak_bytes: s.peak_bytes,
-            stall_ns: s.stall_ns,
-            passive_swaps: s.passive_swaps,
-            late_prefetches: s.late_prefetches.len(),
-            late_prefetch_wait_ns: s.late_prefetches.iter().map(|l| l.1).sum(),
-            late_prefetch_tensors: s.late_prefetches.iter().map(|l| l.0).collect(),
-            memory: Vec::new(),
-            failed_copies: s.failed_copies,
-            recomputed_ops: s.recomputed_ops,
-            swapped_bytes: s.swapped_bytes,
-            kernel_ns,
-            op_ns: s.op_ns.clone(),
-            start_monotonic_ns: 0,
-            gate_wait_ns: 0,
-            gate_period_ns: 0,
-            gate_phase_ns: 0,
-            memory_wait_ns: s.memory_wait_ns,
-            guard_evictions: s.guard_evictions,
-            held_back: s.held_back,
-            allocator_peak_bytes: None,
-        }
-    }
 }
 
 /// One job's run: the executor, the kernels and the device tensors.
@@ -297,6 +217,10 @@ pub struct Worker<'g, K> {
     /// monotonic clock.
     gate_wait_ns: u64,
     started_monotonic_ns: u64,
+    /// The layouts host ops view their host bytes with (`None`: the graph
+    /// has no host ops), and whether their kernels are installed.
+    host_layouts: Option<HostLayouts>,
+    host_kernels: bool,
 }
 
 impl<K> std::fmt::Debug for Worker<'_, K> {
@@ -326,6 +250,7 @@ impl<'g, K: Kernels> Worker<'g, K> {
             (Some(dir), None) => return Err(WorkerError::LedgerWithoutBudget(dir.clone())),
             (None, _) => None,
         };
+        host_kernels::check_engine(graph, config.engine)?;
         let engine = Copies::new(config.engine, config.host, epoch)?;
         let mut exec = Executor::new(graph, live, plan, engine, config.iterations);
         if config.guard {
@@ -387,7 +312,36 @@ impl<'g, K: Kernels> Worker<'g, K> {
             before_iteration: true,
             gate_wait_ns: 0,
             started_monotonic_ns: 0,
+            host_layouts: HostLayouts::new(graph),
+            host_kernels: false,
         };
+        // What host ops update is current on the host: in the pool now, and
+        // on the device too where device ops read it (unless the plan starts
+        // it on the host); their state (host only) never on the device.
+        for (i, st) in live.storages.iter().enumerate() {
+            let s = StorageId(i as u32);
+            if !st.host_master || w.installed[i] {
+                continue;
+            }
+            let flat = w.install_initial(s, false)?;
+            w.exec
+                .engine_mut()
+                .put_host(s, &flat)
+                .map_err(|why| w.tensor_error(st.root, why))?;
+            let starts_on_host = plan
+                .start_on_host
+                .iter()
+                .any(|t| live.storage_of[t.index()] == s);
+            if st.host_only || starts_on_host {
+                for &u in &w.tensors_of[i] {
+                    w.table[u.index()] = None;
+                }
+            } else {
+                w.measured[i] = Some(flat.byte_len() as u64);
+                w.exec.engine_mut().set_device(s, flat);
+            }
+            w.installed[i] = true;
+        }
         // Persistent storage that starts on the host goes to the pool now.
         for &t in &plan.start_on_host {
             let s = live.storage_of[t.index()];
@@ -470,9 +424,29 @@ impl<'g, K: Kernels> Worker<'g, K> {
         let l = flat
             .layout_of(&v)
             .map_err(|why| self.tensor_error(t, why))?;
-        self.layout[t.index()] = Some(l);
+        self.set_layout(t, l);
         self.table[t.index()] = Some(v);
         Ok(())
+    }
+
+    /// Tensor `t` lies at `l` in its storage (host ops learn it too).
+    fn set_layout(&mut self, t: TensorId, l: Layout) {
+        if let Some(h) = &self.host_layouts {
+            h.note(t, &l);
+        }
+        self.layout[t.index()] = Some(l);
+    }
+
+    /// Runs the graph's host ops through `kernels` (CPU tensors over the
+    /// host copy engine's buffers, on its host thread; see
+    /// `host_kernels`). A graph with host ops needs them before
+    /// [`Worker::run`]; one without ignores them.
+    pub fn set_host_kernels(&mut self, kernels: impl Kernels + Send + 'static) {
+        if let Some(layouts) = self.host_layouts.clone() {
+            let ops = HostOps::new(self.graph, self.live, kernels, layouts);
+            self.exec.engine_mut().set_host_kernel(ops);
+            self.host_kernels = true;
+        }
     }
 
     /// The device buffer of `s` now holds `bytes` (measured).
@@ -670,7 +644,7 @@ impl<'g, K: Kernels> Worker<'g, K> {
                 None => Err("its storage has no device buffer".into()),
             }
             .map_err(|why| self.tensor_error(t, why))?;
-            self.layout[t.index()] = Some(l);
+            self.set_layout(t, l);
             self.table[t.index()] = Some(v);
         }
         Ok(())
@@ -682,6 +656,9 @@ impl<'g, K: Kernels> Worker<'g, K> {
         &mut self,
         mut on_iteration: impl FnMut(&IterationReport) -> Option<Plan>,
     ) -> Result<Vec<IterationReport>, WorkerError> {
+        if self.host_layouts.is_some() && !self.host_kernels {
+            host_kernels::no_kernels(self.graph)?;
+        }
         let mut reports = Vec::new();
         loop {
             if std::mem::take(&mut self.before_iteration) {

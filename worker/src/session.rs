@@ -33,7 +33,7 @@ use tensile_proto::pb::memory_scheduler_client::MemorySchedulerClient;
 use tokio::sync::mpsc;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::runtime::IterationReport;
+use crate::report::IterationReport;
 
 /// How the worker meets its scheduler.
 #[derive(Debug, Clone)]

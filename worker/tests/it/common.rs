@@ -63,6 +63,8 @@ pub(crate) fn run(
         ledger: None,
     };
     let mut w = Worker::new(g, &live, plan, kernels, mock::initial(g), config)?;
+    // Host ops (optimizer updates kept on the host) run the same kernels.
+    w.set_host_kernels(mock::Mock::owned(g.clone(), floor));
     let reports = w.run(|_| None)?;
     Ok((w.persistent_values()?, reports))
 }

@@ -2,7 +2,7 @@
 //! iterations bit-identical with and without a plan, for plans with swaps,
 //! host-copy reuse, across-iteration swaps and recomputation, for random
 //! plans, under injected copy delays and failures), gates, workers sharing
-//! a budget, the real kernels. The measured peak against the plan's
+//! a budget, updates kept on the host, the real kernels. The measured peak against the plan's
 //! prediction is `tests/peak.rs`, a binary of its own. Kernels: `mock` (a
 //! deterministic function of each op's inputs, any graph) until the real
 //! ones run everything.
@@ -10,6 +10,7 @@
 mod common;
 mod cuda;
 mod gates;
+mod host_ops;
 mod ledger;
 mod mock;
 mod plans;

@@ -2,7 +2,10 @@
 //! the op's inputs (a fresh tensor filled from their means, an in-place
 //! update of the input it overwrites, a view of the input it views), so a
 //! run that reads the wrong bytes anywhere ends with different parameters.
+//! Host ops run the same arithmetic over the host copies ([`Mock::owned`]
+//! for the host engine's thread).
 
+use std::borrow::Cow;
 use std::time::{Duration, Instant};
 
 use tch::{Device, Kind, Scalar, Tensor};
@@ -50,14 +53,28 @@ pub(crate) fn initial(g: &Graph) -> Vec<(TensorId, Tensor)> {
 
 #[derive(Debug)]
 pub(crate) struct Mock<'g> {
-    graph: &'g Graph,
+    graph: Cow<'g, Graph>,
     /// Every op takes at least this long (a kernel of known latency).
     floor: Duration,
 }
 
 impl<'g> Mock<'g> {
     pub(crate) fn new(graph: &'g Graph, floor: Duration) -> Mock<'g> {
-        Mock { graph, floor }
+        Mock {
+            graph: Cow::Borrowed(graph),
+            floor,
+        }
+    }
+}
+
+impl Mock<'static> {
+    /// Kernels that own their graph, for the host engine's thread (host
+    /// ops: `Worker::set_host_kernels`).
+    pub(crate) fn owned(graph: Graph, floor: Duration) -> Mock<'static> {
+        Mock {
+            graph: Cow::Owned(graph),
+            floor,
+        }
     }
 }
 
@@ -74,7 +91,7 @@ impl Kernels for Mock<'_> {
         let v = (acc * 0.5).sin();
         let mut outs = Vec::new();
         for (i, &t) in o.outputs.iter().enumerate() {
-            let size = shape(self.graph, t);
+            let size = shape(&self.graph, t);
             let k = kind(self.graph.tensor(t).dtype);
             let out = match o.alias_of_output(i) {
                 Some(a) if a.kind == AliasKind::InPlace => {

@@ -60,6 +60,8 @@ fn worker_run_on(
     };
     let mut w =
         Worker::new(g, &live, plan, program, initial_of(g, &values), config).expect("worker");
+    // Updates kept on the host run the CPU kernels over the host copies.
+    w.set_host_kernels(Program::new(g, Device::Cpu).expect("every op runs"));
     let reports = w.run(|_| None).expect("runs");
     for r in &reports {
         // The real tensors' storages are exactly as large as the graph
@@ -162,6 +164,56 @@ fn updates_in_the_backward_pass_train_the_same_values() {
     for got in [
         by_name(&in_backward, &vanilla(&in_backward)),
         by_name(&in_backward, &plan),
+    ] {
+        assert_eq!(want.len(), got.len());
+        for (w, h) in want.iter().zip(&got) {
+            assert_eq!(w.0, h.0);
+            assert!(w.1 == h.1, "{} differs", w.0);
+        }
+    }
+}
+
+/// Each parameter's update on the host CPU, over host copies of the
+/// parameter, its gradient and its Adam state (`adam-on-host`), trains
+/// exactly the values its update on the device in the backward pass trains
+/// (on the CPU both run the same kernels; the step counters count alike),
+/// with no plan and under a plan that swaps.
+#[test]
+fn updates_on_the_host_train_what_updates_on_the_device_train() {
+    let _heavy = crate::heavy();
+    let build = |step| {
+        let config = ZooConfig {
+            resolution: Some(64),
+            step,
+            ..ZooConfig::new(1)
+        };
+        zoo::build("resnet50", &config).expect("zoo")
+    };
+    let (in_backward, on_host) = (build(Step::InBackward), build(Step::OnHost));
+    let by_name = |g: &Graph, plan: &Plan| {
+        let values = worker_run(g, plan, 2, HostConfig::default());
+        let mut named: Vec<(String, Vec<u8>)> = bytes(&values)
+            .into_iter()
+            .map(|(t, b)| (g.tensor(t).name.clone(), b))
+            .collect();
+        named.sort();
+        named
+    };
+    let vanilla = |g: &Graph| vanilla_plan(&Liveness::analyze(g));
+    let want = by_name(&in_backward, &vanilla(&in_backward));
+    assert!(want.iter().any(|(n, _)| n.ends_with("exp_avg_sq")));
+    let copy = CopyModel::duplex(4e9, 4e9, 5_000);
+    let plan = planned(
+        &on_host,
+        latencies(&on_host),
+        copy,
+        JobSettings::default(),
+        0.5,
+    );
+    assert!(plan.prediction.swap_outs > 0, "the plan swaps");
+    for got in [
+        by_name(&on_host, &vanilla(&on_host)),
+        by_name(&on_host, &plan),
     ] {
         assert_eq!(want.len(), got.len());
         for (w, h) in want.iter().zip(&got) {
@@ -363,6 +415,78 @@ fn the_binary_trains_under_vanilla_and_a_plan_file_and_runs_out_of_memory_clearl
         stderr.contains("--copy cuda needs a CUDA device"),
         "{stderr}"
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `tensile-worker --optimizer adam-on-host` trains ResNet-50 with its
+/// updates on the host, with no plan and under a plan file, to the same
+/// parameters; every iteration's JSON counts the host runs.
+#[test]
+fn the_binary_trains_with_updates_on_the_host() {
+    let _heavy = crate::heavy();
+    let config = ZooConfig {
+        step: Step::OnHost,
+        ..ZooConfig::new(2)
+    };
+    let g = zoo::build("resnet50", &config).expect("zoo");
+    let host_ops = g.ops().iter().filter(|o| o.on_host()).count() as u64;
+    let copy = CopyModel::duplex(4e9, 4e9, 5_000);
+    let p = planned(&g, latencies(&g), copy, JobSettings::default(), 0.5);
+    assert!(p.prediction.swap_outs > 0, "the plan swaps");
+    let dir = std::env::temp_dir().join(format!("tensile-worker-host-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let plan_file = dir.join("plan.json");
+    std::fs::write(
+        &plan_file,
+        tensile_proto::plan_json::plan_to_json(&p, &[], &g),
+    )
+    .expect("write");
+    let job = ["--model", "resnet50", "--batch", "2", "--optimizer"];
+    let mut saved = Vec::new();
+    for (policy, name) in [
+        (vec!["--vanilla"], "vanilla"),
+        (vec!["--plan", plan_file.to_str().expect("utf-8")], "plan"),
+    ] {
+        let out_file = dir.join(format!("{name}.safetensors"));
+        let out = worker_bin()
+            .args(job)
+            .args(["adam-on-host", "--iterations", "3", "--json"])
+            .args(["--threads", "1"])
+            .args(&policy)
+            .arg("--save-params")
+            .arg(&out_file)
+            .output()
+            .expect("runs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{name}: {stderr}");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let lines: Vec<serde_json::Value> = stdout
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("json"))
+            .collect();
+        assert_eq!(lines.len(), 3, "{stdout}");
+        for l in &lines {
+            assert_eq!(l["host_runs"].as_u64(), Some(host_ops), "{name}: {l}");
+            assert!(l["host_wait_ns"].as_u64().is_some(), "{name}: {l}");
+            assert!(l["swapped_bytes"].as_u64().is_some_and(|b| b > 0));
+        }
+        saved.push(std::fs::read(&out_file).expect("saved"));
+    }
+    assert!(saved[0] == saved[1], "the plan changed the parameters");
+    // The CUDA engine refuses host ops before anything runs, in one line.
+    let out = worker_bin()
+        .args(job)
+        .args(["adam-on-host", "--vanilla", "--copy", "cuda"])
+        .output()
+        .expect("runs");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if tensile_swap_executor::cuda_available(0).is_ok() {
+        assert!(
+            stderr.contains("runs on the host") && stderr.contains("--copy host"),
+            "{stderr}"
+        );
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 
