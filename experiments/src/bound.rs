@@ -288,6 +288,27 @@ pub fn sharing_jobs<'g>(
         .collect()
 }
 
+/// The period to bound gated jobs over: the gates' (`gate_period_ns`),
+/// stretched to the longest job's iteration as the bound models it (its
+/// ops, and the tail its host ops leave: their last updates and the
+/// fetches after them), which the gates' cycle may undercut; `None` for
+/// free jobs (the bound then takes the longest iteration itself).
+pub fn bound_period(
+    jobs: &[BoundJob<'_>],
+    gate_period_ns: Option<u64>,
+    link: &CopyModel,
+) -> Option<u64> {
+    // Latencies that do not fit their graph: the bound names them.
+    if (jobs.iter().enumerate()).any(|(j, job)| check_latencies(j, job).is_err()) {
+        return gate_period_ns;
+    }
+    let longest = jobs
+        .iter()
+        .map(|j| JobModel::new(j.graph, &j.latency_ns, j.base_bytes, 0, Some(link)).iteration_ns())
+        .max()?;
+    gate_period_ns.map(|p| p.max(longest))
+}
+
 /// The lowest peak a time-free swap plan could reach for these jobs on the
 /// device, at the phases of ours' first plan (all at 0 when it runs them
 /// free), from the jobs' true latencies slowed by their sharing the GPU.
@@ -303,11 +324,8 @@ pub fn bound_peak(
             .and_then(|r| r.gates.get(j).copied().flatten())
             .map_or(0, |g| g.phase_ns);
     }
-    let longest = jobs.iter().map(|j| j.latency_ns.iter().sum::<u64>()).max();
+    let link = copy_model(device);
     let gate = ours.and_then(|r| r.gates.iter().flatten().next().copied());
-    let period = match (gate, longest) {
-        (Some(g), Some(l)) => Some(g.period_ns.max(l)),
-        _ => None,
-    };
-    Ok(swap_bound(&jobs, period, &copy_model(device), 64)?.lowest_peak_bytes)
+    let period = bound_period(&jobs, gate.map(|g| g.period_ns), &link);
+    Ok(swap_bound(&jobs, period, &link, 64)?.lowest_peak_bytes)
 }

@@ -52,7 +52,7 @@ pub use bench::{
     BenchConfig, BenchReport, DeviceOutcome, PolicyOutcome, WorkloadOutcome, run_bench,
 };
 #[cfg(feature = "bound")]
-pub use bound::{BoundJob, BoundReport, sharing_jobs, swap_bound};
+pub use bound::{BoundJob, BoundReport, bound_period, sharing_jobs, swap_bound};
 pub use cold_start::ColdStart;
 #[cfg(feature = "bound")]
 pub use colocate::{ColocateCase, ColocateConfig, ColocateReport, run_colocate};

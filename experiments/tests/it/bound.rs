@@ -10,7 +10,7 @@ mod random;
 use tensile_baselines::Policy;
 use tensile_experiments::bound::vanilla_curve;
 use tensile_experiments::device::{copy_model, job_settings, planner_config};
-use tensile_experiments::{BoundJob, BoundReport, device_profile, swap_bound};
+use tensile_experiments::{BoundJob, BoundReport, bound_period, device_profile, swap_bound};
 use tensile_graph::builder::Step;
 use tensile_graph::zoo::{self, ZooConfig};
 use tensile_graph::{Graph, Liveness};
@@ -171,6 +171,37 @@ fn ours_never_goes_under_the_bound_with_updates_on_the_host() {
             assert!(r.lowest_peak_bytes < r.vanilla_peak_bytes, "{what}");
         }
     }
+}
+
+/// A gate's period can be shorter than a job's iteration as the bound
+/// models it when host ops leave a tail after its last op (the last
+/// updates, the fetches after them): the gated jobs are then bounded over
+/// their iteration, not refused.
+#[test]
+fn gated_jobs_with_a_host_tail_are_bounded_over_their_iteration() {
+    let p = device_profile("h100").unwrap();
+    let link = copy_model(&p);
+    let g = zoo::build(
+        "bert_base",
+        &ZooConfig {
+            step: Step::OnHost,
+            ..ZooConfig::new(8)
+        },
+    )
+    .unwrap();
+    let jobs = [job(&g, &p, 0), job(&g, &p, 0)];
+    let ops: u64 = jobs[0].latency_ns.iter().sum();
+    let err = swap_bound(&jobs, Some(ops), &link, 16).expect_err("the host tail is longer");
+    assert!(
+        err.to_string()
+            .contains("is shorter than job 0's iteration"),
+        "{err}"
+    );
+    let period = bound_period(&jobs, Some(ops), &link).unwrap();
+    assert!(period > ops, "{period} over {ops}");
+    let r = swap_bound(&jobs, Some(period), &link, 16).unwrap();
+    assert!(r.lowest_peak_bytes < r.vanilla_peak_bytes, "{r:?}");
+    assert_eq!(bound_period(&jobs, None, &link), None);
 }
 
 #[test]
