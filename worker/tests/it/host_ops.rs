@@ -84,6 +84,12 @@ fn run_guarded(
 
 const ITERATIONS: usize = 3;
 
+/// The planner's plan for `g` at `budget` of its vanilla peak.
+fn plan_at(g: &Graph, budget: f64) -> Plan {
+    let copy = CopyModel::duplex(4e9, 4e9, 5_000);
+    planned(g, latencies(g), copy, JobSettings::default(), budget)
+}
+
 /// What the updates on the device, in the backward pass, train.
 fn on_device() -> Vec<(String, Vec<u8>)> {
     let g = mlp_stepping(Step::InBackward);
@@ -130,9 +136,8 @@ fn a_plan_loses_nothing_with_updates_on_the_host() {
     let _heavy = crate::heavy();
     let want = on_device();
     let g = mlp_stepping(Step::OnHost);
-    let copy = CopyModel::duplex(4e9, 4e9, 5_000);
     for budget in [0.4, 0.6] {
-        let p = planned(&g, latencies(&g), copy, JobSettings::default(), budget);
+        let p = plan_at(&g, budget);
         assert!(p.prediction.swap_outs > 0, "the plan swaps");
         let (got, reports) =
             run_guarded(&g, &p, ITERATIONS, HostConfig::default(), None).expect("the plan runs");
@@ -147,8 +152,7 @@ fn slow_copies_lose_nothing_with_updates_on_the_host() {
     let _heavy = crate::heavy();
     let want = on_device();
     let g = mlp_stepping(Step::OnHost);
-    let copy = CopyModel::duplex(4e9, 4e9, 5_000);
-    let p = planned(&g, latencies(&g), copy, JobSettings::default(), 0.4);
+    let p = plan_at(&g, 0.4);
     let slow = HostConfig {
         bytes_per_s: Some(1e9),
         fault_delay: Duration::from_micros(300),
@@ -166,8 +170,7 @@ fn failing_copies_lose_nothing_with_updates_on_the_host() {
     let _heavy = crate::heavy();
     let want = on_device();
     let g = mlp_stepping(Step::OnHost);
-    let copy = CopyModel::duplex(4e9, 4e9, 5_000);
-    let p = planned(&g, latencies(&g), copy, JobSettings::default(), 0.4);
+    let p = plan_at(&g, 0.4);
     for fail_every in [3, 7] {
         let host = HostConfig {
             fault_delay: Duration::from_micros(300),
@@ -186,8 +189,7 @@ fn a_guarded_limit_loses_nothing_with_updates_on_the_host() {
     let _heavy = crate::heavy();
     let want = on_device();
     let g = mlp_stepping(Step::OnHost);
-    let copy = CopyModel::duplex(4e9, 4e9, 5_000);
-    let p = planned(&g, latencies(&g), copy, JobSettings::default(), 0.5);
+    let p = plan_at(&g, 0.5);
     // Under the plan's own peak: the guard must evict or wait to hold it,
     // with slow copies so that prefetches come late.
     let limit = p.prediction.planned_peak_bytes * 9 / 10;
