@@ -15,7 +15,7 @@
 
 use tensile_graph::{OpId, StorageId};
 use tensile_planner::{Event, EventKind, Trigger};
-use tensile_swap_executor::{CopyEngine, CopyId, CopyStatus, HostRun};
+use tensile_swap_executor::{CopyEngine, CopyError, CopyId, CopyStatus, HostRun};
 
 use crate::interface::{ExecError, Next};
 use crate::machine::Executor;
@@ -246,11 +246,15 @@ impl<C: CopyEngine> Executor<'_, C> {
                     self.host_runs.push(run);
                 }
                 CopyStatus::Pending => self.host_runs.push(run),
+                // A copy it waited for failed (one that ended is forgotten
+                // once learned of, and then `Unknown`: not a failure).
                 CopyStatus::Failed(_)
-                    if run
-                        .after
-                        .iter()
-                        .any(|&c| matches!(self.engine.status(c), CopyStatus::Failed(_))) =>
+                    if run.after.iter().any(|&c| {
+                        matches!(
+                            self.engine.status(c),
+                            CopyStatus::Failed(CopyError::Failed { .. })
+                        )
+                    }) =>
                 {
                     // It never started: what it writes is as it was on the
                     // host. It goes again once the failed copies are

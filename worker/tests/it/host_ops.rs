@@ -207,6 +207,53 @@ fn a_guarded_limit_loses_nothing_with_updates_on_the_host() {
     }
 }
 
+/// Host kernels that always fail.
+struct Refusing;
+
+impl tensile_worker::Kernels for Refusing {
+    fn run(&mut self, op: tensile_graph::OpId, _: &[&Tensor]) -> Result<Vec<Tensor>, String> {
+        Err(format!("the host kernel refuses op {}", op.0))
+    }
+}
+
+/// A host op whose kernel fails is an error naming the op and why, also
+/// where failing copies make runs go again: only a run whose input copy
+/// failed is submitted again, never one whose kernel did.
+#[test]
+fn a_failing_host_kernel_is_an_error_naming_the_op() {
+    let _heavy = crate::heavy();
+    let g = mlp_stepping(Step::OnHost);
+    let live = Liveness::analyze(&g);
+    let failing = HostConfig {
+        fault_delay: Duration::from_micros(300),
+        fail_every: Some(3),
+        ..HostConfig::default()
+    };
+    for (plan, host) in [
+        (vanilla(&g), HostConfig::default()),
+        (plan_at(&g, 0.4), failing),
+    ] {
+        let config = WorkerConfig {
+            iterations: ITERATIONS,
+            memory_budget_bytes: None,
+            host,
+            engine: tensile_worker::Engine::Host,
+            guard: false,
+            ledger: None,
+        };
+        let kernels = mock::Mock::new(&g, Duration::ZERO);
+        let mut w =
+            Worker::new(&g, &live, &plan, kernels, mock::initial(&g), config).expect("worker");
+        w.set_host_kernels(Refusing);
+        let msg = w.run(|_| None).expect_err("the kernel fails").to_string();
+        assert!(
+            msg.contains("runs on the host and failed there")
+                && msg.contains("the host kernel refuses op"),
+            "{msg}"
+        );
+    }
+}
+
 #[test]
 fn a_worker_without_host_kernels_says_so_before_it_runs() {
     let g = mlp_stepping(Step::OnHost);
