@@ -35,12 +35,16 @@
 //! configuration change. When every gated job's ops and prefetch waits
 //! took less than [`ROOM`] of the period several iterations in a row (the
 //! pace and the gates idle it for the rest), the plans in use are tried on
-//! a shorter period, a quarter of the way to that time
-//! ([`ReplanReason::Compress`]): the same copies, their phases, pace and
-//! delays scaled with it, on trial as above; one that runs past its pace
-//! without evicting is stretched once to hold that iteration while that
-//! still beats the plans before it, and one that evicts brings them back
-//! at once, settling or not.
+//! a shorter period ([`ReplanReason::Compress`]). Plans stretched since
+//! they were handed out first lose the stretch, as far as the longest of
+//! those iterations (plus the gates' slack) allows and no further than the
+//! period they were handed out on: only the gates change, and the cycle in
+//! use is kept ([`Replanner::unstretched`]). Otherwise the period goes a
+//! quarter of the way to the ops' and waits' time: the same copies, their
+//! phases, pace and delays scaled with it. Either is on trial as above; one
+//! that runs past its pace without evicting is stretched once to hold that
+//! iteration while that still beats the plans before it, and one that
+//! evicts brings them back at once, settling or not.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -98,8 +102,9 @@ pub enum ReplanReason {
     /// its pace: the plans stay and the common period grows to hold it.
     Stretch,
     /// Every gated job kept its period with time to spare, iteration after
-    /// iteration: the plans stay and the common period shrinks toward the
-    /// time the jobs' ops (and their waits for prefetches) took, on trial.
+    /// iteration: the plans stay and the common period shrinks, on trial,
+    /// back toward what a stretch added to it or toward the time the jobs'
+    /// ops (and their waits for prefetches) took.
     Compress,
 }
 
@@ -192,6 +197,8 @@ struct ReplanJob {
     /// The longest such active time (ops and prefetch waits) in the
     /// streak, ns.
     active_ns: u64,
+    /// The longest iteration in that streak, ns.
+    spare_iter_ns: u64,
     /// Its iterations late beyond the plan since the last on time.
     late: LateStreak,
     /// It ran free under the budget and the guard evicted
@@ -367,6 +374,13 @@ pub struct Replanner {
     asked: Option<JobId>,
     /// The anchor of the plans `replan_after` last handed out.
     handed_anchor: Option<JobId>,
+    /// The gates' period the plans in use were handed out on before any
+    /// stretch of them (0: not gated): how far [`Replanner::unstretched`]
+    /// may take them back.
+    origin_ns: u64,
+    /// The longest iteration of the gated jobs that asked for a
+    /// compression, ns.
+    compress_iter_ns: u64,
 }
 
 /// Where the compressed plans in use stand ([`ReplanReason::Compress`]).
@@ -426,6 +440,8 @@ impl Replanner {
             compression: Compression::Off,
             asked: None,
             handed_anchor: None,
+            origin_ns: 0,
+            compress_iter_ns: 0,
         }
     }
 
@@ -489,6 +505,7 @@ impl Replanner {
                 underruns: 0,
                 spare: 0,
                 active_ns: 0,
+                spare_iter_ns: 0,
                 last_iteration_ns: 0,
                 late: LateStreak::default(),
                 free_missed: false,
@@ -778,7 +795,9 @@ impl Replanner {
         {
             let held = self.fallback.take();
             let trial = self.compression == Compression::StretchDue;
+            let origin = self.origin_ns;
             self.adopt(&mut out);
+            self.origin_ns = origin;
             if trial {
                 self.fallback = held;
                 self.compression = Compression::Stretched;
@@ -787,6 +806,20 @@ impl Replanner {
         }
         if self.due == Due::Compress {
             let held = self.current.clone();
+            // A stretch undone keeps the cycle in use (no anchor): every
+            // job's next slot comes a little earlier than on the longer
+            // period, where the asking job's would be at once, up to its
+            // wait at the gate earlier, into the memory of the job before
+            // it.
+            if let Some(mut out) = self.unstretched() {
+                let origin = self.origin_ns;
+                self.asked = None;
+                self.adopt(&mut out);
+                self.origin_ns = origin;
+                self.fallback = held;
+                self.compression = Compression::Fresh;
+                return Ok(Some(out));
+            }
             return Ok(match self.compressed() {
                 Some(mut out) => {
                     self.adopt(&mut out);
@@ -798,6 +831,7 @@ impl Replanner {
                     self.due = Due::Nothing;
                     self.asked = None;
                     self.compress_ns = 0;
+                    self.compress_iter_ns = 0;
                     None
                 }
             });
@@ -816,11 +850,19 @@ impl Replanner {
             self.asked = None;
             return Ok(None);
         }
+        // `held_or` hands back the proposal or a stretch of the plans in
+        // use, which is shorter.
+        let proposed = out.cycle_ns;
         if !optional {
             out = self.held_or(out);
         }
+        let stretch = out.cycle_ns != proposed;
+        let origin = self.origin_ns;
         let held = self.current.take();
         self.adopt(&mut out);
+        if stretch {
+            self.origin_ns = origin;
+        }
         self.fallback = if optional { held } else { None };
         Ok(Some(out))
     }
@@ -876,7 +918,8 @@ impl Replanner {
 
     /// Makes `out` the current plans: a new version, the gates and the
     /// waits the plans accept. Gated plans made due by a job's
-    /// measurements are anchored on that job ([`MultiPlan::anchor_job`]):
+    /// measurements (all but an undone stretch, whose caller clears
+    /// `asked`) are anchored on that job ([`MultiPlan::anchor_job`]):
     /// it just ended the iteration that asked, and the new cycle begins
     /// where it stands. On the old cycle's grid its next slot could be
     /// already past (it was late: it would start at once, short of the
@@ -887,7 +930,9 @@ impl Replanner {
         self.held_ns = 0;
         self.held_void = false;
         self.compress_ns = 0;
+        self.compress_iter_ns = 0;
         self.compression = Compression::Off;
+        self.origin_ns = out.cycle_ns;
         out.anchor_job = self
             .asked
             .take()
@@ -911,6 +956,7 @@ impl Replanner {
             j.switch_pending = true;
             j.spare = 0;
             j.active_ns = 0;
+            j.spare_iter_ns = 0;
             j.planned_late.clear();
             for w in &p.prediction.waits {
                 for &t in &j.graph.op(w.op).inputs {

@@ -235,6 +235,7 @@ fn gated_plan_in_use(r: &mut Replanner, id: JobId, gate: Gate) -> MultiPlan {
     current.plans[0].gate = Some(gate);
     current.cycle_ns = gate.period_ns;
     r.current = Some(current.clone());
+    r.origin_ns = gate.period_ns;
     r.jobs.get_mut(&id).unwrap().gate = Some(gate);
     current
 }
@@ -575,6 +576,78 @@ fn gated_plans_with_room_to_spare_are_compressed_on_trial_and_stretched_once() {
         let more = r.replan_after(id, &roomy, Replanner::plan_due).unwrap();
         assert!(more.is_empty(), "{more:?}");
     }
+}
+
+#[test]
+fn a_stretch_the_jobs_no_longer_need_is_undone_as_far_as_their_iterations_allow() {
+    let (mut r, id, lat, period) = gated_replanner();
+    let gate = gate_on(period, period / 3);
+    let current = gated_plan_in_use(&mut r, id, gate);
+    // A first measured iteration 2% past the period, within the pace (its
+    // ops as estimated): the period is stretched to hold it.
+    let overran = Measurements {
+        iteration_ns: period * 102 / 100,
+        ..measured(lat.clone())
+    };
+    let handed: Vec<(JobId, Plan)> = (0..=SETTLE)
+        .flat_map(|_| r.replan_after(id, &overran, Replanner::plan_due).unwrap())
+        .collect();
+    let long = handed[0].1.gate.unwrap().period_ns;
+    assert!(long > period * 102 / 100, "{long} {period}");
+    // Then, settled on it, iterations of the planned period with ops at
+    // 80% of it: room to spare, three in a row.
+    let settled = Measurements {
+        iteration_ns: period,
+        ..measured(lat.iter().map(|x| x * 8 / 10).collect())
+    };
+    settle_on_new_plans(&mut r, id, &settled);
+    for _ in 1..OVERRUNS {
+        assert_eq!(r.observe(id, &settled).unwrap(), None);
+    }
+    let version = r.next_version();
+    let handed = r.replan_after(id, &settled, Replanner::plan_due).unwrap();
+    assert_eq!(handed.len(), 1, "{handed:?}");
+    let plan = &handed[0].1;
+    assert_eq!(plan.version, version);
+    // Back on the period that holds those iterations (plus the gates'
+    // slack), not a quarter of the way as a compression goes, the phase at
+    // the same share of it, the same events.
+    let slack = r.config.gate_slack;
+    let held = (settled.iteration_ns as f64 * (1.0 + slack)).ceil() as u64;
+    assert!(held < long && held > period);
+    let g = plan.gate.unwrap();
+    assert_eq!(g.period_ns, held);
+    assert_eq!(g.phase_ns, period / 3 * held / period);
+    assert_eq!(plan.events, current.plans[0].events);
+    // The cycle in use is kept: no job's slot jumps to now.
+    assert_eq!(r.anchor_job(), None);
+    assert!(r.fallback.is_some(), "an undone stretch is on trial");
+    // Never below the period the plans were handed out on: iterations
+    // at 90% of it undo the whole stretch and no more.
+    let (mut r, id, lat, period) = gated_replanner();
+    gated_plan_in_use(&mut r, id, gate);
+    for _ in 0..=SETTLE {
+        r.replan_after(id, &overran, Replanner::plan_due).unwrap();
+    }
+    let short = Measurements {
+        iteration_ns: period * 9 / 10,
+        ..measured(lat.iter().map(|x| x * 8 / 10).collect())
+    };
+    settle_on_new_plans(&mut r, id, &short);
+    let handed: Vec<(JobId, Plan)> = (0..OVERRUNS)
+        .flat_map(|_| r.replan_after(id, &short, Replanner::plan_due).unwrap())
+        .collect();
+    assert_eq!(handed.len(), 1, "{handed:?}");
+    assert_eq!(handed[0].1.gate.unwrap().period_ns, period);
+    // On the planned period itself, room to spare compresses as before,
+    // a quarter of the way to the ops' time: nothing is left to undo.
+    settle_on_new_plans(&mut r, id, &short);
+    let handed: Vec<(JobId, Plan)> = (0..OVERRUNS)
+        .flat_map(|_| r.replan_after(id, &short, Replanner::plan_due).unwrap())
+        .collect();
+    let active = (lat.iter().sum::<u64>() * 8 / 10) as f64 * (1.0 + slack);
+    let compressed = (period as f64 - (period as f64 - active) * COMPRESS_SHARE).ceil() as u64;
+    assert_eq!(handed[0].1.gate.unwrap().period_ns, compressed);
 }
 
 #[test]
