@@ -745,9 +745,7 @@ impl Replanner {
         {
             let held = self.fallback.take();
             let trial = self.compression == Compression::StretchDue;
-            let origin = self.origin_ns;
-            self.adopt(&mut out);
-            self.origin_ns = origin;
+            self.adopt_regated(&mut out);
             if trial {
                 self.fallback = held;
                 self.compression = Compression::Stretched;
@@ -762,10 +760,8 @@ impl Replanner {
             // wait at the gate earlier, into the memory of the job before
             // it.
             if let Some(mut out) = self.unstretched() {
-                let origin = self.origin_ns;
                 self.asked = None;
-                self.adopt(&mut out);
-                self.origin_ns = origin;
+                self.adopt_regated(&mut out);
                 self.fallback = held;
                 self.compression = Compression::Fresh;
                 return Ok(Some(out));
@@ -806,12 +802,11 @@ impl Replanner {
         if !optional {
             out = self.held_or(out);
         }
-        let stretch = out.cycle_ns != proposed;
-        let origin = self.origin_ns;
         let held = self.current.take();
-        self.adopt(&mut out);
-        if stretch {
-            self.origin_ns = origin;
+        if out.cycle_ns == proposed {
+            self.adopt(&mut out);
+        } else {
+            self.adopt_regated(&mut out);
         }
         self.fallback = if optional { held } else { None };
         Ok(Some(out))
@@ -864,6 +859,15 @@ impl Replanner {
             },
             PlanError::Bandwidth { .. } => ReplanError::Planner(e),
         })
+    }
+
+    /// [`Replanner::adopt`] for the plans in use with only their gates
+    /// moved (a stretch, an undone one): they keep the period they were
+    /// handed out on, which [`Replanner::unstretched`] goes back toward.
+    fn adopt_regated(&mut self, out: &mut MultiPlan) {
+        let origin = self.origin_ns;
+        self.adopt(out);
+        self.origin_ns = origin;
     }
 
     /// Makes `out` the current plans: a new version, the gates and the

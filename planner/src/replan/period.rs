@@ -129,15 +129,11 @@ impl Replanner {
 
     /// [`Replanner::stretched`] to hold an iteration of `iteration_ns`.
     fn stretched_to(&self, iteration_ns: u64) -> Option<MultiPlan> {
-        let mut out = self.current.clone()?;
-        let old = out.plans.first()?.gate?.period_ns;
-        let slack = crate::gate_slack(&self.config, out.plans.len());
-        let new = (iteration_ns as f64 * (1.0 + slack)).ceil() as u64;
-        if new <= old || out.plans.iter().any(|p| p.gate.is_none()) {
+        let (old, new) = self.period_to_hold(iteration_ns)?;
+        if new <= old {
             return None;
         }
-        rescale_gates(&mut out, old, new);
-        Some(out)
+        self.regated(old, new)
     }
 
     /// The plans in use, stretched since they were handed out (on
@@ -153,18 +149,34 @@ impl Replanner {
     /// and the copies are those handed out on `origin_ns`, so they fit the
     /// link as they did there, and no link rule applies.
     pub(super) fn unstretched(&self) -> Option<MultiPlan> {
-        let mut out = self.current.clone()?;
-        let old = out.plans.first()?.gate?.period_ns;
-        let slack = crate::gate_slack(&self.config, out.plans.len());
-        let need = (self.compress_iter_ns as f64 * (1.0 + slack)).ceil() as u64;
-        let new = need.max(self.origin_ns);
-        if self.origin_ns == 0
-            || self.compress_iter_ns == 0
-            || new as f64 >= old as f64 * 0.99
-            || out.plans.iter().any(|p| p.gate.is_none())
-        {
+        if self.origin_ns == 0 || self.compress_iter_ns == 0 {
             return None;
         }
+        let (old, need) = self.period_to_hold(self.compress_iter_ns)?;
+        let new = need.max(self.origin_ns);
+        if new as f64 >= old as f64 * 0.99 {
+            return None;
+        }
+        self.regated(old, new)
+    }
+
+    /// The period of the gates in use and the one that holds an
+    /// iteration of `iteration_ns` plus the gates' slack; `None` when a
+    /// plan in use is not gated.
+    fn period_to_hold(&self, iteration_ns: u64) -> Option<(u64, u64)> {
+        let current = self.current.as_ref()?;
+        let old = current.plans.first()?.gate?.period_ns;
+        if current.plans.iter().any(|p| p.gate.is_none()) {
+            return None;
+        }
+        let slack = crate::gate_slack(&self.config, current.plans.len());
+        Some((old, (iteration_ns as f64 * (1.0 + slack)).ceil() as u64))
+    }
+
+    /// The plans in use with every gate moved from the period `old` onto
+    /// `new` ([`rescale_gates`]), nothing else changed.
+    fn regated(&self, old: u64, new: u64) -> Option<MultiPlan> {
+        let mut out = self.current.clone()?;
         rescale_gates(&mut out, old, new);
         Some(out)
     }
