@@ -23,6 +23,7 @@ impl IterationStats {
             evictions: self.evictions.clone(),
             switched: self.switched,
             iteration_ns: self.end_ns - self.start_ns,
+            plan_version: self.plan_version,
         }
     }
 }

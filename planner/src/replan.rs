@@ -36,10 +36,12 @@
 //! took less than [`ROOM`] of the period several iterations in a row (the
 //! pace and the gates idle it for the rest), the plans in use are tried on
 //! a shorter period ([`ReplanReason::Compress`]). Plans stretched since
-//! they were handed out first lose the stretch, as far as the longest of
-//! those iterations (plus the gates' slack) allows and no further than the
-//! period they were handed out on: only the gates change, and the cycle in
-//! use is kept ([`Replanner::unstretched`]). Otherwise the period goes a
+//! they were handed out first lose the stretch, after one such iteration
+//! of every job, as far as the longest of those iterations (plus the
+//! gates' slack) allows and no further than the period they were handed
+//! out on: only the gates change, and the cycle in use is kept
+//! ([`Replanner::unstretched`]); a switch that moves only the gates
+//! leaves out one iteration, not two. Otherwise the period goes a
 //! quarter of the way to the ops' and waits' time: the same copies, their
 //! phases, pace and delays scaled with it. Either is on trial as above; one
 //! that runs past its pace without evicting is stretched once to hold that
@@ -52,6 +54,7 @@ use std::sync::Arc;
 use tensile_graph::{Graph, OpId, TensorId};
 
 use late::LateStreak;
+use period::{first_on_pace, first_on_period, on_pace, on_period, ops_as_planned};
 
 use crate::{Gate, JobInput, JobSettings, MultiPlan, Plan, PlanError, PlannerConfig, plan};
 
@@ -84,6 +87,8 @@ pub struct Measurements {
     pub switched: bool,
     /// How long the iteration took, ns (its start to its end).
     pub iteration_ns: u64,
+    /// The version of the plan it ran on (0: not known).
+    pub plan_version: u64,
 }
 
 /// Why a re-plan is due.
@@ -232,6 +237,9 @@ impl ReplanJob {
 /// Iterations a coordinated job leaves out after a switch of plans: the
 /// jobs take their new phases and move persistent storage.
 const SETTLE: usize = 2;
+/// [`SETTLE`] after a switch that moved only the gates: persistent
+/// storage stays where it is; the jobs only take their new phases.
+const SETTLE_GATES: usize = 1;
 /// Overruns in a row that re-plan a coordinated job.
 const OVERRUNS: usize = 3;
 /// How much longer than its gate's period a coordinated job's iteration
@@ -328,6 +336,9 @@ pub struct Replanner {
     /// stretch of them (0: not gated): how far [`Replanner::unstretched`]
     /// may take them back.
     origin_ns: u64,
+    /// The plans in use are those before them with only their gates moved
+    /// (a stretch, an undone one): a switch to them moves no storage.
+    gates_only: bool,
     /// The longest iteration of the gated jobs that asked for a
     /// compression, ns.
     compress_iter_ns: u64,
@@ -391,6 +402,7 @@ impl Replanner {
             asked: None,
             handed_anchor: None,
             origin_ns: 0,
+            gates_only: false,
             compress_iter_ns: 0,
         }
     }
@@ -582,7 +594,11 @@ impl Replanner {
         let mut underran = false;
         if job.gate.is_some() {
             if m.switched {
-                job.settling = SETTLE;
+                job.settling = if self.gates_only {
+                    SETTLE_GATES
+                } else {
+                    SETTLE
+                };
             }
             job.last_iteration_ns = m.iteration_ns;
             // Compressed plans that evict, settling or not, ran the jobs
@@ -868,6 +884,7 @@ impl Replanner {
         let origin = self.origin_ns;
         self.adopt(out);
         self.origin_ns = origin;
+        self.gates_only = true;
     }
 
     /// Makes `out` the current plans: a new version, the gates and the
@@ -887,6 +904,7 @@ impl Replanner {
         self.compress_iter_ns = 0;
         self.compression = Compression::Off;
         self.origin_ns = out.cycle_ns;
+        self.gates_only = false;
         out.anchor_job = self
             .asked
             .take()
@@ -934,46 +952,6 @@ impl Replan for Replanner {
     fn anchor_job(&self) -> Option<JobId> {
         self.handed_anchor
     }
-}
-
-/// Whether a gated job's first measured iteration kept its plan: it ended
-/// within [`ON_PERIOD`] of its period, nothing was evicted, and its ops ran
-/// no faster than [`UNDERRUN`] of the estimates (a plan from estimates that
-/// are too slow is re-planned at once). Prefetches late within the period
-/// do not count. An iteration past its period does, even within [`PACE`]:
-/// one that overruns by 2% each time slides into the other jobs' phases
-/// ([`first_on_pace`] then stretches the period).
-fn first_on_period(job: &ReplanJob, m: &Measurements) -> bool {
-    job.gate.is_some_and(|g| on_period(g, m.iteration_ns))
-        && m.evictions.is_empty()
-        && ops_as_planned(job, m)
-}
-
-/// Whether a gated job's first measured iteration, past its period (not
-/// [`first_on_period`]), may keep its plan on a longer period: it kept its
-/// pace ([`on_pace`]) and its ops ran no faster than [`UNDERRUN`] of the
-/// estimates.
-fn first_on_pace(job: &ReplanJob, m: &Measurements) -> bool {
-    job.gate.is_some_and(|g| on_pace(g, m)) && ops_as_planned(job, m)
-}
-
-/// Whether a job's ops took at least [`UNDERRUN`] of the estimates its
-/// plan was made from.
-fn ops_as_planned(job: &ReplanJob, m: &Measurements) -> bool {
-    let planned: f64 = job.estimates.iter().sum();
-    m.op_ns.iter().sum::<u64>() as f64 >= planned * UNDERRUN
-}
-
-/// Whether an iteration of `iteration_ns` ended on its gate's period:
-/// within [`ON_PERIOD`] of it.
-fn on_period(gate: Gate, iteration_ns: u64) -> bool {
-    iteration_ns as f64 <= gate.period_ns as f64 * ON_PERIOD
-}
-
-/// Whether a gated job's iteration kept its gate's pace: it ended within
-/// [`PACE`] of the period and nothing was evicted.
-fn on_pace(gate: Gate, m: &Measurements) -> bool {
-    m.iteration_ns as f64 <= gate.period_ns as f64 * PACE && m.evictions.is_empty()
 }
 
 mod late;

@@ -343,6 +343,7 @@ async fn a_report_sent_during_a_joint_plan_is_answered_after_it_and_kept() {
             evictions: Vec::new(),
             switched: false,
             iteration_ns: 7_000_000 * ops as u64,
+            plan_version: 0,
         },
         reply,
     })
