@@ -27,6 +27,13 @@
 //! reads them back; write-combined memory is slow to read), once per size:
 //! buffers given back are kept for reuse while the cap has room.
 //!
+//! Host runs (ops kept on the host CPU, [`CopyEngine::run_on_host`]) go to
+//! a host thread of the engine's over the pinned host copies, by the rules
+//! the host engine follows (see `runs`): a run starts once the copies of
+//! its storages have been seen complete, and holds their buffers while it
+//! writes them; a prefetch of such a storage starts when it gives them
+//! back.
+//!
 //! Faults: a delay makes every copy report its completion that much later
 //! (copies report in order, like a lane held busy), and every n-th copy
 //! fails without being issued; a failed swap-out leaves the device copy, a
@@ -38,6 +45,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
+use std::sync::mpsc::{self, Receiver};
 use std::time::{Duration, Instant};
 
 use cudarc::driver::sys::CUdeviceptr;
@@ -46,6 +54,7 @@ use tensile_graph::StorageId;
 
 use crate::engine::{Copy, CopyEngine, CopyId, CopyState, CopyStatus, CopyTable, Dir, HostRun};
 use crate::host::Payload;
+use crate::runs::{HostKernel, LentBuf, RunEnd, RunSite, Runs, run_site_fields};
 
 /// A device buffer the CUDA engine can copy to and from by address:
 /// implemented by the worker for its libtorch tensors.
@@ -185,10 +194,23 @@ impl Pinned {
 }
 
 /// A host copy: its pinned bytes and what it takes to rebuild the payload.
-struct HostBuf<M> {
+pub(crate) struct HostBuf<M> {
     bytes: Arc<Pinned>,
     meta: M,
 }
+
+impl<M: Send + 'static> LentBuf<M> for HostBuf<M> {
+    fn view(&mut self) -> Result<(&mut [u8], &M), String> {
+        // Unique: the run waited for every copy that reads the buffer (a
+        // prefetch holds it until its completion has been observed).
+        let pinned = Arc::get_mut(&mut self.bytes)
+            .ok_or_else(|| "the host copy is still read by a prefetch".to_string())?;
+        Ok((pinned.bytes_mut()?, &self.meta))
+    }
+}
+
+/// A host run the host thread has ended.
+type CudaRunEnd<M> = RunEnd<HostBuf<M>>;
 
 /// What a copy in flight holds until its completion has been observed.
 enum Held<P: Payload> {
@@ -231,6 +253,10 @@ pub struct CudaCopies<P: DevicePayload> {
     next_id: u64,
     /// When the last copy reports at the earliest (faults delay in order).
     last_report: Instant,
+    /// Host runs (ops kept on the host CPU), over the pinned host copies.
+    runs: Runs<P::Meta, HostBuf<P::Meta>, CudaRunEnd<P::Meta>>,
+    /// Where the host thread reports runs that ended.
+    run_rx: Receiver<CudaRunEnd<P::Meta>>,
 }
 
 impl<P: DevicePayload> std::fmt::Debug for CudaCopies<P> {
@@ -259,6 +285,7 @@ impl<P: DevicePayload> CudaCopies<P> {
         let ctx = CudaContext::new(config.ordinal).map_err(err)?;
         let stream = ctx.new_stream().map_err(err)?;
         let compute = ctx.default_stream();
+        let (run_tx, run_rx) = mpsc::channel();
         Ok(CudaCopies {
             config,
             epoch,
@@ -276,6 +303,8 @@ impl<P: DevicePayload> CudaCopies<P> {
             spare_bytes: 0,
             next_id: 0,
             last_report: epoch,
+            runs: Runs::new(run_tx, |end| end),
+            run_rx,
         })
     }
 
@@ -379,25 +408,27 @@ impl<P: DevicePayload> CudaCopies<P> {
         }
     }
 
+    /// Drops the storage's host copy (a host run holding it gives it back
+    /// to the pool when it ends).
     fn discard(&mut self, s: StorageId) {
+        self.runs.stale(s);
         if let Some(h) = self.host.remove(&s) {
-            self.pool_used -= h.bytes.len as u64;
-            // A prefetch still reading it keeps it; it comes back then.
-            if let Ok(buf) = Arc::try_unwrap(h.bytes) {
-                self.keep_spare(buf);
-            }
+            self.release(h);
+        }
+    }
+
+    /// Gives a host copy's bytes back to the pool (kept for reuse unless a
+    /// copy still reads them; it gives them back then).
+    fn release(&mut self, h: HostBuf<P::Meta>) {
+        self.pool_used -= h.bytes.len as u64;
+        if let Ok(buf) = Arc::try_unwrap(h.bytes) {
+            self.keep_spare(buf);
         }
     }
 
     fn fresh_id(&mut self) -> CopyId {
         let id = CopyId(self.next_id);
         self.next_id += 1;
-        id
-    }
-
-    fn fail_now(&mut self, s: StorageId, why: String) -> CopyId {
-        let id = self.fresh_id();
-        self.copies.set(id, CopyState::Failed(why, s));
         id
     }
 
@@ -470,7 +501,7 @@ impl<P: DevicePayload> CudaCopies<P> {
     }
 
     /// Whether the oldest copies have completed; applies those that have,
-    /// in order. Says whether any did.
+    /// in order, then the host runs that ended. Says whether any did.
     fn collect(&mut self) -> bool {
         let mut any = false;
         while let Some(f) = self.flight.front() {
@@ -496,7 +527,11 @@ impl<P: DevicePayload> CudaCopies<P> {
             self.apply(f);
             any = true;
         }
-        any
+        if any {
+            // Runs that waited for those copies may go.
+            self.dispatch_runs();
+        }
+        self.collect_runs() || any
     }
 
     /// A copy has completed (or failed): its result takes effect and what
@@ -560,14 +595,44 @@ impl<P: DevicePayload> CudaCopies<P> {
                 }
             }
         };
+        let outcome = match &state {
+            CopyState::Failed(why, _) => Err(why.clone()),
+            _ => Ok(()),
+        };
+        self.runs.copy_done(f.id, outcome);
         self.copies.set(f.id, state);
     }
 
-    /// Waits up to `timeout` for a copy to complete; says whether one did.
+    /// Host runs the host thread has ended: their buffers come back. Says
+    /// whether any did.
+    fn collect_runs(&mut self) -> bool {
+        let mut any = false;
+        while let Ok(end) = self.run_rx.try_recv() {
+            let ns = self.ns(end.end);
+            self.run_returned(end, ns);
+            any = true;
+        }
+        any
+    }
+
+    /// Installs the kernel that host runs call (see [`HostKernel`]); runs
+    /// submitted before keep the one they were submitted under. Without
+    /// one, a host run fails at once, saying so.
+    pub fn set_host_kernel(&mut self, kernel: impl HostKernel<P::Meta>) {
+        self.install_kernel(Box::new(kernel));
+    }
+
+    /// Host runs submitted and not yet ended.
+    pub fn host_runs_in_flight(&self) -> usize {
+        self.runs.outstanding()
+    }
+
+    /// Waits up to `timeout` for a copy or a host run to complete; says
+    /// whether one did.
     pub fn wait(&mut self, timeout: Duration) -> bool {
         let until = Instant::now() + timeout;
         loop {
-            if self.flight.is_empty() {
+            if self.flight.is_empty() && self.runs.outstanding() == 0 {
                 return false;
             }
             if self.collect() {
@@ -581,14 +646,19 @@ impl<P: DevicePayload> CudaCopies<P> {
         }
     }
 
-    /// Waits for every copy in flight to complete.
+    /// Waits for every copy and host run in flight to complete.
     pub fn drain(&mut self) {
-        while !self.flight.is_empty() {
+        while !self.flight.is_empty() || self.runs.outstanding() > 0 {
             self.wait(Duration::from_millis(100));
         }
     }
 
-    fn submit_out(&mut self, s: StorageId, fail: bool) -> Result<InFlight<P>, (StorageId, String)> {
+    fn submit_out(
+        &mut self,
+        id: CopyId,
+        s: StorageId,
+        fail: bool,
+    ) -> Result<InFlight<P>, (StorageId, String)> {
         // The storage's buffer, or the one a prefetch in flight fills (the
         // stream orders this copy after it).
         let src = match self.device.get(&s) {
@@ -626,7 +696,7 @@ impl<P: DevicePayload> CudaCopies<P> {
         };
         let meta = src.meta();
         Ok(InFlight {
-            id: self.fresh_id(),
+            id,
             storage: s,
             done,
             report_at: self.report_time(),
@@ -635,7 +705,12 @@ impl<P: DevicePayload> CudaCopies<P> {
         })
     }
 
-    fn submit_in(&mut self, s: StorageId, fail: bool) -> Result<InFlight<P>, (StorageId, String)> {
+    fn submit_in(
+        &mut self,
+        id: CopyId,
+        s: StorageId,
+        fail: bool,
+    ) -> Result<InFlight<P>, (StorageId, String)> {
         let Some(h) = self.host.get(&s) else {
             return Err((s, format!("storage {} has no host copy", s.0)));
         };
@@ -652,8 +727,6 @@ impl<P: DevicePayload> CudaCopies<P> {
                 }
             }
         };
-        let id = self.fresh_id();
-        self.wanted_in.insert(s, id);
         Ok(InFlight {
             id,
             storage: s,
@@ -665,20 +738,17 @@ impl<P: DevicePayload> CudaCopies<P> {
     }
 }
 
-impl<P: DevicePayload> CopyEngine for CudaCopies<P> {
-    fn submit(&mut self, copy: Copy) -> CopyId {
-        // `copy.not_before` needs no wait here: the executor submits at the
-        // fire time, and a copy after a prefetch is ordered on the stream.
+impl<P: DevicePayload> CudaCopies<P> {
+    /// Issues copy `id` on the stream (or fails it, for want of data or
+    /// room).
+    fn start(&mut self, id: CopyId, copy: Copy, fail: bool) {
         let s = copy.storage;
-        let n = self.next_id + 1;
-        let fail = self.config.fail_every.is_some_and(|k| n.is_multiple_of(k));
         let flight = match copy.dir {
-            Dir::ToHost => self.submit_out(s, fail),
-            Dir::ToDevice => self.submit_in(s, fail),
+            Dir::ToHost => self.submit_out(id, s, fail),
+            Dir::ToDevice => self.submit_in(id, s, fail),
         };
         match flight {
             Ok(f) => {
-                let id = f.id;
                 self.copies.set(
                     id,
                     CopyState::Pending {
@@ -687,21 +757,40 @@ impl<P: DevicePayload> CopyEngine for CudaCopies<P> {
                     },
                 );
                 self.flight.push_back(f);
-                id
             }
-            Err((s, why)) => self.fail_now(s, why),
+            Err((s, why)) => {
+                if self.wanted_in.get(&s) == Some(&id) {
+                    self.wanted_in.remove(&s);
+                }
+                // A host run may wait for it (a prefetch that was deferred).
+                self.runs.copy_done(id, Err(why.clone()));
+                self.copies.set(id, CopyState::Failed(why, s));
+            }
         }
+    }
+}
+
+impl<P: DevicePayload> RunSite for CudaCopies<P> {
+    type Meta = P::Meta;
+    type Buf = HostBuf<P::Meta>;
+    type Done = CudaRunEnd<P::Meta>;
+
+    run_site_fields!(CudaCopies, HostBuf<P::Meta>, CudaRunEnd<P::Meta>);
+
+    fn copies_in_flight(&self) -> Vec<(CopyId, StorageId)> {
+        self.flight.iter().map(|f| (f.id, f.storage)).collect()
+    }
+}
+
+impl<P: DevicePayload> CopyEngine for CudaCopies<P> {
+    fn submit(&mut self, copy: Copy) -> CopyId {
+        // `copy.not_before` needs no wait here: the executor submits at the
+        // fire time, and a copy after a prefetch is ordered on the stream.
+        self.submit_copy(copy, self.config.fail_every)
     }
 
     fn run_on_host(&mut self, run: HostRun) -> CopyId {
-        let first = run.storages.first().copied().unwrap_or(StorageId(0));
-        self.fail_now(
-            first,
-            format!(
-                "op {} runs on the host, which the CUDA copy engine does not do",
-                run.op.0
-            ),
-        )
+        self.submit_run(run, "CUDA copy engine")
     }
 
     fn poll(&mut self, now: u64) {

@@ -29,7 +29,7 @@
 //!
 //! Host runs (ops kept on the host CPU) go to a host thread of their own,
 //! over the host copies, through a kernel the driver installs: see
-//! `host_run`.
+//! `runs`.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -41,11 +41,7 @@ use tensile_graph::StorageId;
 
 use crate::engine::{Copy, CopyEngine, CopyId, CopyState, CopyStatus, CopyTable, Dir, HostRun};
 
-#[path = "host_run.rs"]
-mod host_run;
-
-use host_run::Runs;
-pub use host_run::{HostBytes, HostKernel};
+use crate::runs::{HostKernel, LentBuf, RunEnd, RunSite, Runs, run_site_fields, sleep_until};
 
 /// A device buffer whose bytes the engine can move: implemented by the
 /// worker for its tensors (a shallow handle: cloning shares the memory).
@@ -106,9 +102,17 @@ impl Default for HostConfig {
 }
 
 /// A host copy: its bytes and what it takes to rebuild the device payload.
-struct HostBuf<M> {
+pub(crate) struct HostBuf<M> {
     bytes: Arc<Vec<u8>>,
     meta: M,
+}
+
+impl<M: Send + 'static> LentBuf<M> for HostBuf<M> {
+    fn view(&mut self) -> Result<(&mut [u8], &M), String> {
+        // Unique: the run waited for every copy that read it; were it
+        // shared, the run writes a copy.
+        Ok((Arc::make_mut(&mut self.bytes).as_mut_slice(), &self.meta))
+    }
 }
 
 enum Job<P: Payload> {
@@ -130,7 +134,7 @@ enum Job<P: Payload> {
     },
 }
 
-enum Done<P: Payload> {
+pub(crate) enum Done<P: Payload> {
     Out {
         id: CopyId,
         end: Instant,
@@ -142,12 +146,7 @@ enum Done<P: Payload> {
         result: Result<P, String>,
     },
     /// A host run ended; the host buffers it held come back.
-    Run {
-        id: CopyId,
-        end: Instant,
-        result: Result<(), String>,
-        bufs: Vec<(StorageId, HostBuf<P::Meta>)>,
-    },
+    Run(RunEnd<HostBuf<P::Meta>>),
 }
 
 /// What the engine knows of one copy.
@@ -187,7 +186,7 @@ pub struct HostCopies<P: Payload> {
     /// The storage of every copy on a lane (host runs wait for those of
     /// their storages).
     touching: HashMap<CopyId, StorageId>,
-    runs: Runs<P>,
+    runs: Runs<P::Meta, HostBuf<P::Meta>, Done<P>>,
 }
 
 impl<P: Payload> std::fmt::Debug for HostCopies<P> {
@@ -199,14 +198,6 @@ impl<P: Payload> std::fmt::Debug for HostCopies<P> {
             .field("host", &self.host.len())
             .field("pool_used", &self.pool_used)
             .finish()
-    }
-}
-
-/// Sleeps until `t` (returns at once if it has passed).
-fn sleep_until(t: Instant) {
-    let now = Instant::now();
-    if t > now {
-        std::thread::sleep(t - now);
     }
 }
 
@@ -329,7 +320,7 @@ impl<P: Payload> HostCopies<P> {
             outs_submitted: 0,
             outs_done: 0,
             touching: HashMap::new(),
-            runs: Runs::new(done_tx),
+            runs: Runs::new(done_tx, Done::Run),
         }
     }
 
@@ -463,18 +454,17 @@ impl<P: Payload> HostCopies<P> {
     fn discard(&mut self, s: StorageId) {
         self.runs.stale(s);
         if let Some(h) = self.host.remove(&s) {
-            self.pool_used -= h.bytes.len() as u64;
-            // Kept for reuse unless a copy still reads it.
-            if let Ok(buf) = Arc::try_unwrap(h.bytes) {
-                self.keep_spare(buf);
-            }
+            self.release(h);
         }
     }
 
-    fn fail_now(&mut self, s: StorageId, why: String) -> CopyId {
-        let id = self.fresh_id();
-        self.copies.set(id, CopyState::Failed(why, s));
-        id
+    /// Gives a host copy's bytes back to the pool (kept for reuse unless a
+    /// copy still reads them; it gives them back then).
+    fn release(&mut self, h: HostBuf<P::Meta>) {
+        self.pool_used -= h.bytes.len() as u64;
+        if let Ok(buf) = Arc::try_unwrap(h.bytes) {
+            self.keep_spare(buf);
+        }
     }
 
     fn fresh_id(&mut self) -> CopyId {
@@ -491,19 +481,14 @@ impl<P: Payload> HostCopies<P> {
     }
 
     fn apply(&mut self, done: Done<P>) {
-        if let Done::Run {
-            id,
-            end,
-            result,
-            bufs,
-        } = done
-        {
-            self.run_returned(id, end, result, bufs);
+        if let Done::Run(end) = done {
+            let ns = self.ns(end.end);
+            self.run_returned(end, ns);
             return;
         }
         self.in_flight -= 1;
         match done {
-            Done::Run { .. } => {}
+            Done::Run(_) => {}
             Done::Out { id, end, result } => {
                 self.touching.remove(&id);
                 self.runs
@@ -695,36 +680,39 @@ impl<P: Payload> HostCopies<P> {
     }
 }
 
+impl<P: Payload> HostCopies<P> {
+    /// Installs the kernel that host runs call (see [`HostKernel`]); runs
+    /// submitted before keep the one they were submitted under. Without
+    /// one, a host run fails at once, saying so.
+    pub fn set_host_kernel(&mut self, kernel: impl HostKernel<P::Meta>) {
+        self.install_kernel(Box::new(kernel));
+    }
+
+    /// Host runs submitted and not yet ended.
+    pub fn host_runs_in_flight(&self) -> usize {
+        self.runs.outstanding()
+    }
+}
+
+impl<P: Payload> RunSite for HostCopies<P> {
+    type Meta = P::Meta;
+    type Buf = HostBuf<P::Meta>;
+    type Done = Done<P>;
+
+    run_site_fields!(HostCopies, HostBuf<P::Meta>, Done<P>);
+
+    fn copies_in_flight(&self) -> Vec<(CopyId, StorageId)> {
+        self.touching.iter().map(|(&c, &s)| (c, s)).collect()
+    }
+}
+
 impl<P: Payload> CopyEngine for HostCopies<P> {
     fn submit(&mut self, copy: Copy) -> CopyId {
-        let id = self.fresh_id();
-        let fail = self
-            .config
-            .fail_every
-            .is_some_and(|k| (id.0 + 1).is_multiple_of(k));
-        let s = copy.storage;
-        if copy.dir == Dir::ToDevice {
-            self.wanted_in.insert(s, id);
-            if self.runs.is_lent(s) {
-                // A host run is writing its host copy: the copy reads what
-                // the run leaves.
-                self.copies.set(
-                    id,
-                    CopyState::Pending {
-                        dir: copy.dir,
-                        storage: s,
-                    },
-                );
-                self.runs.defer(id, copy, fail);
-                return id;
-            }
-        }
-        self.start(id, copy, fail);
-        id
+        self.submit_copy(copy, self.config.fail_every)
     }
 
     fn run_on_host(&mut self, run: HostRun) -> CopyId {
-        self.submit_run(run)
+        self.submit_run(run, "host copy engine")
     }
 
     fn poll(&mut self, now: u64) {

@@ -9,8 +9,9 @@ use std::time::{Duration, Instant};
 
 use tensile_graph::{OpId, StorageId};
 
-use super::{HostBytes, HostConfig, HostCopies, HostKernel, Payload};
+use super::{HostConfig, HostCopies, Payload};
 use crate::engine::{Copy, CopyEngine, CopyError, CopyId, CopyStatus, Dir, HostRun};
+use crate::{HostBytes, HostKernel};
 
 /// A "device" buffer: shared bytes.
 #[derive(Debug, Clone)]

@@ -23,8 +23,10 @@
 //! - `cuda`: [`CudaCopies`], real copies between libtorch's device buffers
 //!   (a [`DevicePayload`]) and a capped pool of pinned host buffers on one
 //!   non-blocking CUDA stream (cudarc, driver loaded at run time), ordered
-//!   against the compute stream with events; fault injection as `host`.
-//!   The crate's only module with `unsafe`.
+//!   against the compute stream with events; fault injection and host runs
+//!   as `host`. The crate's only module with `unsafe`.
+//! - `runs`: host runs ([`CopyEngine::run_on_host`]) for both real
+//!   engines: the queue's rules once, over each engine's host copies.
 
 #[allow(unsafe_code)]
 mod cuda;
@@ -32,11 +34,13 @@ mod cuda_clock;
 mod engine;
 mod host;
 mod queue;
+mod runs;
 mod virtual_time;
 
 pub use cuda::{CudaConfig, CudaCopies, CudaUnavailable, DevicePayload, cuda_available};
 pub use cuda_clock::CudaOpClock;
 pub use engine::{Copy, CopyEngine, CopyError, CopyId, CopyStatus, Dir, HostRun};
-pub use host::{HostBytes, HostConfig, HostCopies, HostKernel, Payload};
+pub use host::{HostConfig, HostCopies, Payload};
 pub use queue::ExecutionQueue;
+pub use runs::{HostBytes, HostKernel};
 pub use virtual_time::VirtualCopies;

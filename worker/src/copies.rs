@@ -126,13 +126,10 @@ impl Copies {
         each!(self, e => e.in_flight())
     }
 
-    /// Installs the kernel of host runs: the host engine's only (the
-    /// worker refuses host ops on the CUDA engine at start, see
-    /// `host_kernels::check_engine`).
+    /// Installs the kernel of host runs (either engine runs them over its
+    /// host copies, on a host thread of its own).
     pub(crate) fn set_host_kernel(&mut self, kernel: impl HostKernel<FlatMeta>) {
-        if let Copies::Host(e) = self {
-            e.set_host_kernel(kernel);
-        }
+        each!(self, e => e.set_host_kernel(kernel))
     }
 }
 

@@ -1,6 +1,7 @@
 //! Ops the graph places on the host ([`tensile_graph::Placement::Host`]:
 //! optimizer updates kept on the host CPU, with their state) run on the
-//! host copy engine's host thread, over the host copies of their storages.
+//! copy engine's host thread (the host engine's or the CUDA engine's), over
+//! the host copies of their storages (pinned, on the CUDA engine).
 //! The engine hands the kernel each storage's bytes ([`HostBytes`]); this
 //! module views them as CPU tensors without copying
 //! ([`tensile_kernels::with_cpu_tensors`]), each graph tensor at its
@@ -11,9 +12,7 @@
 //!
 //! The layouts come from the worker, which learns them as it installs
 //! initial values and as kernels produce tensors (a gradient's, say):
-//! [`HostLayouts`] is what the two threads share. Only the CPU engine runs
-//! host ops; with the CUDA engine a graph that has them is refused at
-//! start ([`check_engine`]).
+//! [`HostLayouts`] is what the two threads share.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -21,7 +20,6 @@ use tch::Tensor;
 use tensile_graph::{Graph, Liveness, OpId, StorageId, TensorId};
 use tensile_swap_executor::{HostBytes, HostKernel};
 
-use crate::copies::Engine;
 use crate::payload::{Flat, FlatMeta, Layout};
 use crate::runtime::{Kernels, WorkerError};
 
@@ -161,18 +159,6 @@ impl<K: Kernels + Send + 'static> HostKernel<FlatMeta> for HostOps<K> {
             }
             Ok(())
         })?
-    }
-}
-
-/// Host ops run on the host engine only: with the CUDA engine a graph that
-/// has them is an error naming the first, before anything runs.
-pub(crate) fn check_engine(graph: &Graph, engine: Engine) -> Result<(), WorkerError> {
-    match (engine, graph.ops().iter().find(|o| o.on_host())) {
-        (Engine::Cuda { .. }, Some(op)) => Err(WorkerError::HostOpOnCuda {
-            op: op.id.0,
-            name: op.name.clone(),
-        }),
-        _ => Ok(()),
     }
 }
 

@@ -25,7 +25,7 @@ pub struct IterationReport {
     #[serde(skip)]
     pub late_prefetch_tensors: Vec<TensorId>,
     /// Resident device bytes at every change during the iteration, as (ns
-    /// since the Unix epoch, bytes), when [`Worker::record_memory`] is on.
+    /// since the Unix epoch, bytes), when [`Worker::record_memory`](crate::Worker::record_memory) is on.
     #[serde(skip)]
     pub memory: Vec<(u64, u64)>,
     pub failed_copies: usize,

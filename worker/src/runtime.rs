@@ -103,10 +103,6 @@ pub enum WorkerError {
     #[error("op {op} ({name}) failed: {why}")]
     Kernel { op: u32, name: String, why: String },
     #[error(
-        "op {op} ({name}) runs on the host, which the CUDA copy engine does not do: run the job with --copy host"
-    )]
-    HostOpOnCuda { op: u32, name: String },
-    #[error(
         "op {op} ({name}) runs on the host, and the worker was given no host kernels to run it (Worker::set_host_kernels)"
     )]
     NoHostKernels { op: u32, name: String },
@@ -250,7 +246,6 @@ impl<'g, K: Kernels> Worker<'g, K> {
             (Some(dir), None) => return Err(WorkerError::LedgerWithoutBudget(dir.clone())),
             (None, _) => None,
         };
-        host_kernels::check_engine(graph, config.engine)?;
         let engine = Copies::new(config.engine, config.host, epoch)?;
         let mut exec = Executor::new(graph, live, plan, engine, config.iterations);
         if config.guard {

@@ -30,6 +30,13 @@ pub(crate) fn gpu() -> bool {
     }
 }
 
+/// A CUDA engine on device 0, with the instant its times count from.
+fn engine(config: CudaConfig) -> (CudaCopies<Flat>, Instant) {
+    let epoch = Instant::now();
+    let e = CudaCopies::<Flat>::new(config, epoch).expect("a GPU");
+    (e, epoch)
+}
+
 fn copy(dir: Dir, s: u32, bytes: u64) -> Copy {
     Copy {
         dir,
@@ -69,8 +76,7 @@ fn on_a_gpu_copies_are_ordered_against_the_compute_stream() {
         return;
     }
     let dev = Device::Cuda(0);
-    let epoch = Instant::now();
-    let mut e = CudaCopies::<Flat>::new(CudaConfig::default(), epoch).expect("a GPU");
+    let (mut e, epoch) = engine(CudaConfig::default());
     let a = Tensor::randn([1 << 12, 1 << 12], (Kind::Float, dev));
     // Queued on the compute stream, likely still running at the submit.
     let b = a.matmul(&a).flatten(0, 1);
@@ -107,14 +113,12 @@ fn on_a_gpu_injected_failures_and_a_full_pool_lose_nothing() {
         return;
     }
     let dev = Device::Cuda(0);
-    let epoch = Instant::now();
-    let config = CudaConfig {
+    let (mut e, epoch) = engine(CudaConfig {
         pool_cap_bytes: 10 << 20,
         fault_delay: Duration::from_millis(2),
         fail_every: Some(2),
         ..CudaConfig::default()
-    };
-    let mut e = CudaCopies::<Flat>::new(config, epoch).expect("a GPU");
+    });
     let x = Tensor::arange(1 << 20, (Kind::Float, dev));
     let want = x.to_device(Device::Cpu);
     e.set_device(StorageId(1), Flat(x.shallow_clone()));
@@ -147,4 +151,91 @@ fn on_a_gpu_injected_failures_and_a_full_pool_lose_nothing() {
     let back = e.submit(copy(Dir::ToDevice, 1, 4 << 20));
     assert!(matches!(settle(&mut e, epoch, back), CopyStatus::Ends(_)));
     assert!(e.device(StorageId(1)).expect("prefetched").0.equal(&x));
+}
+
+/// A host run on the CUDA engine starts after the swap-outs that bring
+/// its inputs, writes the pinned host copy in place on the engine's host
+/// thread, and a prefetch of that storage submitted while it runs reads
+/// what it wrote.
+#[test]
+fn on_a_gpu_a_host_run_writes_its_pinned_copy_before_the_prefetch_reads_it() {
+    let _heavy = crate::heavy();
+    if !gpu() {
+        return;
+    }
+    let dev = Device::Cuda(0);
+    let (mut e, epoch) = engine(CudaConfig::default());
+    // Adds the gradient's bytes into the parameter's, slowly enough that
+    // the prefetch below is submitted while it runs.
+    e.set_host_kernel(
+        |_: tensile_graph::OpId, bufs: &mut [tensile_swap_executor::HostBytes<'_, _>]| {
+            std::thread::sleep(Duration::from_millis(30));
+            let [param, grad] = bufs else {
+                return Err(format!("{} buffers", bufs.len()));
+            };
+            for (p, g) in param.bytes.iter_mut().zip(grad.bytes.iter()) {
+                *p = p.wrapping_add(*g);
+            }
+            Ok(())
+        },
+    );
+    let n = 4 << 20;
+    let param = Tensor::arange(n, (Kind::Int64, dev))
+        .remainder(251)
+        .to_kind(Kind::Uint8);
+    let grad = Tensor::arange(n, (Kind::Int64, dev))
+        .remainder(13)
+        .to_kind(Kind::Uint8);
+    let want = (param.to_kind(Kind::Int64) + grad.to_kind(Kind::Int64))
+        .remainder(256)
+        .to_kind(Kind::Uint8)
+        .to_device(Device::Cpu);
+    e.set_device(StorageId(0), Flat(param.shallow_clone()));
+    e.set_device(StorageId(1), Flat(grad.shallow_clone()));
+    let outs = [
+        e.submit(copy(Dir::ToHost, 0, n as u64)),
+        e.submit(copy(Dir::ToHost, 1, n as u64)),
+    ];
+    let run = e.run_on_host(tensile_swap_executor::HostRun {
+        op: tensile_graph::OpId(7),
+        storages: vec![StorageId(0), StorageId(1)],
+        bytes: 2 * n as u64,
+        after: outs.to_vec(),
+        not_before: 0,
+    });
+    for o in outs {
+        assert!(matches!(settle(&mut e, epoch, o), CopyStatus::Ends(_)));
+    }
+    e.drop_device(StorageId(0));
+    let back = e.submit(copy(Dir::ToDevice, 0, n as u64));
+    assert!(matches!(settle(&mut e, epoch, run), CopyStatus::Ends(_)));
+    assert!(matches!(settle(&mut e, epoch, back), CopyStatus::Ends(_)));
+    assert_eq!(e.host_runs_in_flight(), 0);
+    let got = e
+        .device(StorageId(0))
+        .expect("prefetched")
+        .0
+        .to_device(Device::Cpu);
+    assert!(got.equal(&want), "the prefetch read the update");
+    assert!(
+        host_bytes(&e, 1).equal(&grad.to_device(Device::Cpu)),
+        "the gradient read only"
+    );
+    // Without a kernel, a run fails at once, saying so.
+    let (mut bare, _) = engine(CudaConfig::default());
+    let r = bare.run_on_host(tensile_swap_executor::HostRun {
+        op: tensile_graph::OpId(3),
+        storages: vec![StorageId(0)],
+        bytes: 0,
+        after: Vec::new(),
+        not_before: 0,
+    });
+    match bare.status(r) {
+        CopyStatus::Failed(err) => assert!(
+            err.to_string()
+                .contains("no host kernel is installed on the CUDA copy engine"),
+            "{err}"
+        ),
+        other => panic!("{other:?}"),
+    }
 }

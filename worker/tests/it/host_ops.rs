@@ -276,28 +276,3 @@ fn a_worker_without_host_kernels_says_so_before_it_runs() {
         "{msg}"
     );
 }
-
-#[test]
-fn the_cuda_engine_refuses_host_ops_at_start() {
-    let g = mlp_stepping(Step::OnHost);
-    let live = Liveness::analyze(&g);
-    let config = WorkerConfig {
-        iterations: 1,
-        memory_budget_bytes: None,
-        host: HostConfig::default(),
-        engine: tensile_worker::Engine::Cuda { ordinal: 0 },
-        guard: false,
-        ledger: None,
-    };
-    let kernels = mock::Mock::new(&g, Duration::ZERO);
-    let err = Worker::new(&g, &live, &vanilla(&g), kernels, mock::initial(&g), config)
-        .expect_err("host ops on CUDA");
-    let msg = err.to_string();
-    let first = g.ops().iter().find(|o| o.on_host()).expect("a host op");
-    assert!(
-        msg.contains(&format!("op {} ({})", first.id.0, first.name))
-            && msg.contains("--copy host")
-            && !msg.contains('\n'),
-        "{msg}"
-    );
-}

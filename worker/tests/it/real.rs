@@ -193,35 +193,62 @@ fn plans_with_real_kernels_lose_nothing() {
     assert_same(&g, &want, &worker_run(&g, &p, 2, faults));
 }
 
-#[test]
-fn on_a_gpu_the_cuda_engine_loses_nothing_even_under_faults() {
-    let _heavy = crate::heavy();
-    if !gpu() {
-        return;
-    }
-    let g = resnet();
-    let live = Liveness::analyze(&g);
+/// On a GPU, `g` trains bit for bit with the CUDA engine what it trains
+/// with the host engine there: with no plan, and under a plan that swaps
+/// and swaps across iterations, with and without failing copies.
+fn the_cuda_engine_trains_as_the_host_engine(g: &Graph) {
+    let live = Liveness::analyze(g);
     let dev = Device::Cuda(0);
     // cuDNN's autotuner may pick different kernels run to run, and its
     // default backward convolutions sum in any order.
     tensile_kernels::set_deterministic_cudnn(true);
     let host = HostConfig::default();
-    let want = worker_run_on(&g, &vanilla_plan(&live), 2, host, dev, Engine::Host);
-    let again = worker_run_on(&g, &vanilla_plan(&live), 2, host, dev, Engine::Host);
+    let want = worker_run_on(g, &vanilla_plan(&live), 2, host, dev, Engine::Host);
+    let again = worker_run_on(g, &vanilla_plan(&live), 2, host, dev, Engine::Host);
     // The device's kernels themselves repeat bit for bit (else no
     // comparison below could tell the engine's fault from theirs).
-    assert_same(&g, &want, &again);
-    let copy = CopyModel::duplex(12e9, 12e9, 10_000);
-    let p = planned(&g, latencies(&g), copy, JobSettings::default(), 0.5);
-    assert!(p.prediction.swap_outs > 0 && !p.start_on_host.is_empty());
+    assert_same(g, &want, &again);
     let cuda = Engine::Cuda { ordinal: 0 };
-    assert_same(&g, &want, &worker_run_on(&g, &p, 2, host, dev, cuda));
+    assert_same(
+        g,
+        &want,
+        &worker_run_on(g, &vanilla_plan(&live), 2, host, dev, cuda),
+    );
+    let copy = CopyModel::duplex(12e9, 12e9, 10_000);
+    let p = planned(g, latencies(g), copy, JobSettings::default(), 0.5);
+    assert!(p.prediction.swap_outs > 0 && !p.start_on_host.is_empty());
+    assert_same(g, &want, &worker_run_on(g, &p, 2, host, dev, cuda));
     let faults = HostConfig {
         fault_delay: Duration::from_micros(300),
         fail_every: Some(3),
         ..host
     };
-    assert_same(&g, &want, &worker_run_on(&g, &p, 2, faults, dev, cuda));
+    assert_same(g, &want, &worker_run_on(g, &p, 2, faults, dev, cuda));
+}
+
+#[test]
+fn on_a_gpu_the_cuda_engine_loses_nothing_even_under_faults() {
+    let _heavy = crate::heavy();
+    if gpu() {
+        the_cuda_engine_trains_as_the_host_engine(&resnet());
+    }
+}
+
+/// On a GPU, updates kept on the host run on the CUDA engine's host
+/// thread over its pinned host copies, and train what they train with the
+/// host engine.
+#[test]
+fn on_a_gpu_the_cuda_engine_runs_updates_on_the_host() {
+    let _heavy = crate::heavy();
+    if !gpu() {
+        return;
+    }
+    let config = ZooConfig {
+        resolution: Some(64),
+        step: Step::OnHost,
+        ..ZooConfig::new(1)
+    };
+    the_cuda_engine_trains_as_the_host_engine(&zoo::build("resnet50", &config).expect("zoo"));
 }
 
 #[test]
@@ -420,18 +447,28 @@ fn the_binary_trains_with_updates_on_the_host() {
         saved.push(std::fs::read(&out_file).expect("saved"));
     }
     assert!(saved[0] == saved[1], "the plan changed the parameters");
-    // The CUDA engine refuses host ops before anything runs, in one line.
-    let out = worker_bin()
-        .args(job)
-        .args(["adam-on-host", "--vanilla", "--copy", "cuda"])
-        .output()
-        .expect("runs");
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    if tensile_swap_executor::cuda_available(0).is_ok() {
+    // On a GPU, the CUDA engine runs the host ops too (over its pinned
+    // host copies) and trains what the host engine trains there.
+    if gpu() {
+        let mut on_gpu = Vec::new();
+        for copy in ["host", "cuda"] {
+            let out_file = dir.join(format!("gpu-{copy}.safetensors"));
+            let out = worker_bin()
+                .args(job)
+                .args(["adam-on-host", "--iterations", "3", "--json"])
+                .args(["--device", "cuda:0", "--copy", copy, "--plan"])
+                .arg(&plan_file)
+                .arg("--save-params")
+                .arg(&out_file)
+                .output()
+                .expect("runs");
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(out.status.success(), "--copy {copy}: {stderr}");
+            on_gpu.push(std::fs::read(&out_file).expect("saved"));
+        }
         assert!(
-            stderr.contains("runs on the host") && stderr.contains("--copy host"),
-            "{stderr}"
+            on_gpu[0] == on_gpu[1],
+            "the CUDA engine changed the parameters"
         );
     }
     let _ = std::fs::remove_dir_all(&dir);
