@@ -2,10 +2,11 @@
 # The main job on built-in defaults: the real system on this machine. A
 # tensile-scheduler on a socket in a temporary folder, with a memory budget
 # that the jobs' vanilla peaks exceed together, and three tensile-workers
-# (ResNet-50 and DenseNet-121, real kernels on the CPU, real copies through
-# the host engine at a scaled link bandwidth) that register, receive plans
-# and train, with a live table; then the same jobs without plans, side by
-# side, and measured memory over time drawn to target/tensile-demo.svg.
+# (three ResNet-50 copies, real kernels on the CPU, real copies through the
+# host engine at a scaled link bandwidth) that register, receive plans and
+# gates and train, with a live table; then the same jobs without plans,
+# side by side and one after another, and measured memory over time drawn
+# to target/tensile-demo.svg.
 # Everything it starts is stopped when it ends, also on Ctrl-C. Extra
 # arguments go to `tensilectl demo` (see its --help). The simulator is one
 # command away: target/release/tensilectl sim.

@@ -474,6 +474,11 @@ fn the_demo_keeps_its_jobs_within_the_budget_they_share() {
         text.contains("one after another without plans"),
         "no wall-time comparison:\n{text}"
     );
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("gates: a period of ") || l.starts_with("no gates: ")),
+        "the summary does not say what the gates did:\n{text}"
+    );
     let svg = std::fs::read_to_string(&plot).expect("the plot is written");
     assert!(svg.contains("<svg"), "not an SVG");
     let _ = std::fs::remove_dir_all(&dir);
