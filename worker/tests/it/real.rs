@@ -415,25 +415,30 @@ fn the_binary_trains_with_updates_on_the_host() {
         tensile_proto::plan_json::plan_to_json(&p, &[], &g),
     )
     .expect("write");
-    let job = ["--model", "resnet50", "--batch", "2", "--optimizer"];
-    let mut saved = Vec::new();
-    for (policy, name) in [
-        (vec!["--vanilla"], "vanilla"),
-        (vec!["--plan", plan_file.to_str().expect("utf-8")], "plan"),
-    ] {
+    let plan = plan_file.to_str().expect("utf-8");
+    // Trains 3 iterations with `args` added: its standard output (a JSON
+    // line an iteration) and the parameters it saved.
+    let train = |args: &[&str], name: &str| {
         let out_file = dir.join(format!("{name}.safetensors"));
         let out = worker_bin()
-            .args(job)
+            .args(["--model", "resnet50", "--batch", "2", "--optimizer"])
             .args(["adam-on-host", "--iterations", "3", "--json"])
-            .args(["--threads", "1"])
-            .args(&policy)
+            .args(args)
             .arg("--save-params")
             .arg(&out_file)
             .output()
             .expect("runs");
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "{name}: {stderr}");
-        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        (stdout, std::fs::read(&out_file).expect("saved"))
+    };
+    let mut saved = Vec::new();
+    for (policy, name) in [
+        (["--vanilla"].as_slice(), "vanilla"),
+        (&["--plan", plan], "plan"),
+    ] {
+        let (stdout, params) = train(&[&["--threads", "1"], policy].concat(), name);
         let lines: Vec<serde_json::Value> = stdout
             .lines()
             .map(|l| serde_json::from_str(l).expect("json"))
@@ -444,28 +449,16 @@ fn the_binary_trains_with_updates_on_the_host() {
             assert!(l["host_wait_ns"].as_u64().is_some(), "{name}: {l}");
             assert!(l["swapped_bytes"].as_u64().is_some_and(|b| b > 0));
         }
-        saved.push(std::fs::read(&out_file).expect("saved"));
+        saved.push(params);
     }
     assert!(saved[0] == saved[1], "the plan changed the parameters");
     // On a GPU, the CUDA engine runs the host ops too (over its pinned
     // host copies) and trains what the host engine trains there.
     if gpu() {
-        let mut on_gpu = Vec::new();
-        for copy in ["host", "cuda"] {
-            let out_file = dir.join(format!("gpu-{copy}.safetensors"));
-            let out = worker_bin()
-                .args(job)
-                .args(["adam-on-host", "--iterations", "3", "--json"])
-                .args(["--device", "cuda:0", "--copy", copy, "--plan"])
-                .arg(&plan_file)
-                .arg("--save-params")
-                .arg(&out_file)
-                .output()
-                .expect("runs");
-            let stderr = String::from_utf8_lossy(&out.stderr);
-            assert!(out.status.success(), "--copy {copy}: {stderr}");
-            on_gpu.push(std::fs::read(&out_file).expect("saved"));
-        }
+        let on_gpu = ["host", "cuda"].map(|copy| {
+            let args = ["--device", "cuda:0", "--copy", copy, "--plan", plan];
+            train(&args, &format!("gpu-{copy}")).1
+        });
         assert!(
             on_gpu[0] == on_gpu[1],
             "the CUDA engine changed the parameters"
