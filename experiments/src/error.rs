@@ -1,31 +1,19 @@
 //! What can go wrong in an experiment, typed; `tensilectl` adds context
 //! and prints the chain.
 
-use std::path::PathBuf;
-
 use tensile_baselines::BaselineError;
 use tensile_executor::ExecError;
 use tensile_graph::zoo::ZooError;
-use tensile_latency_model::ProfileError;
-use tensile_latency_model::predict::PredictError;
+use tensile_latency_model::DeviceError;
+use tensile_plan_job::PlanJobError;
 use tensile_planner::{PlanError, ReplanError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ExperimentError {
-    #[error("unknown device {name:?}: not a built-in profile ({builtins}, cpu) and no such file")]
-    UnknownDevice { name: String, builtins: String },
-    #[error("device {name}")]
-    Device {
-        name: String,
-        #[source]
-        source: ProfileError,
-    },
-    #[error("cold-start latency models {}", dir.display())]
-    Predictor {
-        dir: PathBuf,
-        #[source]
-        source: PredictError,
-    },
+    /// A device profile by name, or planning one job
+    /// (`tensile-plan-job`).
+    #[error(transparent)]
+    PlanJob(#[from] PlanJobError),
     #[error("{what}")]
     Zoo {
         what: String,
@@ -111,4 +99,10 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
         cause = c.source();
     }
     out
+}
+
+impl From<DeviceError> for ExperimentError {
+    fn from(e: DeviceError) -> ExperimentError {
+        ExperimentError::PlanJob(e.into())
+    }
 }

@@ -106,10 +106,8 @@ fn steady_time_s(r: &JobResult) -> f64 {
 }
 
 /// The lower bound of one job: the largest working set of any one op, plus
-/// the device's base.
-pub fn lower_bound_bytes(graph: &Graph, live: &Liveness, profile: &DeviceProfile) -> u64 {
-    live.largest_working_set(graph) + profile.base_bytes
-}
+/// the device's base (`tensile-plan-job`'s).
+pub use tensile_plan_job::lower_bound_bytes;
 
 /// The metrics of `run` against `vanilla`, per job and for the system.
 pub fn report(

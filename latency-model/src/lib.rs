@@ -16,6 +16,9 @@
 //! - [`profile`]: [`DeviceProfile`] (memory, copy engines, peaks, per-class
 //!   efficiencies), the built-in profiles (`profiles/*.json`: `a6000`,
 //!   `h100`, `paper`) and profile files, validated.
+//! - [`device`]: a profile by the name a user gives ([`device_profile`]:
+//!   a built-in GPU, `cpu`, or a profile file), the one rule every binary
+//!   and the Python extension follow.
 //! - [`roofline`]: FLOPs and bytes of every op ([`op_cost`]), op classes, and
 //!   the roofline time of one op ([`roofline_ns`]).
 //! - [`latencies`]: per-op latencies of a whole graph: [`roofline_latencies`],
@@ -29,6 +32,7 @@
 //! - [`eval`]: accuracy on held-out shapes and prediction speed.
 
 pub mod dataset;
+pub mod device;
 pub mod eval;
 pub mod features;
 pub mod latencies;
@@ -37,6 +41,7 @@ pub mod predict;
 pub mod profile;
 pub mod roofline;
 
+pub use device::{DeviceError, device_profile};
 pub use features::{FEATURE_LEN, op_features};
 pub use latencies::{TRUE_BIAS_SIGMA, estimate_latencies, roofline_latencies, true_latencies};
 pub use predict::{Prediction, Predictor, Source};

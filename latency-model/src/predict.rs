@@ -35,6 +35,19 @@ pub fn default_ort_library() -> Option<PathBuf> {
         .or_else(|| option_env!("ORT_DYLIB_PATH").map(PathBuf::from))
 }
 
+/// The ONNX Runtime library for a process whose Python environment is
+/// `prefix` (`sys.prefix`: the Python extension, whose executable is the
+/// interpreter, not a file of the environment): `ORT_DYLIB_PATH` when set,
+/// else the onnxruntime wheel installed in that environment, else
+/// [`default_ort_library`].
+pub fn ort_library_in_environment(prefix: &Path) -> Option<PathBuf> {
+    std::env::var_os("ORT_DYLIB_PATH")
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| wheel::in_environment(prefix))
+        .or_else(default_ort_library)
+}
+
 /// Where each op's prediction came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Source {

@@ -84,6 +84,12 @@ impl GateClock {
         self.gate
     }
 
+    /// The slot of the iteration about to start, once placed (`None`
+    /// before the first start on this gate).
+    pub fn next_slot(&self) -> Option<u64> {
+        self.next
+    }
+
     /// Takes a new gate (a new plan). The slots are placed afresh at the
     /// next start: on the slot just passed when it passed less than a tenth
     /// of a period ago (a grid that did not move costs no wait), else on
@@ -128,9 +134,9 @@ impl GateClock {
     }
 }
 
-// The hook's `clients/python/src/tensile/hook/gate.py` is tested against
-// these cases, number for number (`tests/python/test_hook_gates.py`): change
-// both or neither.
+// The cases of the one gate clock: the hook runs these types themselves
+// (`tensile._core.Gate`, `GateClock`), whose binding
+// `tests/python/test_hook_gates.py` checks.
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -469,7 +469,9 @@ pub enum PlanFromProtoError {
 
 /// Wire -> domain, checked against `graph`: every tensor and op exists,
 /// every enum is known, every delay finite and non-negative. The
-/// prediction's figures come back; its time lines and waits do not travel.
+/// prediction's figures come back (the swap counts, which the wire does
+/// not carry, counted from the events); its time lines and waits do not
+/// travel.
 pub fn plan_from_proto(plan: &pb::Plan, graph: &Graph) -> Result<Plan, PlanFromProtoError> {
     let (tensors, ops) = (graph.tensors().len(), graph.ops().len());
     let mut events = Vec::with_capacity(plan.events.len());
@@ -552,6 +554,8 @@ pub fn plan_from_proto(plan: &pb::Plan, graph: &Graph) -> Result<Plan, PlanFromP
         .transpose()
         .map_err(PlanFromProtoError::Gate)?;
     let p = plan.prediction.clone().unwrap_or_default();
+    let count = |kind| events.iter().filter(|e: &&Event| e.kind == kind).count();
+    let (swap_outs, swap_ins) = (count(EventKind::SwapOut), count(EventKind::SwapIn));
     Ok(Plan {
         version: plan.version,
         events,
@@ -564,6 +568,8 @@ pub fn plan_from_proto(plan: &pb::Plan, graph: &Graph) -> Result<Plan, PlanFromP
             planned_time_ns: (p.planned_iteration_s.max(0.0) * 1e9).round() as u64,
             swapped_bytes: p.swapped_bytes,
             recomputed_ops: p.recomputed_ops as usize,
+            swap_outs,
+            swap_ins,
             op_start_ns: check_pace(&p.op_start_s, ops).map_err(PlanFromProtoError::Pace)?,
             ..Prediction::default()
         },

@@ -4,9 +4,10 @@
 //!
 //! A scheduler that serves the GPUs of a node listens on one socket per GPU
 //! (`DIR/gpuN.sock`) and describes them in `DIR/gpus.json` ([`GpusFile`]).
-//! A client finds its scheduler with [`resolve_server`], one rule (the
-//! Python client, `tensile/client.py`, implements the same one, and both
-//! are tested on `proto/tests/server-resolution.json`):
+//! A client finds its scheduler with [`resolve_server`], the one rule:
+//! the Python client calls it through `tensile._core`, and the deploy
+//! scripts through `tensile-scheduler endpoint` (tested on
+//! `proto/tests/server-resolution.json`):
 //! 1. an explicit address wins;
 //! 2. else `TENSILE_SERVER`;
 //! 3. else, when `DIR/gpus.json` exists (DIR: `TENSILE_SOCKET_DIR`, else
@@ -45,7 +46,8 @@ pub fn default_socket_dir() -> PathBuf {
     default_socket_dir_with(&process_env)
 }
 
-fn default_socket_dir_with(env: &dyn Fn(&str) -> Option<String>) -> PathBuf {
+/// [`default_socket_dir`] with the environment given.
+pub fn default_socket_dir_with(env: &dyn Fn(&str) -> Option<String>) -> PathBuf {
     match env("XDG_RUNTIME_DIR").map(PathBuf::from) {
         Some(dir) if dir.is_absolute() => dir.join("tensile"),
         _ => PathBuf::from(format!("/tmp/tensile-{}", current_uid())),
@@ -58,7 +60,8 @@ pub fn socket_dir() -> PathBuf {
     socket_dir_with(&process_env)
 }
 
-fn socket_dir_with(env: &dyn Fn(&str) -> Option<String>) -> PathBuf {
+/// [`socket_dir`] with the environment given.
+pub fn socket_dir_with(env: &dyn Fn(&str) -> Option<String>) -> PathBuf {
     match env(SOCKET_DIR_ENV).filter(|d| !d.trim().is_empty()) {
         Some(d) => PathBuf::from(d),
         None => default_socket_dir_with(env),
@@ -197,6 +200,67 @@ impl GpusFile {
     pub fn socket_path(dir: &Path, gpu: &GpuEntry) -> PathBuf {
         dir.join(&gpu.socket)
     }
+}
+
+/// A node GPU's socket in a socket directory, as the node's scripts look
+/// it up by the GPU's node-level index ([`gpu_socket`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuSocket {
+    pub index: u32,
+    pub socket: PathBuf,
+    /// The GPU's entry in `gpus.json`; `None` where the directory has no
+    /// `gpus.json` (one scheduler per GPU, each on `gpuN.sock`).
+    pub entry: Option<GpuEntry>,
+}
+
+/// Why a GPU has no socket in a socket directory.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GpuSocketError {
+    #[error("GPU {index} is not served by the scheduler of {} (it lists {})", file.display(), listed.iter().map(u32::to_string).collect::<Vec<_>>().join(", "))]
+    NotServed {
+        index: u32,
+        file: PathBuf,
+        listed: Vec<u32>,
+    },
+    #[error(transparent)]
+    File(#[from] ResolveError),
+}
+
+/// The socket of the node's GPU `index` in `dir`: the one `dir/gpus.json`
+/// gives it, or, without a `gpus.json`, `dir/gpuN.sock` (schedulers
+/// started one per GPU, as `tensile.ray` does).
+pub fn gpu_socket(dir: &Path, index: u32) -> Result<GpuSocket, GpuSocketError> {
+    let Some(file) = GpusFile::read(dir)? else {
+        return Ok(GpuSocket {
+            index,
+            socket: dir.join(gpu_socket_name(index)),
+            entry: None,
+        });
+    };
+    match file.gpus.iter().find(|g| g.index == index) {
+        Some(g) => Ok(GpuSocket {
+            index,
+            socket: GpusFile::socket_path(dir, g),
+            entry: Some(g.clone()),
+        }),
+        None => Err(GpuSocketError::NotServed {
+            index,
+            file: dir.join(GPUS_FILE),
+            listed: file.gpus.iter().map(|g| g.index).collect(),
+        }),
+    }
+}
+
+/// Every socket `dir/gpus.json` names, in its order; an error when there
+/// is no such file or it is not one.
+pub fn gpu_sockets(dir: &Path) -> Result<Vec<PathBuf>, ResolveError> {
+    let file = GpusFile::read(dir)?
+        .ok_or_else(|| ResolveError(format!("no {}", dir.join(GPUS_FILE).display())))?;
+    Ok(file
+        .gpus
+        .iter()
+        .map(|g| GpusFile::socket_path(dir, g))
+        .collect())
 }
 
 /// The CUDA ordinal of a device name: `cuda:N` is N; `cuda`, `cpu` and

@@ -330,19 +330,8 @@ pub fn read_plan_file(bytes: impl AsRef<[u8]>, graph: &Graph) -> Result<PlanFile
         timeline: Vec::new(),
         vanilla_timeline: Vec::new(),
         op_start_ns: {
-            let ops = graph.ops().len();
-            if !(p.op_start_ns.is_empty() || p.op_start_ns.len() == ops) {
-                return Err(PlanFileError::Invalid {
-                    at,
-                    reason: format!("{} op starts for a graph of {ops} ops", p.op_start_ns.len()),
-                });
-            }
-            if let Some(w) = p.op_start_ns.windows(2).position(|w| w[1] < w[0]) {
-                return Err(PlanFileError::Invalid {
-                    at,
-                    reason: format!("op {} starts before op {w}", w + 1),
-                });
-            }
+            check_op_starts(&p.op_start_ns, graph.ops().len())
+                .map_err(|reason| PlanFileError::Invalid { at, reason })?;
             p.op_start_ns.clone()
         },
     };
@@ -377,6 +366,61 @@ pub fn read_plan_file(bytes: impl AsRef<[u8]>, graph: &Graph) -> Result<PlanFile
         },
         diagnostics,
     })
+}
+
+/// A plan's pace (`prediction.op_start_ns`) checked for a graph of `ops`
+/// ops: empty (the job runs free), or one start per op, none before the
+/// one of the op before it.
+pub fn check_op_starts(starts: &[u64], ops: usize) -> Result<(), String> {
+    if !(starts.is_empty() || starts.len() == ops) {
+        return Err(format!(
+            "{} op starts for a graph of {ops} ops",
+            starts.len()
+        ));
+    }
+    match starts.windows(2).position(|w| w[1] < w[0]) {
+        Some(w) => Err(format!("op {} starts before op {w}", w + 1)),
+        None => Ok(()),
+    }
+}
+
+/// Checks a plan made elsewhere (pushed over the wire, say) against
+/// `graph` by the rules a plan file is read by: ids in range, events on
+/// storage roots, recomputations of produced tensors, persistent tensors
+/// starting on the host, the pace and the gate.
+pub fn check_plan(plan: &Plan, graph: &Graph) -> Result<(), PlanFileError> {
+    let (tensors, ops) = (graph.tensors().len(), graph.ops().len());
+    let tensor = |at: Item, t: TensorId| {
+        (t.index() < tensors)
+            .then_some(())
+            .ok_or(PlanFileError::TensorOutOfRange {
+                at,
+                id: u64::from(t.0),
+                count: tensors,
+            })
+    };
+    let op = |at: Item, o: OpId| {
+        (o.index() < ops)
+            .then_some(())
+            .ok_or(PlanFileError::OpOutOfRange {
+                at,
+                id: u64::from(o.0),
+                count: ops,
+            })
+    };
+    for (i, e) in plan.events.iter().enumerate() {
+        tensor(Item::Event(i), e.tensor)?;
+        if let Trigger::After(o) | Trigger::Before(o) = e.trigger {
+            op(Item::Event(i), o)?;
+        }
+    }
+    for (i, &t) in plan.start_on_host.iter().enumerate() {
+        tensor(Item::StartOnHost(i), t)?;
+    }
+    for (i, w) in plan.prediction.waits.iter().enumerate() {
+        op(Item::Wait(i), w.op)?;
+    }
+    read_plan_file(plan_to_json(plan, &[], graph), graph).map(|_| ())
 }
 
 /// Reads a plan file's plan, validated against `graph`.

@@ -135,6 +135,14 @@ fn plans_round_trip_through_protobuf_and_bad_ones_are_named() {
         back.prediction.planned_peak_bytes,
         plan.prediction.planned_peak_bytes
     );
+    // The swap counts do not travel; they are the events'.
+    assert_eq!(
+        (back.prediction.swap_outs, back.prediction.swap_ins),
+        (
+            plan.count(tensile_planner::EventKind::SwapOut),
+            plan.count(tensile_planner::EventKind::SwapIn)
+        )
+    );
 
     let mut bad = wire.clone();
     bad.events[0].tensor = u32::MAX;

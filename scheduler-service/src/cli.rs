@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use clap::Parser;
+use clap::{Parser, Subcommand};
 use serde::Deserialize;
 use tensile_latency_model::DeviceProfile;
 use tensile_planner::RecomputeFirst;
@@ -111,6 +111,45 @@ pub struct Args {
     /// `listen = ["127.0.0.1:50051"]`).
     #[arg(long, env = "TENSILE_CONFIG")]
     pub config: Option<PathBuf>,
+    /// Instead of serving: a tool (`endpoint`).
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+/// What the binary does instead of serving.
+#[derive(Debug, Clone, Subcommand)]
+pub enum Command {
+    /// Print where a job's scheduler listens, by the one rule every client
+    /// follows (the deploy scripts call this). Without --gpu or --all: the
+    /// address a job on --device connects to (TENSILE_SERVER, else its
+    /// GPU's socket in gpus.json through CUDA_VISIBLE_DEVICES, else
+    /// scheduler.sock). Exit status 1: gpus.json cannot be read or names no
+    /// such GPU for the job; 3: --gpu names a GPU gpus.json does not list.
+    Endpoint(EndpointArgs),
+}
+
+/// `tensile-scheduler endpoint`.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct EndpointArgs {
+    /// The socket directory. Default: TENSILE_SOCKET_DIR, else
+    /// $XDG_RUNTIME_DIR/tensile, else /tmp/tensile-$UID.
+    #[arg(long)]
+    pub socket_dir: Option<PathBuf>,
+    /// A GPU's node-level index: print its socket's path (the one
+    /// gpus.json gives it; without gpus.json, SOCKET_DIR/gpuN.sock).
+    #[arg(long, conflicts_with_all = ["all", "device"])]
+    pub gpu: Option<u32>,
+    /// Print the path of every socket gpus.json names, one a line.
+    #[arg(long, conflicts_with = "device")]
+    pub all: bool,
+    /// The job's device (cuda:N; default cuda:0): print the address a job
+    /// there connects to.
+    #[arg(long)]
+    pub device: Option<String>,
+    /// With --gpu: print the GPU as JSON: index, socket, and from gpus.json
+    /// (null without one) budget_bytes and memory_bytes.
+    #[arg(long, requires = "gpu")]
+    pub json: bool,
 }
 
 /// The TOML file: the same settings, all optional.
@@ -269,7 +308,8 @@ impl Args {
         }
         let (device, note) = match self.device.clone().or(file.device.clone()) {
             Some(name) => (
-                tensile_experiments::device_profile(&name).map_err(|e| format!("--device: {e}"))?,
+                tensile_latency_model::device_profile(&name)
+                    .map_err(|e| format!("--device: {e}"))?,
                 format!("device {name:?} (--device)"),
             ),
             None if spec.is_some() => (

@@ -18,11 +18,14 @@
 //! - [`token`]: job tokens. [`error`]: typed errors, the one mapping to
 //!   `tonic::Status`. [`metrics`]: Prometheus. [`config`]: the validated
 //!   configuration; [`cli`]: flags, environment and TOML file into it.
+//! - [`endpoint_cmd`]: `tensile-scheduler endpoint`, the clients' endpoint
+//!   rule printed for the deploy scripts.
 
 pub mod bounds;
 pub mod cli;
 pub mod coldstart;
 pub mod config;
+pub mod endpoint_cmd;
 pub mod error;
 pub mod metrics;
 pub mod node;

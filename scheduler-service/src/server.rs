@@ -330,11 +330,7 @@ async fn start_domain(
     let shared = Arc::new(Shared::sharing_ids(config.budget_bytes, common.ids));
     let cancel = running.cancel.clone();
     let (tx, rx) = mpsc::channel(4096);
-    let mut pc = tensile_experiments::device::planner_config(
-        &config.device,
-        Some(config.budget_bytes),
-        false,
-    );
+    let mut pc = tensile_plan_job::planner_config(&config.device, Some(config.budget_bytes), false);
     pc.budget_bytes = Some(config.budget_bytes);
     pc.coordinate = config.gates;
     pc.gate_slack = config.gate_slack;

@@ -607,7 +607,7 @@ impl pb::memory_scheduler_server::MemoryScheduler for Service {
                     crate::coldstart::SOURCE_ROOFLINE,
                 ),
             };
-            let mut config = PlannerConfig::new(tensile_experiments::device::copy_model(&profile));
+            let mut config = PlannerConfig::new(tensile_plan_job::copy_model(&profile));
             config.budget_bytes = budget;
             let t = StdInstant::now();
             let mp =
@@ -644,7 +644,7 @@ fn profile_in(d: Option<pb::DeviceProfile>, own: &DeviceProfile) -> Result<Devic
     } else if DeviceProfile::builtin_names().contains(&d.name.as_str()) || d.name == "cpu" {
         // By name only (never a path a client names): the built-in GPUs and
         // `cpu`, the profile the shipped CPU latency models were measured on.
-        tensile_experiments::device_profile(&d.name)
+        tensile_latency_model::device_profile(&d.name)
             .map_err(|e| Error::InvalidArgument(e.to_string()))?
     } else {
         return Err(Error::InvalidArgument(format!(

@@ -21,9 +21,10 @@
 //!   CPU tensors, through the worker's host [`Kernels`].
 //! - `real`: the real kernels (`tensile-kernels`) as [`Kernels`], their
 //!   initial values, saving parameters.
-//! - `session`: [`Session`], the job's connection to the scheduler (register,
-//!   plan stream, reports, lease), on a background thread; the loop takes
-//!   a new plan only at an iteration boundary.
+//! - [`Session`] (`tensile-session`, re-exported): the job's connection
+//!   to the scheduler (register, plan stream, reports, lease), on a
+//!   background thread; the loop takes a new plan only at an iteration
+//!   boundary. The Python hook runs the same session.
 //! - `main.rs`: the `tensile-worker` binary.
 
 mod copies;
@@ -33,7 +34,6 @@ mod payload;
 mod real;
 mod report;
 mod runtime;
-mod session;
 
 pub use copies::{Copies, Engine, cuda_ordinal};
 pub use ledger::{Claim, Ledger, LedgerError, Others, REFRESH, SlotState};
@@ -44,4 +44,4 @@ pub use runtime::{
     ALL_WAIT_GRACE, BREAK_AFTER, Kernels, POLL, STUCK_AFTER, Worker, WorkerConfig, WorkerError,
     vanilla_plan,
 };
-pub use session::{PushedPlan, Session, SessionConfig};
+pub use tensile_session::{Level, LogSink, PushedPlan, Session, SessionConfig};

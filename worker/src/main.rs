@@ -20,7 +20,8 @@ use tensile_graph::zoo::{self, ZooConfig};
 use tensile_graph::{Graph, Limits, Liveness, json};
 use tensile_swap_executor::HostConfig;
 use tensile_worker::{
-    Engine, IterationReport, Session, SessionConfig, Worker, WorkerConfig, vanilla_plan,
+    Engine, IterationReport, Level, LogSink, Session, SessionConfig, Worker, WorkerConfig,
+    vanilla_plan,
 };
 
 /// The unit of every `-mb` flag: 10^6 bytes, as the scheduler's
@@ -371,6 +372,7 @@ fn start_session(args: &Args, g: &Graph, copy: JobCopy, bars: &MultiProgress) ->
         tensile_proto::endpoint::resolve_server(args.scheduler.as_deref(), device_ordinal)
             .context("finding the scheduler (--scheduler ADDR names one)")?;
     bars.suspend(|| eprintln!("scheduler: {address}"));
+    let say = bars.clone();
     let config = SessionConfig {
         server: args.scheduler.clone(),
         device_ordinal,
@@ -379,6 +381,13 @@ fn start_session(args: &Args, g: &Graph, copy: JobCopy, bars: &MultiProgress) ->
         allow_recompute: None,
         base_bytes: args.base_mb.map(|m| copy.base_share(m.saturating_mul(MB))),
         max_backoff: Duration::from_secs(2),
+        call_timeout: None,
+        // Above the progress bars, as everything else the worker says.
+        log: LogSink::new(move |level, message| {
+            if level >= Level::Info {
+                say.suspend(|| eprintln!("scheduler: {message}"));
+            }
+        }),
     };
     Session::start(Arc::new(g.clone()), config).context("starting the scheduler session")
 }
@@ -578,7 +587,7 @@ fn run_copy(args: &Args, g: &Graph, live: &Liveness, shared: &Shared, copy: JobC
                 printed = tensile_executor::trace::write_csv(out, &r.memory).map_err(Into::into);
             }
         });
-        let pushed = session.as_ref()?.iteration_done(g, r)?;
+        let pushed = session.as_ref()?.iteration_done(r.to_session_report())?;
         shared.bars.suspend(|| {
             eprintln!(
                 "scheduler: plan version {} of job {} from the next iteration",

@@ -102,3 +102,17 @@ impl IterationReport {
         }
     }
 }
+
+impl IterationReport {
+    /// The iteration as the scheduler hears it (the session's report).
+    pub fn to_session_report(&self) -> tensile_session::Report {
+        tensile_session::Report {
+            iteration: self.iteration as u64,
+            op_latency_s: self.op_ns.iter().map(|&ns| ns as f64 * 1e-9).collect(),
+            stall_s: self.stall_ns as f64 * 1e-9,
+            late_prefetches: self.late_prefetch_tensors.iter().map(|t| t.0).collect(),
+            passive_swaps: u32::try_from(self.passive_swaps).unwrap_or(u32::MAX),
+            peak_bytes: self.measured_peak_bytes,
+        }
+    }
+}

@@ -399,6 +399,10 @@ pub(crate) struct PlanArgs {
     /// else GPU 0's socket in gpus.json, else the default socket).
     #[arg(long)]
     pub(crate) server: Option<String>,
+    /// Plan without recomputation (swaps only), for a runtime that cannot
+    /// recompute.
+    #[arg(long)]
+    pub(crate) no_recompute: bool,
 }
 
 #[derive(Debug, Args)]

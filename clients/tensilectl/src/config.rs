@@ -60,6 +60,8 @@ impl PlanCommand {
                 budget_bytes: budget_bytes(&a.device),
                 stop_at_budget: a.device.stop_at_budget,
                 cold_start: ColdStart::parse(&a.device.latency_models),
+                recompute: !a.no_recompute,
+                ort_library: None,
             },
             json: a.json,
             output: a.output.clone(),

@@ -2,7 +2,7 @@
 //! write the plan itself as a `tensile-plan/v1` file when asked.
 
 use anyhow::{Context, Result};
-use tensile_experiments::{PlanReport, plan_job};
+use tensile_plan_job::{PlanReport, plan_job};
 use tensile_proto::plan_json::plan_to_json;
 
 use crate::config::PlanCommand;

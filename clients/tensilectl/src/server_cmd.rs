@@ -465,7 +465,10 @@ pub(crate) fn plan(a: &PlanArgs, server: &str) -> Result<()> {
     };
     let req = pb::PlanGraphRequest {
         graph: Some(tensile_proto::convert::graph_to_proto(&graph)),
-        settings: None,
+        settings: a.no_recompute.then(|| pb::JobSettings {
+            allow_recompute: Some(false),
+            ..pb::JobSettings::default()
+        }),
         op_latency_s: Vec::new(),
         device: Some(pb::DeviceProfile {
             name: a.device.device.clone(),

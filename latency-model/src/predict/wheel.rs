@@ -15,7 +15,12 @@ use std::path::{Path, PathBuf};
 /// The ONNX Runtime library of the onnxruntime wheel installed beside the
 /// executable `exe` (`PREFIX/bin/NAME`), if any.
 pub(super) fn beside(exe: &Path) -> Option<PathBuf> {
-    let prefix = exe.parent()?.parent()?;
+    in_environment(exe.parent()?.parent()?)
+}
+
+/// The ONNX Runtime library of the onnxruntime wheel installed in the
+/// Python environment `prefix` (`sys.prefix`), if any.
+pub(super) fn in_environment(prefix: &Path) -> Option<PathBuf> {
     prefixes(prefix).iter().find_map(|p| in_prefix(p))
 }
 

@@ -94,3 +94,47 @@ fn the_shared_table_resolves_as_written() {
         }
     }
 }
+
+#[test]
+fn a_gpus_socket_is_the_one_gpus_json_gives_else_gpu_n_sock() {
+    let scratch = Scratch::new(10_000);
+    let dir = &scratch.0;
+    // No gpus.json: one scheduler per GPU, on gpuN.sock.
+    let found = gpu_socket(dir, 3).unwrap();
+    assert_eq!(found.socket, dir.join("gpu3.sock"));
+    assert!(found.entry.is_none());
+    assert!(gpu_sockets(dir).unwrap_err().0.contains("gpus.json"));
+    let file = GpusFile {
+        gpus: [(0, "gpu0.sock"), (2, "/elsewhere/two.sock")]
+            .into_iter()
+            .map(|(index, socket)| GpuEntry {
+                index,
+                uuid: format!("GPU-{index}"),
+                name: "A100".into(),
+                memory_bytes: 80,
+                budget_bytes: 40,
+                socket: socket.into(),
+            })
+            .collect(),
+    };
+    std::fs::write(dir.join(GPUS_FILE), serde_json::to_string(&file).unwrap()).unwrap();
+    let found = gpu_socket(dir, 2).unwrap();
+    assert_eq!(found.socket, PathBuf::from("/elsewhere/two.sock"));
+    assert_eq!(found.entry.unwrap().budget_bytes, 40);
+    assert_eq!(gpu_socket(dir, 0).unwrap().socket, dir.join("gpu0.sock"));
+    let err = gpu_socket(dir, 1).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "GPU 1 is not served by the scheduler of {} (it lists 0, 2)",
+            dir.join(GPUS_FILE).display()
+        )
+    );
+    assert_eq!(
+        gpu_sockets(dir).unwrap(),
+        vec![dir.join("gpu0.sock"), PathBuf::from("/elsewhere/two.sock")]
+    );
+    std::fs::write(dir.join(GPUS_FILE), "{\"gpus\": [{\"index\": 0}]}").unwrap();
+    let err = gpu_socket(dir, 0).unwrap_err().to_string();
+    assert!(err.contains("gpus.json: not a gpus file"), "{err}");
+}

@@ -241,6 +241,36 @@ fn events_name_storage_roots_and_start_on_host_is_persistent() {
 }
 
 #[test]
+fn a_plan_from_elsewhere_is_checked_by_the_files_rules_without_a_panic() {
+    let g = resnet();
+    let mp = planned(&g, Some(1));
+    check_plan(&mp.plans[0], &g).unwrap();
+    let view = g
+        .tensors()
+        .iter()
+        .find(|t| g.storage_root(t.id) != t.id)
+        .unwrap();
+    let mut on_view = mp.plans[0].clone();
+    on_view.events[0].tensor = view.id;
+    let err = check_plan(&on_view, &g).unwrap_err().to_string();
+    assert!(err.contains("events name the storage's root"), "{err}");
+    let mut out_of_range = mp.plans[0].clone();
+    out_of_range.events[1].tensor = TensorId(u32::MAX);
+    let err = check_plan(&out_of_range, &g).unwrap_err().to_string();
+    assert!(
+        err.starts_with("event 1: tensor 4294967295 is out of range"),
+        "{err}"
+    );
+    let mut bad_op = mp.plans[0].clone();
+    bad_op.events[0].trigger = Trigger::After(OpId(u32::MAX));
+    let err = check_plan(&bad_op, &g).unwrap_err().to_string();
+    assert!(
+        err.starts_with("event 0: op 4294967295 is out of range"),
+        "{err}"
+    );
+}
+
+#[test]
 fn empty_input_is_not_a_plan() {
     let g = resnet();
     for text in ["", "  \n", "null", "[]", "{}"] {

@@ -1,18 +1,32 @@
 //! `tensile-scheduler`: parse the configuration, start tracing (RUST_LOG),
 //! bind the listeners (or one socket per GPU), run the library until
-//! SIGINT or SIGTERM.
+//! SIGINT or SIGTERM; or, `tensile-scheduler endpoint`, print where a
+//! job's scheduler listens.
 
 use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Parser;
-use tensile_scheduler::cli::{Args, Serve};
+use tensile_scheduler::cli::{Args, Command, Serve};
+use tensile_scheduler::endpoint_cmd::endpoint;
 use tensile_scheduler::node::run_gpus;
 use tensile_scheduler::{Listener, run};
 use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    if let Some(Command::Endpoint(e)) = &args.command {
+        return match endpoint(e) {
+            Ok(text) => {
+                println!("{text}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {}", e.message);
+                ExitCode::from(e.status)
+            }
+        };
+    }
     tracing_subscriber::fmt()
         .with_env_filter(
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),

@@ -42,8 +42,7 @@ fn case(n: usize, batch: u64) -> Case {
         .iter()
         .map(|g| estimate_latencies(g, &device))
         .collect();
-    let config =
-        tensile_experiments::device::planner_config(&device, Some(device.memory_bytes), false);
+    let config = tensile_plan_job::planner_config(&device, Some(device.memory_bytes), false);
     Case {
         graphs,
         lat,
