@@ -6,8 +6,13 @@
 #           kubernetes-validate and maturin, and the project's
 #           Python package;
 #   .cargo/config.toml already points LIBTORCH and ORT_DYLIB_PATH at .venv/.
-# A stamp file records what was installed; a second run with the same pins
-# returns in well under a second.
+# The package is installed editable by maturin, with its Rust core
+# (tensile._core, clients/python-core) built in place by cargo's dev
+# profile. Two stamp files record what was installed: the pins, and the
+# Rust sources the core was last built from; a second run with the same
+# pins and sources returns in well under a second, and one after a change
+# of the Rust sources rebuilds the core in place (`maturin develop
+# --skip-install`: seconds when the change is elsewhere).
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -43,8 +48,29 @@ pins=(
 )
 stamp="$venv/.tensile-setup"
 want="$(printf '%s\n' "${pins[@]}"; sha256sum clients/python/pyproject.toml 2>/dev/null || true)"
+core_stamp="$venv/.tensile-core"
+
+# The Rust core's sources, as one hash: every Rust, manifest and proto file
+# of the workspace (git's list, untracked files included), the lock file,
+# and the device profiles the crates embed.
+rust_sources() {
+  git ls-files -z --cached --others --exclude-standard -- \
+    '*.rs' '*.toml' '*.proto' Cargo.lock 'latency-model/profiles/*' 'latency-model/models/cpu/roofline.json' |
+    sort -z | xargs -0 sha256sum | sha256sum
+}
+
+# Builds tensile._core in place, next to the package's sources.
+build_core() {
+  echo "setup: building the Rust core tensile._core (maturin develop)"
+  (cd clients/python && PATH="$venv/bin:$PATH" "$venv/bin/maturin" develop --skip-install --quiet >&2)
+}
 
 if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" && -x "$venv/bin/python" ]]; then
+  sources="$(rust_sources)"
+  if [[ ! -f "$core_stamp" || "$(cat "$core_stamp")" != "$sources" ]]; then
+    build_core
+    printf '%s' "$sources" >"$core_stamp"
+  fi
   echo "setup: .venv is up to date"
   exit 0
 fi
@@ -69,8 +95,13 @@ echo "setup: installing ${pins[*]} (the first time takes a few minutes: torch is
 "$venv/bin/python" -m pip install --quiet --progress-bar off "${pins[@]}"
 
 if [[ -f clients/python/pyproject.toml ]]; then
-  echo "setup: installing the tensile Python package (editable)"
-  "$venv/bin/python" -m pip install --quiet --progress-bar off --no-deps -e clients/python
+  echo "setup: installing the tensile Python package (editable) and building its Rust core"
+  sources="$(rust_sources)"
+  # maturin is the build backend, from .venv (no build isolation: no
+  # download), building with the workspace's dev profile.
+  PATH="$venv/bin:$PATH" MATURIN_PEP517_ARGS="--profile dev" \
+    "$venv/bin/python" -m pip install --quiet --progress-bar off --no-deps --no-build-isolation -e clients/python
+  printf '%s' "$sources" >"$core_stamp"
 fi
 
 # Sanity: the libraries the Rust build links or loads are where .cargo/config.toml says.

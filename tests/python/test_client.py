@@ -115,26 +115,34 @@ def test_addresses(monkeypatch):
 
 
 def test_a_wire_plan_becomes_a_plan_file(zoo_graph, tmp_path):
+    """Written by the Rust plan format (tensile._core.plan_from_wire), checked
+    as a pushed plan is."""
     doc = json.loads(zoo_graph.read_text())
-    plan = pb.Plan(job_id=3, version=2, start_on_host=[1])
-    plan.events.append(pb.PlanEvent(kind=pb.EVENT_KIND_SWAP_OUT, tensor=10, trigger_op=4, delay_s=2.5e-6, trigger=pb.TRIGGER_KIND_AFTER))
-    plan.events.append(pb.PlanEvent(kind=pb.EVENT_KIND_SWAP_IN, tensor=10, trigger=pb.TRIGGER_KIND_ITERATION_START, delay_s=1e-3))
+    param = next(t["id"] for t in doc["tensors"] if t["kind"] == "parameter")
+    plan = pb.Plan(job_id=3, version=2, start_on_host=[param])
+    plan.events.append(pb.PlanEvent(kind=pb.EVENT_KIND_SWAP_OUT, tensor=param, trigger_op=4, delay_s=2.5e-6, trigger=pb.TRIGGER_KIND_AFTER))
+    plan.events.append(pb.PlanEvent(kind=pb.EVENT_KIND_SWAP_IN, tensor=param, trigger=pb.TRIGGER_KIND_ITERATION_START, delay_s=1e-3))
     plan.prediction.planned_peak_bytes = 123
-    diag = pb.Diagnostic(kind=pb.DIAGNOSTIC_KIND_OVER_BUDGET, message="over", tensor=10)
+    diag = pb.Diagnostic(kind=pb.DIAGNOSTIC_KIND_OVER_BUDGET, message="over", tensor=param)
     out = tc.plan_to_file(plan, doc, [diag])
+    name = doc["tensors"][param]["name"]
     assert out["format"] == "tensile-plan/v1" and out["graph"] == doc["name"] and out["version"] == 2
-    assert out["start_on_host"] == [{"tensor": 1, "tensor_name": doc["tensors"][1]["name"]}]
+    assert out["start_on_host"] == [{"tensor": param, "tensor_name": name}]
     first, second = out["events"]
-    assert first == {"kind": "swap_out", "tensor": 10, "tensor_name": doc["tensors"][10]["name"], "trigger": "after",
+    assert first == {"kind": "swap_out", "tensor": param, "tensor_name": name, "trigger": "after",
                      "trigger_op": 4, "trigger_op_name": doc["ops"][4]["name"], "delay_ns": 2500}
     assert second["trigger"] == "iteration_start" and "trigger_op" not in second and second["delay_ns"] == 1_000_000
     assert out["prediction"]["planned_peak_bytes"] == 123 and out["prediction"]["swap_outs"] == 1
-    assert out["diagnostics"][0]["kind"] == "over_budget" and out["diagnostics"][0]["tensor"] == 10
-    plan.events.append(pb.PlanEvent(kind=pb.EVENT_KIND_RELEASE, tensor=10**6))
-    with pytest.raises(ValueError, match="plan names tensor 1000000"):
-        tc.plan_to_file(plan, doc)
+    assert out["diagnostics"][0]["kind"] == "over_budget" and out["diagnostics"][0]["tensor"] == param
     # A job that runs free has neither a gate nor a pace in its file.
     assert "gate" not in out and "op_start_ns" not in out["prediction"]
+    plan.events.append(pb.PlanEvent(kind=pb.EVENT_KIND_RELEASE, tensor=10**6))
+    with pytest.raises(ValueError, match="plan event 2: tensor 1000000 is not in the graph"):
+        tc.plan_to_file(plan, doc)
+    # The plan file's own rules too: an activation does not start on the host.
+    activation = next(t["id"] for t in doc["tensors"] if t["kind"] == "activation")
+    with pytest.raises(ValueError, match=f"start_on_host 0: tensor {activation} .* is not persistent"):
+        tc.plan_to_file(pb.Plan(version=1, start_on_host=[activation]), doc)
 
 
 def test_a_coordinated_plans_gate_and_pace_reach_the_plan_file(zoo_graph):
@@ -145,10 +153,10 @@ def test_a_coordinated_plans_gate_and_pace_reach_the_plan_file(zoo_graph):
     out = tc.plan_to_file(plan, doc)
     assert out["gate"] == {"period_ns": 200_000_000, "phase_ns": 70_000_000, "epoch_ns": 123_456}
     assert out["prediction"]["op_start_ns"] == [k * 2500 for k in range(n)]
-    # Refused as the Rust side refuses them (plan_from_proto), naming what is wrong.
+    # Refused as a pushed plan is (plan_from_proto), naming what is wrong.
     for gate, message in [
-        (pb.IterationGate(period_ns=0, phase_ns=0, epoch_ns=1), "plan gate period 0 ns is not in 1 ns to 1 hour"),
-        (pb.IterationGate(period_ns=100, phase_ns=100, epoch_ns=1), "plan gate phase 100 ns is not less than its period 100 ns"),
+        (pb.IterationGate(period_ns=0, phase_ns=0, epoch_ns=1), "plan gate: gate period 0 ns is not in 1 ns to 1 hour"),
+        (pb.IterationGate(period_ns=100, phase_ns=100, epoch_ns=1), "plan gate: gate phase 100 ns is not less than its period 100 ns"),
     ]:
         bad = pb.Plan(version=4, gate=gate)
         with pytest.raises(ValueError, match=message):
@@ -156,8 +164,8 @@ def test_a_coordinated_plans_gate_and_pace_reach_the_plan_file(zoo_graph):
     for starts, message in [
         ([0.0, 1e-6], f"plan prediction: 2 op starts for a graph of {n} ops"),
         ([0.0, 2e-6, 1e-6] + [1e-6] * (n - 3), "plan prediction: op 2 starts before op 1"),
-        ([0.0, float("nan")] + [1.0] * (n - 2), "plan prediction: op 1 starts at nan s, not in 0 s to 1 hour"),
-        ([-1e-9] + [0.0] * (n - 1), "plan prediction: op 0 starts at -1e-09 s, not in 0 s to 1 hour"),
+        ([0.0, float("nan")] + [1.0] * (n - 2), "plan prediction: op 1 starts at NaN s, not in 0 s to 1 hour"),
+        ([-1e-9] + [0.0] * (n - 1), "plan prediction: op 0 starts at -0.000000001 s, not in 0 s to 1 hour"),
     ]:
         bad = pb.Plan(version=4)
         bad.prediction.op_start_s.extend(starts)

@@ -269,9 +269,8 @@ def test_a_plan_without_a_workdir_leaves_no_files_behind(monkeypatch, tmp_path):
     plan = tensile.plan(model, optimizer, token_batches(1)[0], F.cross_entropy)
     assert plan.events and plan.graph_path is None and plan.plan_path is None
     # Nor when planning fails.
-    monkeypatch.setenv("TENSILECTL", str(tmp_path / "nope"))
-    with pytest.raises(tensile.PlanError, match="is not an executable file"):
-        tensile.plan(model, optimizer, token_batches(1)[0], F.cross_entropy)
+    with pytest.raises(tensile.PlanError, match="unknown device"):
+        tensile.plan(model, optimizer, token_batches(1)[0], F.cross_entropy, device_profile="tpu")
     assert list(tmp_path.iterdir()) == []
 
 
@@ -282,11 +281,14 @@ def test_an_optimizer_that_does_not_hold_the_models_parameters_is_refused():
         tensile.plan(model, optimizer, image_batches(1)[0], F.cross_entropy)
 
 
-def test_a_missing_tensilectl_is_a_clear_error(monkeypatch, tmp_path):
+def test_planning_needs_no_tensilectl_and_an_unknown_profile_is_a_clear_error(monkeypatch, tmp_path):
     monkeypatch.setenv("TENSILECTL", str(tmp_path / "nope"))
+    monkeypatch.setenv("PATH", str(tmp_path))
     model = resnet18()
-    with pytest.raises(tensile.PlanError, match="TENSILECTL=.*is not an executable file"):
-        tensile.plan(model, torch.optim.SGD(model.parameters(), lr=0.1), image_batches(1)[0], F.cross_entropy)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    assert tensile.plan(model, optimizer, image_batches(1)[0], F.cross_entropy).events
+    with pytest.raises(tensile.PlanError, match='unknown device "tpu": not a built-in profile'):
+        tensile.plan(model, optimizer, image_batches(1)[0], F.cross_entropy, device_profile="tpu")
 
 
 def test_plan_knows_the_graph_and_the_events(tmp_path):

@@ -1,8 +1,9 @@
 """Gates, pace and the memory budget in the hook (issue 20, several jobs on one GPU).
 
-* The gate's arithmetic is the Rust one: the cases of the unit tests in
-  ``planner/src/gate.rs`` are copied here number for number (a conformance
-  vector: change both or neither).
+* The gate's arithmetic is the Rust one: the hook runs
+  ``planner/src/gate.rs``'s types themselves (``tensile._core``), whose
+  unit tests hold the cases; here, the binding keeps their invariants on
+  random gates and refuses what is not a gate, naming what is wrong.
 * A plan file with a gate makes a training loop start its steps at the
   gate's slots of ``time.monotonic_ns()``; a late step starts at once; a
   step more than a period late drops the missed slots; gates move nothing
@@ -18,6 +19,7 @@ file runs in seconds; the gate tests sleep about a second each.
 
 import json
 import os
+import random
 import time
 from pathlib import Path
 
@@ -27,7 +29,9 @@ from torch import nn
 from torch.nn import functional as F
 
 import tensile
+from tensile import _core
 from tensile.hook import Gate, GateClock, Schedule
+from tensile.hook.gate import gate_of, pace_of
 from tensile.trace.models import TransformerClassifier
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -85,7 +89,8 @@ def train(model, data, plan=None, before_step=None, **options):
     grads, times = [], []
     torch.manual_seed(2)
     started: list[int] = []
-    hook = tensile.apply(plan, model, optimizer, **options) if plan is not None else None
+    # The encoder's storages are small: moved too (64 KiB and up by default).
+    hook = tensile.apply(plan, model, optimizer, min_move_bytes=0, **options) if plan is not None else None
     applier = hook.__enter__() if hook is not None else None
     handle = model.register_forward_pre_hook(lambda m, a: started.append(time.monotonic_ns()))
     try:
@@ -116,97 +121,82 @@ def assert_identical(plain, hooked):
         assert torch.equal(a, b), f"parameter {i} differs"
 
 
-def with_gate(plan, tmp_path, gate=None, pace=None, name="gated.json"):
-    """The plan as a file with a gate (and a pace), read back as the user would."""
+def gated_doc(plan, gate=None, pace=None):
+    """The plan's document with a gate (and a pace)."""
     doc = json.loads(json.dumps(plan.plan))
     if gate is not None:
         doc["gate"] = gate
     if pace is not None:
         doc["prediction"]["op_start_ns"] = pace
+    return doc
+
+
+def with_gate(plan, tmp_path, gate=None, pace=None, name="gated.json"):
+    """The plan as a file with a gate (and a pace), read back as the user would."""
     path = tmp_path / name
-    path.write_text(json.dumps(doc))
+    path.write_text(json.dumps(gated_doc(plan, gate, pace)))
     return tensile.load_plan(plan.graph_path, path)
 
 
-# -- the conformance vector: planner/src/gate.rs's unit tests ----------------
+# -- the binding: planner/src/gate.rs's types, whose unit tests hold the cases --
 
 
 def gate(period, phase, epoch):
     return Gate(period_ns=period, phase_ns=phase, epoch_ns=epoch)
 
 
-def test_the_nearest_slot_is_on_the_grid_on_both_sides_of_the_epoch():
+def test_the_hook_runs_the_rust_gate_clock():
+    assert Gate is _core.Gate and GateClock is _core.GateClock
+    assert gate_of is _core.gate_of and pace_of is _core.pace_of
     g = gate(100, 30, 1_000)
-    assert g.nearest_slot(1_030) == 1_030
-    assert g.nearest_slot(1_070) == 1_030
-    assert g.nearest_slot(1_081) == 1_130
-    assert g.nearest_slot(990) == 1_030
-    assert g.nearest_slot(960) == 930
-    assert g.nearest_slot(0) == 30
-    # Near the clock's zero the slot before would be negative.
-    g = gate(211, 144, 0)
-    assert g.nearest_slot(0) == 144
-    assert g.nearest_slot(10) == 144
-    g = gate(211, 67, 0)
-    assert g.nearest_slot(0) == 67
-    assert g.nearest_slot(1_000_000_000_000_000_000) % 211 == 67
+    assert (g.period_ns, g.phase_ns, g.epoch_ns) == (100, 30, 1_000)
+    assert Gate.from_dict(g.to_dict()) == g and hash(Gate.from_dict(g.to_dict())) == hash(g)
+    assert g != gate(100, 31, 1_000) and repr(g) == "Gate(period_ns=100, phase_ns=30, epoch_ns=1000)"
+    clock = GateClock(g)
+    assert clock.gate == g and clock.next_ns is None
+    start = clock.start_at(1_010)
+    assert start == 1_030 and clock.next_ns == 1_130
 
 
-def test_a_new_epoch_keeps_the_cycle_of_the_gates_in_use():
-    assert Gate.epoch_at(None, 1_234) == 1_234
-    old = gate(100, 30, 1_000)
-    assert Gate.epoch_at(old, 1_520) == 1_500
-    assert Gate.epoch_at(old, 1_570) == 1_600
+def test_slots_keep_their_invariants_on_random_gates():
+    """The binding keeps the gate clock's promises, whatever the gate: the
+    nearest slot is on the grid within half a period (or the first one after
+    the clock's zero); an iteration never starts before it is ready, waits
+    at most a period, starts on a slot when it waits, and the next slot is
+    at most a period after its start."""
+    rng = random.Random(7)
+    for _ in range(500):
+        period = rng.randint(1, 10**9)
+        g = gate(period, rng.randrange(period), rng.randint(0, 10**12))
+        now = rng.randint(0, 2 * 10**12)
+        slot = g.nearest_slot(now)
+        assert (slot - g.epoch_ns - g.phase_ns) % period == 0
+        assert abs(slot - now) <= period // 2 or slot < period
+        clock = GateClock(g)
+        for _ in range(5):
+            start = clock.start_at(now)
+            assert now <= start <= now + period
+            if start > now:
+                assert (start - g.epoch_ns - g.phase_ns) % period == 0
+            assert start <= clock.next_ns <= start + period
+            now = start + rng.randint(0, 2 * period)
 
 
-def test_an_anchored_epoch_puts_the_anchor_jobs_slot_at_now():
-    old = gate(100, 30, 1_000)
-    # The anchor's slot is now, whatever the old grid.
-    anchor = gate(120, 40, 0)
-    epoch = Gate.epoch_for(old, anchor, 1_567)
-    assert epoch == 1_527
-    assert gate(120, 40, epoch).nearest_slot(1_567) == 1_567
-    # Near the clock's zero the epoch goes a period on.
-    epoch = Gate.epoch_for(None, anchor, 10)
-    assert epoch == 90
-    assert gate(120, 40, epoch).nearest_slot(10) == 10
-    # No anchor: the old cycle, as `epoch_at`.
-    assert Gate.epoch_for(old, None, 1_570) == 1_600
-
-
-def test_an_early_job_waits_for_its_slot_and_a_late_one_does_not():
-    c = GateClock(gate(100, 40, 0))
-    # First start: the next slot (the one before passed too long ago).
-    assert c.start_at(10) == 40
-    # Early for the next slot: waits.
-    assert c.start_at(120) == 140
-    # Late by 15: starts at once, the slot after stays on the grid.
-    assert c.start_at(255) == 255
-    assert c.start_at(300) == 340
-
-
-def test_a_job_more_than_a_period_behind_skips_the_missed_slots():
-    c = GateClock(gate(100, 0, 0))
-    assert c.start_at(0) == 0
-    # Next slot 100; the job comes at 450: slots 100..400 are gone.
-    assert c.start_at(450) == 450
-    # It is back on the grid: the next slot is 500.
-    assert c.start_at(480) == 500
-
-
-def test_a_new_gate_replaces_the_slots_and_the_same_gate_keeps_them():
-    c = GateClock(gate(100, 0, 0))
-    assert c.start_at(0) == 0
-    c.set_gate(gate(100, 0, 0))
-    assert c.start_at(90) == 100
-    c.set_gate(gate(100, 50, 0))
-    # The new grid's slot 150 passed 30 ago, over a tenth of the period:
-    # the job waits for 250.
-    assert c.start_at(180) == 250
-    c.set_gate(gate(100, 70, 0))
-    # 370 passed 5 ago: taken, late, no wait; then 470.
-    assert c.start_at(375) == 375
-    assert c.start_at(400) == 470
+def test_a_plans_gate_and_pace_are_read_as_the_plan_format_reads_them():
+    doc = {"gate": {"period_ns": 200, "phase_ns": 70, "epoch_ns": 5}, "prediction": {"op_start_ns": [0, 5, 5]}}
+    assert gate_of(doc) == gate(200, 70, 5) and pace_of(doc, 3) == [0, 5, 5]
+    assert gate_of({"prediction": {}}) is None and pace_of({"prediction": {}}, 3) == []
+    for bad, message in [
+        ({"prediction": {"op_start_ns": [0, 1]}}, "prediction.op_start_ns: 2 op starts for a graph of 3 ops"),
+        ({"prediction": {"op_start_ns": [5, 4, 4]}}, "prediction.op_start_ns: op 1 starts before op 0"),
+        ({"prediction": {"op_start_ns": [0, 1.5, 2]}}, "prediction.op_start_ns: op 1 starts at 1.5, not a whole number of ns"),
+        ({"prediction": {"op_start_ns": "0,1,2"}}, "prediction.op_start_ns is a str, not a list of ns"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            pace_of(bad, 3)
+    assert _core.pace_from_seconds([0.0, 2.5e-6, 2.5e-6], 3) == [0, 2500, 2500]
+    with pytest.raises(ValueError, match="op 1 starts before op 0"):
+        _core.pace_from_seconds([1.0, 0.5, 2.0], 3)
 
 
 @pytest.mark.parametrize(
@@ -330,18 +320,26 @@ def test_a_pace_holds_ops_back_without_entering_the_reported_latencies(plan, pla
 
 
 @pytest.mark.parametrize(
-    "gate_doc, pace, message",
+    "gate_doc, pace, message, in_file",
     [
-        ({"period_ns": 0, "phase_ns": 0, "epoch_ns": 0}, None, "the plan's gate period 0 ns is not in 1 ns to 1 hour"),
-        ({"period_ns": 10, "phase_ns": 10, "epoch_ns": 0}, None, "the plan's gate phase 10 ns is not less than its period 10 ns"),
-        (None, [0, 1, 2], "the plan's prediction.op_start_ns has 3 op starts for a graph of"),
-        (None, "decreasing", "the plan's prediction.op_start_ns: op 1 starts before op 0"),
+        ({"period_ns": 0, "phase_ns": 0, "epoch_ns": 0}, None, "the plan's gate period 0 ns is not in 1 ns to 1 hour",
+         "gate: gate period 0 ns is not in 1 ns to 1 hour"),
+        ({"period_ns": 10, "phase_ns": 10, "epoch_ns": 0}, None, "the plan's gate phase 10 ns is not less than its period 10 ns",
+         "gate: gate phase 10 ns is not less than its period 10 ns"),
+        (None, [0, 1, 2], "the plan's prediction.op_start_ns: 3 op starts for a graph of", "prediction: 3 op starts for a graph of"),
+        (None, "decreasing", "the plan's prediction.op_start_ns: op 1 starts before op 0", "prediction: op 1 starts before op 0"),
     ],
 )
-def test_a_plan_with_a_bad_gate_or_pace_is_refused_before_training(plan, tmp_path, gate_doc, pace, message):
+def test_a_plan_with_a_bad_gate_or_pace_is_refused_before_training(plan, tmp_path, gate_doc, pace, message, in_file):
     if pace == "decreasing":
         pace = [5, 4] + [4] * (len(plan.ops) - 2)
-    bad = with_gate(plan, tmp_path, gate_doc, pace)
+    # As a file: the plan format refuses it when it is read.
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(gated_doc(plan, gate_doc, pace)))
+    with pytest.raises(tensile.PlanError, match=in_file):
+        tensile.load_plan(plan.graph_path, path)
+    # Made some other way: the hook refuses it before training.
+    bad = tensile.Plan(plan.graph, gated_doc(plan, gate_doc, pace))
     model = encoder()
     optimizer = torch.optim.Adam(model.parameters())
     with pytest.raises(tensile.PlanApplyError) as e:

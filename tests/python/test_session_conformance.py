@@ -1,8 +1,9 @@
-"""The session semantics, one suite for both implementations: the Rust
-worker's (``worker/src/session.rs``, run as the ``tensile-worker`` binary)
-and the hook's (``tensile.hook.session.Session``), each against the same
-scripted scheduler: a grpcio server on a Unix socket whose answers each
-scenario scripts, and which logs every call it gets.
+"""The session semantics, one suite for the one implementation
+(``session/``, the ``tensile-session`` crate) through both of its drivers:
+the ``tensile-worker`` binary and the Python binding the hook uses
+(``tensile.hook.session.Session`` over ``tensile._core.Session``), each
+against the same scripted scheduler: a grpcio server on a Unix socket whose
+answers each scenario scripts, and which logs every call it gets.
 
 Scenarios: a registration refused as INVALID_ARGUMENT (given up, never
 retried); reports refused as FAILED_PRECONDITION (skipped: no new

@@ -2,10 +2,14 @@
 //! rust-analyzer's `xtask/src/tidy.rs`: every `.rs` file starts with a `//!`
 //! comment that says what it is for, and stays under [`MAX_LINES`] lines. Build output, the Python virtualenv and
 //! hidden directories are not ours and are skipped; generated code lives
-//! in `target/` (`OUT_DIR`), so it is skipped with it.
+//! in `target/` (`OUT_DIR`), so it is skipped with it. And the lean
+//! crates stay lean: the scheduler's and the Python extension's
+//! dependency trees hold no simulator, baseline or experiment crate, and
+//! the extension's (and the session's) no libtorch.
 
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 
 /// The most lines a source file may have. Well over what a module should
 /// be ("a few hundred lines"); a file this long wants splitting.
@@ -115,4 +119,59 @@ fn the_checks_catch_what_they_are_for() {
     let long = format!("//! Doc.\n{}", "fn f() {}\n".repeat(10));
     assert_eq!(problems(&long, 10, false).len(), 1);
     assert!(problems(&long, 10, true).is_empty());
+}
+
+/// The packages `package` depends on to build and run (`cargo tree -e
+/// normal,build`, offline, from the lock file), one name each.
+fn dependencies(package: &str) -> Vec<String> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .args(["tree", "-p", package, "-e", "normal,build"])
+        .args(["--prefix", "none", "--offline", "--locked"])
+        .current_dir(workspace_root())
+        .output()
+        .expect("cargo tree runs");
+    assert!(
+        out.status.success(),
+        "cargo tree -p {package} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The simulator (`tensile-executor`), the baselines and the experiments:
+/// what serving and the extension must not drag in.
+const HEAVY: &[&str] = &[
+    "tensile-experiments",
+    "tensile-baselines",
+    "tensile-executor",
+];
+/// libtorch's bindings: what runs inside a user's PyTorch process must not
+/// link a second libtorch.
+const TORCH: &[&str] = &["tch", "torch-sys"];
+
+#[test]
+fn the_scheduler_and_the_extension_plan_without_the_simulator() {
+    for (package, forbidden) in [
+        ("tensile-scheduler", HEAVY.to_vec()),
+        ("tensile-python", [HEAVY, TORCH].concat()),
+        ("tensile-session", [HEAVY, TORCH].concat()),
+        ("tensile-plan-job", [HEAVY, TORCH].concat()),
+    ] {
+        let deps = dependencies(package);
+        // A listing that names the planner is a real one.
+        assert!(
+            deps.iter().any(|d| d == "tensile-planner"),
+            "{package}: no tensile-planner in {deps:?}"
+        );
+        let found: Vec<&String> = deps
+            .iter()
+            .filter(|d| forbidden.contains(&d.as_str()))
+            .collect();
+        assert!(found.is_empty(), "{package} depends on {found:?}");
+    }
 }

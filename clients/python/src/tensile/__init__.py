@@ -3,7 +3,9 @@
 * :mod:`tensile.trace`: captures one training iteration of a model as a
   graph in the project's JSON format (``tensile-graph/v1``).
 * :func:`tensile.plan` (:mod:`tensile.planning`): traces the user's own
-  model, optimizer and loss, and plans the graph with ``tensilectl plan``.
+  model, optimizer and loss, and plans the graph in the process with the
+  Rust planner (:mod:`tensile._core`, the project's crates under the
+  package: planner, plan format, gate clock, session, endpoint rule).
 * :func:`tensile.apply` (:mod:`tensile.hook`): applies such a plan inside
   the user's unchanged eager PyTorch training loop.
 * :class:`tensile.Client` (:mod:`tensile.client`): the scheduler's gRPC

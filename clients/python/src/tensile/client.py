@@ -7,10 +7,11 @@ graphs given as a file, a ``tensile-graph/v1`` dict or a model traced with
 :mod:`tensile.trace`; finding the scheduler (:func:`resolve_server`: an
 explicit address, else ``TENSILE_SERVER``, else the socket of the job's GPU
 in the socket directory's ``gpus.json``, else its ``scheduler.sock``: the
-rule ``tensile_proto::endpoint`` implements, tested on the same table,
-``proto/tests/server-resolution.json``); message size limits raised to what
-real graphs need; and errors as :class:`SchedulerError`, which carries the
-gRPC status code and message.
+rule of ``tensile_proto::endpoint``, run through ``tensile._core``); plans
+from the wire as plan documents (:func:`plan_to_file`, the Rust plan
+format's writer); message size limits raised to what real graphs need; and
+errors as :class:`SchedulerError`, which carries the gRPC status code and
+message.
 
 Example::
 
@@ -36,6 +37,7 @@ from typing import Any
 
 import grpc
 
+from tensile import _core
 from tensile.v1 import tensile_pb2 as pb
 from tensile.v1 import tensile_pb2_grpc as pb_grpc
 
@@ -46,7 +48,9 @@ __all__ = [
     "SchedulerError",
     "default_socket_path",
     "device_ordinal",
+    "read_gpus_file",
     "resolve_server",
+    "socket_dir",
     "graph_to_proto",
     "plan_to_file",
 ]
@@ -84,26 +88,6 @@ _KINDS = {
 _PHASES = {"forward": pb.PHASE_FORWARD, "backward": pb.PHASE_BACKWARD, "optimizer": pb.PHASE_OPTIMIZER}
 _ALIASES = {"in_place": pb.ALIAS_KIND_IN_PLACE, "view": pb.ALIAS_KIND_VIEW}
 _PLACEMENTS = {"device": pb.PLACEMENT_DEVICE, "host": pb.PLACEMENT_HOST}
-_EVENTS = {
-    pb.EVENT_KIND_SWAP_OUT: "swap_out",
-    pb.EVENT_KIND_SWAP_IN: "swap_in",
-    pb.EVENT_KIND_RELEASE: "release",
-    pb.EVENT_KIND_RECOMPUTE: "recompute",
-}
-_TRIGGERS = {
-    pb.TRIGGER_KIND_AFTER: "after",
-    pb.TRIGGER_KIND_BEFORE: "before",
-    pb.TRIGGER_KIND_ITERATION_START: "iteration_start",
-}
-_DIAGNOSTICS = {
-    pb.DIAGNOSTIC_KIND_NO_SWAP_WINDOW: "no_swap_window",
-    pb.DIAGNOSTIC_KIND_SWAP_RATE_LIMIT: "swap_rate_limit",
-    pb.DIAGNOSTIC_KIND_NOT_RECOMPUTABLE: "not_recomputable",
-    pb.DIAGNOSTIC_KIND_OVER_BUDGET: "over_budget",
-    pb.DIAGNOSTIC_KIND_PLANNING_CAPPED: "planning_capped",
-}
-
-
 class SchedulerError(Exception):
     """A call the scheduler (or the transport) refused: ``code`` is the gRPC
     status code (``grpc.StatusCode``), ``message`` the scheduler's own words,
@@ -132,41 +116,24 @@ class Job:
         return pb.JobState.Name(self.state)
 
 
-#: What a scheduler serving GPUs writes in its socket directory.
-GPUS_FILE = "gpus.json"
-#: The single-device scheduler's socket, in its socket directory.
-SINGLE_SOCKET = "scheduler.sock"
-#: The variables whose lists map a process's CUDA ordinals to the node's GPUs, in order.
-VISIBLE_DEVICES_ENV = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
-
-
-class ResolveError(LookupError):
-    """The scheduler could not be found: ``gpus.json`` is unreadable, or
-    serves no GPU the job's device names. The message says which and lists
-    the GPUs it serves."""
+#: The scheduler could not be found: ``gpus.json`` is unreadable, or serves
+#: no GPU the job's device names; the message says which and lists the GPUs
+#: it serves (a ``LookupError``, raised by the Rust rule).
+ResolveError = _core.ResolveError
 
 
 def default_socket_path(environ: Mapping[str, str] | None = None) -> Path:
     """The scheduler's default Unix socket, as the scheduler computes it:
     ``$XDG_RUNTIME_DIR/tensile/scheduler.sock`` when that variable is an
     absolute path, else ``/tmp/tensile-$UID/scheduler.sock``."""
-    return _default_socket_dir(os.environ if environ is None else environ) / SINGLE_SOCKET
-
-
-def _default_socket_dir(environ: Mapping[str, str]) -> Path:
-    runtime = environ.get("XDG_RUNTIME_DIR", "")
-    if runtime and os.path.isabs(runtime):
-        return Path(runtime) / "tensile"
-    return Path(f"/tmp/tensile-{os.getuid()}")
+    return Path(_core.default_socket_path(os.environ if environ is None else environ))
 
 
 def socket_dir(environ: Mapping[str, str] | None = None) -> Path:
     """The directory clients look in: ``TENSILE_SOCKET_DIR`` when set (and
     not empty), else the default one (``$XDG_RUNTIME_DIR/tensile``, else
     ``/tmp/tensile-$UID``)."""
-    env = os.environ if environ is None else environ
-    given = env.get("TENSILE_SOCKET_DIR", "")
-    return Path(given) if given.strip() else _default_socket_dir(env)
+    return Path(_core.socket_dir(os.environ if environ is None else environ))
 
 
 def device_ordinal(device: Any) -> int:
@@ -181,106 +148,17 @@ def device_ordinal(device: Any) -> int:
         if device < 0:
             raise ValueError(f"device ordinal {device} is negative")
         return device
-    index = getattr(device, "index", None)
     if getattr(device, "type", None) is not None:
+        index = getattr(device, "index", None)
         return int(index) if index is not None else 0
-    text = str(device).strip()
-    if text.startswith("cuda:") and text[5:].isdigit():
-        return int(text[5:])
-    return 0
+    return _core.device_ordinal(str(device))
 
 
 def read_gpus_file(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
     """``DIR/gpus.json``, checked (at least one GPU, indices unique, every
-    field there), or ``None`` when there is none."""
-    path = Path(directory) / GPUS_FILE
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        raise ResolveError(f"{path}: {e.strerror or e}") from None
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ResolveError(f"{path}: not a gpus file: {e}") from None
-    why = _gpus_file_problem(doc)
-    if why:
-        raise ResolveError(f"{path}: {why}")
-    return doc
-
-
-_GPU_FIELDS = {"index": int, "uuid": str, "name": str, "memory_bytes": int, "budget_bytes": int, "socket": str}
-
-
-def _gpus_file_problem(doc: Any) -> str | None:
-    if not isinstance(doc, dict) or not isinstance(doc.get("gpus"), list):
-        return "not a gpus file: expected an object with a list `gpus`"
-    if not doc["gpus"]:
-        return "it lists no GPU"
-    seen: set[int] = set()
-    for i, g in enumerate(doc["gpus"]):
-        if not isinstance(g, dict):
-            return f"not a gpus file: GPU entry {i} is not an object"
-        for key, kind in _GPU_FIELDS.items():
-            if not isinstance(g.get(key), kind) or isinstance(g.get(key), bool) or (kind is int and g[key] < 0):
-                return f"not a gpus file: GPU entry {i} has no valid `{key}`"
-        if g["index"] in seen:
-            return f"GPU {g['index']} is listed twice"
-        if not g["socket"]:
-            return f"GPU {g['index']} has no socket"
-        seen.add(g["index"])
-    return None
-
-
-def describe_gpus(doc: Mapping[str, Any]) -> str:
-    """``0 GPU-... (NAME), 1 ...``: the GPUs of a ``gpus.json``."""
-    return ", ".join(f"{g['index']} {g['uuid']} ({g['name']})" for g in doc["gpus"])
-
-
-def find_gpu(doc: Mapping[str, Any], entry: str) -> dict[str, Any]:
-    """The GPU of ``gpus.json`` an entry of ``CUDA_VISIBLE_DEVICES`` names:
-    digits are an index, anything else a uuid or the prefix of exactly one
-    (case aside). ``LookupError`` says why none."""
-    entry = entry.strip()
-    gpus = doc["gpus"]
-    if entry.isascii() and entry.isdigit():
-        for g in gpus:
-            if g["index"] == int(entry):
-                return dict(g)
-        raise LookupError(f"no GPU has index {entry}")
-    low = entry.lower()
-    for g in gpus:
-        if g["uuid"].lower() == low:
-            return dict(g)
-    hits = [g for g in gpus if low and g["uuid"].lower().startswith(low)]
-    if len(hits) == 1:
-        return dict(hits[0])
-    if not hits:
-        raise LookupError(f"no GPU has uuid {json.dumps(entry)} (or one starting so)")
-    raise LookupError(f"{json.dumps(entry)} starts the uuids of more than one GPU ({', '.join(str(g['index']) for g in hits)})")
-
-
-def visible_entry(ordinal: int, environ: Mapping[str, str] | None = None) -> tuple[str, str | None]:
-    """The node's GPU a CUDA ordinal is: its entry in the first of
-    ``CUDA_VISIBLE_DEVICES``, ``NVIDIA_VISIBLE_DEVICES`` set to a list
-    (``all``, ``none``, ``void`` or empty map nothing), else the ordinal
-    itself; with the variable it came from."""
-    env = os.environ if environ is None else environ
-    for var in VISIBLE_DEVICES_ENV:
-        value = env.get(var)
-        if value is None:
-            continue
-        value = value.strip()
-        if not value or value.lower() in ("all", "none", "void"):
-            continue
-        entries = [e.strip() for e in value.split(",")]
-        if ordinal >= len(entries):
-            raise ResolveError(
-                f"device cuda:{ordinal}: {var}={json.dumps(value)} lists {len(entries)} device(s), so there is no cuda:{ordinal}"
-            )
-        return entries[ordinal], var
-    return str(ordinal), None
+    field there), or ``None`` when there is none; :class:`ResolveError`
+    when it cannot be read or is not one."""
+    return _core.read_gpus_file(os.fspath(directory))
 
 
 def resolve_server(
@@ -296,27 +174,10 @@ def resolve_server(
     through ``CUDA_VISIBLE_DEVICES``, else ``NVIDIA_VISIBLE_DEVICES``, matched
     by index or uuid prefix); else ``DIR/scheduler.sock``. Raises
     :class:`ResolveError` naming the GPU and listing those served when
-    ``gpus.json`` has no such GPU."""
-    if address is not None and str(address).strip():
-        return str(address).strip()
-    env = os.environ if environ is None else environ
-    server = env.get("TENSILE_SERVER", "").strip()
-    if server:
-        return server
-    directory = socket_dir(env)
-    doc = read_gpus_file(directory)
-    if doc is None:
-        return f"unix:{directory / SINGLE_SOCKET}"
-    ordinal = device_ordinal(device)
-    entry, var = visible_entry(ordinal, env)
-    try:
-        gpu = find_gpu(doc, entry)
-    except LookupError as e:
-        named = f"{var} entry {json.dumps(entry)} (device cuda:{ordinal})" if var else f"GPU {entry} (device cuda:{ordinal})"
-        raise ResolveError(
-            f"{named} is not served by the scheduler of {directory / GPUS_FILE}: {e.args[0]}; it serves GPUs {describe_gpus(doc)}"
-        ) from None
-    return f"unix:{directory / gpu['socket']}"
+    ``gpus.json`` has no such GPU. The rule is ``tensile_proto::endpoint``'s
+    (``tensile._core.resolve_server``)."""
+    explicit = None if address is None else os.fspath(address)
+    return _core.resolve_server(explicit, device_ordinal(device), os.environ if environ is None else environ)
 
 
 def target_of(address: str | os.PathLike[str] | None) -> str:
@@ -427,82 +288,15 @@ def _attr(value: Any, what: str) -> pb.AttrValue:
 def plan_to_file(plan: pb.Plan, graph: Mapping[str, Any], diagnostics: Sequence[pb.Diagnostic] = ()) -> dict[str, Any]:
     """A plan from the wire as a ``tensile-plan/v1`` document (the format of
     ``tensilectl plan -o``, docs/plan-format.md) for the graph it was made
-    for: what ``tensile.apply`` and ``tensile-worker --plan`` read. A
-    coordinated job's gate becomes ``gate`` and its pace
-    (``op_start_s``, seconds) ``prediction.op_start_ns`` (integer ns),
-    both checked as the Rust side checks them (``ValueError`` naming what
-    is wrong); a job that runs free has neither key."""
-    # Imported here: tensile.hook imports this module.
-    from tensile.hook.gate import Gate, pace_from_seconds
-
-    tensors = graph["tensors"]
-    ops = graph["ops"]
-
-    def tensor_name(i: int) -> str:
-        if not 0 <= i < len(tensors):
-            raise ValueError(f"plan names tensor {i}, but graph {graph.get('name')!r} has {len(tensors)} tensors")
-        return str(tensors[i]["name"])
-
-    def op_name(i: int) -> str:
-        if not 0 <= i < len(ops):
-            raise ValueError(f"plan names op {i}, but graph {graph.get('name')!r} has {len(ops)} ops")
-        return str(ops[i]["name"])
-
-    events = []
-    for e in plan.events:
-        trigger = _TRIGGERS.get(e.trigger)
-        if trigger is None or e.kind not in _EVENTS:
-            raise ValueError(f"plan event on tensor {e.tensor}: unknown kind {e.kind} or trigger {e.trigger}")
-        item: dict[str, Any] = {"kind": _EVENTS[e.kind], "tensor": e.tensor, "tensor_name": tensor_name(e.tensor), "trigger": trigger}
-        if trigger != "iteration_start":
-            item["trigger_op"] = e.trigger_op
-            item["trigger_op_name"] = op_name(e.trigger_op)
-        item["delay_ns"] = round(e.delay_s * 1e9)
-        events.append(item)
-    p = plan.prediction
-    kinds = [e["kind"] for e in events]
-    try:
-        pace = pace_from_seconds(list(p.op_start_s), len(ops))
-    except ValueError as e:
-        raise ValueError(f"plan prediction: {e}") from None
-    gate = None
-    if plan.HasField("gate"):
-        g = plan.gate
-        try:
-            gate = Gate(g.period_ns, g.phase_ns, g.epoch_ns).to_dict()
-        except ValueError as e:
-            raise ValueError(f"plan {e}") from None
-    doc: dict[str, Any] = {
-        "format": PLAN_FORMAT,
-        "graph": graph["name"],
-        "version": plan.version,
-        "start_on_host": [{"tensor": t, "tensor_name": tensor_name(t)} for t in plan.start_on_host],
-        "events": events,
-        "prediction": {
-            "vanilla_peak_bytes": p.vanilla_peak_bytes,
-            "planned_peak_bytes": p.planned_peak_bytes,
-            "vanilla_iteration_ns": round(p.vanilla_iteration_s * 1e9),
-            "planned_iteration_ns": round(p.planned_iteration_s * 1e9),
-            "swap_outs": kinds.count("swap_out"),
-            "swap_ins": kinds.count("swap_in"),
-            "swapped_bytes": p.swapped_bytes,
-            "recomputed_ops": p.recomputed_ops,
-            "waits": [],
-            **({"op_start_ns": pace} if pace else {}),
-        },
-        "diagnostics": [
-            {
-                "kind": _DIAGNOSTICS.get(d.kind, "unspecified"),
-                "tensor": d.tensor if d.HasField("tensor") else None,
-                "tensor_name": tensor_name(d.tensor) if d.HasField("tensor") else None,
-                "message": d.message,
-            }
-            for d in diagnostics
-        ],
-    }
-    if gate is not None:
-        doc["gate"] = gate
-    return doc
+    for: what ``tensile.apply`` and ``tensile-worker --plan`` read. Written
+    and checked by the Rust plan format (``tensile._core.plan_from_wire``):
+    a coordinated job's gate becomes ``gate`` and its pace
+    ``prediction.op_start_ns``; a plan that does not fit the graph is a
+    ``ValueError`` (``tensile._core.PlanFormatError``) naming what is
+    wrong."""
+    return _core.plan_from_wire(
+        dict(graph), plan.SerializeToString(), [d.SerializeToString() for d in diagnostics]
+    )
 
 
 class Client:

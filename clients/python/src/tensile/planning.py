@@ -2,14 +2,13 @@
 
 The user's own ``nn.Module`` instance and optimizer instance are traced (the
 tracer runs them on fake copies of their parameters and leaves them
-untouched), the graph is written to a file, and ``tensilectl plan`` turns it
-into a plan (``tensile-plan/v1``, ``docs/plan-format.md``). The returned
+untouched) and the graph is planned in this process by the project's Rust
+planner (``tensile._core.plan``, what ``tensilectl plan`` runs: the same
+graph, profile and budget give the same plan), or by a scheduler. The plan
+is a ``tensile-plan/v1`` document (``docs/plan-format.md``), read and
+checked by the same Rust code as every other reader of plans. The returned
 :class:`Plan` holds both: the graph (op sequence, tensor ids, names and
 bytes) and the plan's events, which is what :func:`tensile.apply` needs.
-
-``tensilectl`` is found through the ``TENSILECTL`` environment variable,
-else ``PATH``, else the repository's ``target/{debug,release}`` next to this
-package's source tree.
 """
 
 from __future__ import annotations
@@ -17,10 +16,8 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
+import logging
 import os
-import shutil
-import subprocess
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -28,12 +25,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from tensile import _core
 from tensile.trace import InputSpec, TraceError, trace_training_step
 from tensile.trace.capture import LossFn
 
-__all__ = ["Plan", "PlanError", "plan", "find_tensilectl", "load_plan"]
+__all__ = ["Plan", "PlanError", "plan", "load_plan"]
 
-_PLAN_FORMAT = "tensile-plan/v1"
+log = logging.getLogger("tensile")
 #: Optimizer settings that the tracer sets itself or refuses.
 _TRACER_FLAGS = ("params", "foreach", "fused", "capturable", "differentiable")
 
@@ -53,6 +51,10 @@ class Plan:
     #: The scheduler the plan came from (``tensile.plan(..., server=...)``):
     #: ``tensile.apply`` reports to it and follows its plans.
     server: str | None = None
+    #: What the planner said of a plan made in this process (``tensilectl
+    #: plan --json``'s report: peaks, time, events, the lower bound,
+    #: diagnostics); ``None`` for a plan read from files or a scheduler.
+    report: dict[str, Any] | None = None
 
     @property
     def ops(self) -> list[dict[str, Any]]:
@@ -95,14 +97,16 @@ class Plan:
 
 
 def load_plan(graph_path: str | os.PathLike[str], plan_path: str | os.PathLike[str]) -> Plan:
-    """A plan read back from a graph file and its plan file (names checked)."""
+    """A plan read back from a graph file and its plan file, checked against
+    the graph by the plan format's rules (``tensile._core.read_plan``: ids and
+    names, storage roots, gate, pace); :class:`PlanError` names what is wrong."""
     graph = _read_json(Path(graph_path), "graph")
     doc = _read_json(Path(plan_path), "plan")
-    if doc.get("format") != _PLAN_FORMAT:
-        raise PlanError(f"{plan_path}: format is {doc.get('format')!r}, not {_PLAN_FORMAT!r}")
-    if doc.get("graph") != graph.get("name"):
-        raise PlanError(f"{plan_path} is the plan of graph {doc.get('graph')!r}, not of {graph.get('name')!r}")
-    return Plan(graph, doc, Path(graph_path), Path(plan_path))
+    try:
+        checked = _core.read_plan(graph, doc)
+    except (_core.PlanFormatError, ValueError) as e:
+        raise PlanError(f"{plan_path}: {e}") from None
+    return Plan(graph, checked, Path(graph_path), Path(plan_path))
 
 
 def plan(
@@ -116,6 +120,7 @@ def plan(
     device_profile: str | None = None,
     name: str | None = None,
     workdir: str | os.PathLike[str] | None = None,
+    recompute: bool = True,
 ) -> Plan:
     """Traces one training step of ``model`` and plans it.
 
@@ -125,22 +130,30 @@ def plan(
     whole number of MB, 10^6 bytes) asks the planner to fit that much; a plan
     that then recomputes is refused here, since :func:`tensile.apply` cannot
     recompute in eager mode (see ``docs/framework-hook.md``).
-    ``device_profile`` is a ``tensilectl --device`` profile (default: see
-    :func:`default_profile`). The graph and plan files go to ``workdir``,
-    where the returned plan's ``graph_path`` and ``plan_path`` name them;
-    without one they go to a temporary directory removed before this
-    returns (or raises), and those paths are ``None``.
+    ``recompute=False`` plans without recomputation (swaps only).
+    ``device_profile`` is a device profile as ``tensilectl --device`` takes
+    it (``a6000``, ``h100``, ``paper``, ``cpu`` or a profile file; default:
+    see :func:`default_profile`). With ``workdir`` the graph and the plan
+    are also written there, as ``NAME.graph.json`` and ``NAME.plan.json``,
+    which the returned plan's ``graph_path`` and ``plan_path`` name;
+    without one nothing is written and those paths are ``None``.
 
-    With ``server`` (a scheduler's address: ``unix:PATH``, ``HOST:PORT``, or
-    ``"default"`` for its default socket) the plan comes from the
-    scheduler's PlanGraph, which touches no registered job, with
-    recomputation turned off (``allow_recompute = false``), since
-    :func:`tensile.apply` cannot recompute; otherwise from ``tensilectl plan``.
-    The plan remembers ``server``: :func:`tensile.apply` then registers the
-    job there, reports every step and follows the scheduler's plans.
+    Without ``server`` the plan is made in this process (no scheduler, no
+    ``tensilectl``), with the GIL released while it plans. With ``server``
+    (a scheduler's address: ``unix:PATH``, ``HOST:PORT``, or ``"default"``
+    for its default socket) the plan comes from the scheduler's PlanGraph,
+    which touches no registered job, with recomputation turned off
+    (``allow_recompute = false``), since :func:`tensile.apply` cannot
+    recompute. The plan remembers ``server``: :func:`tensile.apply` then
+    registers the job there, reports every step and follows the
+    scheduler's plans.
     """
     if not isinstance(model, nn.Module):
         raise PlanError(f"model is a {type(model).__name__}, not an nn.Module")
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        # One process's compute is its module's: the wrapper's all-reduces
+        # run beside the plan (tensile.apply takes the wrapper too).
+        model = model.module
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise PlanError(f"optimizer is a {type(optimizer).__name__}, not a torch.optim.Optimizer")
     if budget_mb is not None and (isinstance(budget_mb, bool) or not isinstance(budget_mb, int) or budget_mb < 1):
@@ -162,36 +175,14 @@ def plan(
         )
     except TraceError as e:
         raise PlanError(f"cannot trace {type(model).__name__}: {e}") from e
+    # As a reader of the graph file would see it (lists, not tuples).
+    graph = json.loads(json.dumps(graph))
     profile = device_profile or default_profile(device)
-    if workdir is None:
-        with tempfile.TemporaryDirectory(prefix="tensile-plan-") as folder:
-            planned = _plan_in(Path(folder), graph, budget_mb, server, profile)
-        return dataclasses.replace(planned, graph_path=None, plan_path=None)
-    folder = Path(workdir)
-    folder.mkdir(parents=True, exist_ok=True)
-    return _plan_in(folder, graph, budget_mb, server, profile)
-
-
-def _plan_in(folder: Path, graph: dict[str, Any], budget_mb: int | None, server: str | None, profile: str) -> Plan:
-    """Writes ``graph`` to ``folder``, plans it there (on ``server`` if given,
-    else with ``tensilectl plan``) and reads the plan back."""
-    graph_name = graph["name"]
-    graph_path = folder / f"{graph_name}.graph.json"
-    plan_path = folder / f"{graph_name}.plan.json"
-    graph_path.write_text(json.dumps(graph))
     if server is not None:
-        _plan_on_server(server, graph, plan_path, budget_mb, profile)
-        from_server = load_plan(graph_path, plan_path)
-        from_server.server = server
-        return from_server
-    args = [str(find_tensilectl()), "plan", str(graph_path), "--device", profile, "-o", str(plan_path)]
-    if budget_mb is not None:
-        args += ["--budget-mb", str(budget_mb)]
-    done = subprocess.run(args, capture_output=True, text=True)
-    if done.returncode != 0:
-        first = (done.stderr.strip().splitlines() or ["(no message)"])[0]
-        raise PlanError(f"tensilectl plan failed for {graph_name}: {first}")
-    planned = load_plan(graph_path, plan_path)
+        doc, report = _plan_on_server(server, graph, budget_mb, profile), None
+    else:
+        doc, report = _plan_here(graph, budget_mb, profile, recompute)
+    planned = Plan(graph, doc, server=server, report=report)
     recomputes = [e for e in planned.events if e["kind"] == "recompute"]
     if recomputes:
         raise PlanError(
@@ -199,11 +190,34 @@ def _plan_in(folder: Path, graph: dict[str, Any], budget_mb: int | None, server:
             f"({recomputes[0]['tensor_name']!r} first), which tensile.apply cannot do in eager mode: "
             "raise the budget or leave it out"
         )
+    if workdir is not None:
+        folder = Path(workdir)
+        folder.mkdir(parents=True, exist_ok=True)
+        planned.graph_path = folder / f"{graph_name}.graph.json"
+        planned.plan_path = folder / f"{graph_name}.plan.json"
+        planned.graph_path.write_text(json.dumps(graph))
+        planned.plan_path.write_text(json.dumps(doc, indent=2) + "\n")
     return planned
 
 
-def _plan_on_server(server: str, graph: dict[str, Any], plan_path: Path, budget_mb: int | None, profile: str) -> None:
-    """Plans ``graph`` with the scheduler's PlanGraph and writes the plan file."""
+def _plan_here(graph: dict[str, Any], budget_mb: int | None, profile: str, recompute: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Plans ``graph`` in this process (``tensile._core.plan``)."""
+    try:
+        out = _core.plan(
+            graph,
+            profile,
+            budget_bytes=None if budget_mb is None else budget_mb * 1_000_000,
+            recompute=recompute,
+        )
+    except (_core.PlanningError, ValueError) as e:
+        raise PlanError(f"cannot plan {graph['name']}: {e}") from None
+    for warning in out["warnings"]:
+        log.warning("tensile.plan: %s", warning)
+    return out["plan"], out["report"]
+
+
+def _plan_on_server(server: str, graph: dict[str, Any], budget_mb: int | None, profile: str) -> dict[str, Any]:
+    """Plans ``graph`` with the scheduler's PlanGraph; the plan document."""
     from tensile.client import Client, SchedulerError, plan_to_file
 
     address = None if server == "default" else server
@@ -217,38 +231,20 @@ def _plan_on_server(server: str, graph: dict[str, Any], plan_path: Path, budget_
             )
     except SchedulerError as e:
         raise PlanError(f"the scheduler could not plan {graph['name']}: {e}") from e
-    plan_path.write_text(json.dumps(plan_to_file(answer.plan, graph, answer.diagnostics), indent=1))
+    try:
+        return plan_to_file(answer.plan, graph, answer.diagnostics)
+    except ValueError as e:
+        raise PlanError(f"the scheduler's plan for {graph['name']}: {e}") from None
 
 
 def default_profile(device: str) -> str:
-    """The ``tensilectl --device`` profile for where the model lives: ``cpu``,
-    ``h100`` on an H100, else ``a6000``."""
+    """The device profile for where the model lives: ``cpu``, ``h100`` on
+    an H100, else ``a6000``."""
     if device == "cpu":
         return "cpu"
     if device == "cuda" and torch.cuda.is_available() and "H100" in torch.cuda.get_device_name():
         return "h100"
     return "a6000"
-
-
-def find_tensilectl() -> Path:
-    """``$TENSILECTL``, else ``tensilectl`` on ``PATH``, else the repo's build."""
-    env = os.environ.get("TENSILECTL")
-    if env:
-        path = Path(env)
-        if not (path.is_file() and os.access(path, os.X_OK)):
-            raise PlanError(f"TENSILECTL={env} is not an executable file")
-        return path
-    found = shutil.which("tensilectl")
-    if found:
-        return Path(found)
-    for parent in Path(__file__).resolve().parents:
-        for profile in ("debug", "release"):
-            candidate = parent / "target" / profile / "tensilectl"
-            if candidate.is_file() and os.access(candidate, os.X_OK):
-                return candidate
-    raise PlanError(
-        "tensilectl not found: set TENSILECTL to its path, put it on PATH, or build it (cargo build -p tensilectl)"
-    )
 
 
 def optimizer_settings(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:

@@ -56,6 +56,8 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from tensile import _core
+
 try:
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -114,8 +116,9 @@ class NodeSchedulers:
 
 
 def socket_path(socket_dir: str | os.PathLike[str], gpu: str) -> str:
-    """``DIR/gpuN.sock``: where the scheduler of GPU ``gpu`` listens."""
-    return os.path.join(os.fspath(socket_dir), f"gpu{gpu}.sock")
+    """``DIR/gpuN.sock``: where the scheduler of GPU ``gpu`` listens (the
+    endpoint rule's name for a GPU's socket, ``tensile._core``)."""
+    return os.path.join(os.fspath(socket_dir), _core.gpu_socket_name(int(gpu)))
 
 
 # ---------------------------------------------------------------------------
