@@ -177,6 +177,13 @@ else
   die "no tensile-worker, tensilectl and tensile-scheduler in $BIN_DIR or $BIN_DIR/bin (run scripts/gpu-pack.sh)"
 fi
 export TENSILECTL=$BINS/tensilectl TENSILE_SCHEDULER=$BINS/tensile-scheduler
+# tensile._core, the Python package's Rust core (tensile.plan, the hook's
+# gates and session): built in place by scripts/setup.sh on the build
+# machine, brought in the bundle's python/ to a GPU machine.
+CORE=$ROOT/clients/python/src/tensile/_core.abi3.so
+if [[ ! -e $CORE && -f $BIN_DIR/python/_core.abi3.so ]]; then
+  cp "$BIN_DIR/python/_core.abi3.so" "$CORE"
+fi
 
 "$PY" "$HERE/report.py" meta --results "$RESULTS" --mode "$( ((DRY)) && echo dry || echo gpu)" \
   ${COMMIT_FILE:+--commit-file "$COMMIT_FILE"} --bin-dir "$BIN_DIR" || exit 2
@@ -190,7 +197,8 @@ fi
 if ((DRY)); then
   WORKER_JOBS=resnet50:2:64
   WORKER_ARGS=(--iterations 2 --warmup 1 --threads 1)
-  HOOK_RUNS=("--model resnet50 --batch 2 --resolution 64" "--model encoder --batch 2 --tiny")
+  HOOK_RUNS=("--model resnet50 --batch 2 --resolution 64" "--model encoder --batch 2 --tiny"
+    "--model llama --batch 1 --seq 32 --tiny")
   HOOK_ARGS=(--steps 1 --warmup 1 --threads 1)
   COLOCATE_JOB=resnet50:2:64
   LATENCY_ARGS=(--profile-args "--batches 1 --resolution 32 --random-builds 0 --random-nets 2 --loads 0 --repeats 1 --threads 1"
@@ -198,8 +206,9 @@ if ((DRY)); then
 else
   WORKER_JOBS=resnet50:32,bert_base:16
   WORKER_ARGS=(--iterations 12 --warmup 2)
-  HOOK_RUNS=("--model resnet50 --batch 64 --resolution 224" "--model encoder --batch 32")
-  HOOK_ARGS=(--steps 10 --warmup 3)
+  HOOK_RUNS=("--model resnet50 --batch 64 --resolution 224" "--model encoder --batch 32"
+    "--model llama --batch 2 --seq 1024")
+  HOOK_ARGS=(--steps 8 --warmup 2)
   COLOCATE_JOB=resnet50:32
   LATENCY_ARGS=(--profile-args "--batches 4,16,32 --resolution 0 --random-builds 4 --random-nets 100 --loads 0,1")
 fi

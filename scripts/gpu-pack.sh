@@ -2,9 +2,10 @@
 # Builds what scripts/gpu-check.sh runs on a GPU machine (which has PyTorch
 # 2.11 but no Rust toolchain and no network) and bundles it in gpu-bundle/
 # (git-ignored): release builds of tensile-worker, tensilectl and
-# tensile-scheduler and the GPU test executables (the worker's `it` tests,
-# the swap executor's unit tests), with their debug info stripped, a COMMIT
-# file and a MANIFEST. What travels to the GPU machine is limited (64 MiB
+# tensile-scheduler, of the Python package's Rust core (tensile._core, in
+# python/; gpu-check.sh puts it in the package) and the GPU test
+# executables (the worker's `it` tests, the swap executor's unit tests),
+# with their debug info stripped, a COMMIT file and a MANIFEST. What travels to the GPU machine is limited (64 MiB
 # with the working tree), so it fails when the bundle is over
 # GPU_BUNDLE_MAX_MIB (default 56), and strips every symbol when the bundle
 # and the working tree together are over GPU_BUNDLE_ROOM_MIB (default 48:
@@ -42,8 +43,8 @@ command -v "$PY" >/dev/null || die "no python3 (it reads cargo's JSON output)"
 # a GPU only once it is loaded.
 export TENSILE_LINK_CUDA=1
 
-step "release build: tensile-worker, tensilectl, tensile-scheduler"
-cargo build --release --locked -p tensile-worker -p tensilectl -p tensile-scheduler
+step "release build: tensile-worker, tensilectl, tensile-scheduler, tensile._core"
+cargo build --release --locked -p tensile-worker -p tensilectl -p tensile-scheduler -p tensile-python
 
 step "release build: the GPU test executables"
 WORKER_IT=$(cargo test --release --locked -p tensile-worker --test it --no-run --message-format=json |
@@ -65,10 +66,11 @@ strip_to() {
 pack() {
   local how=$1
   rm -rf "$OUT"
-  mkdir -p "$OUT/bin" "$OUT/tests"
+  mkdir -p "$OUT/bin" "$OUT/tests" "$OUT/python"
   for b in tensile-worker tensilectl tensile-scheduler; do
     strip_to "target/release/$b" "$OUT/bin/$b" "$how"
   done
+  strip_to target/release/lib_core.so "$OUT/python/_core.abi3.so" "$how"
   strip_to "$WORKER_IT" "$OUT/tests/worker-it" "$how"
   strip_to "$SWAP_LIB" "$OUT/tests/swap-executor-lib" "$how"
 }
@@ -97,7 +99,7 @@ printf '%s (built %s, release, %s)\n' "$commit" "$(date -u '+%Y-%m-%d %H:%M UTC'
 {
   echo "# gpu-bundle: what scripts/gpu-pack.sh built; run scripts/gpu-check.sh on the GPU machine"
   echo "# commit: $(cat "$OUT/COMMIT")"
-  for f in "$OUT"/bin/* "$OUT"/tests/*; do
+  for f in "$OUT"/bin/* "$OUT"/tests/* "$OUT"/python/*; do
     cuda=no
     if command -v readelf >/dev/null && readelf -d "$f" | grep -q 'libtorch_cuda'; then cuda=yes; fi
     printf '%-32s %10d bytes  links libtorch_cuda: %s\n' "${f#"$OUT"/}" "$(bytes "$f")" "$cuda"

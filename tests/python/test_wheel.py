@@ -6,8 +6,9 @@ installed with pip into a new `python3.11 -m venv`, dependencies and all;
 nothing of the repository's `.venv` is visible there. From that
 environment:
 
-* the wheel holds every file of the Python package and a manylinux binary
-  that needs only glibc, libm and libgcc_s; its metadata requires grpcio,
+* the wheel holds every file of the Python package, its Rust core (the
+  abi3 extension module ``tensile._core``) and a manylinux binary, both
+  needing only glibc, libm and libgcc_s; its metadata requires grpcio,
   protobuf and onnxruntime 1.31.1, and torch only as an extra;
 * `tensile-scheduler` on the environment's PATH reports the package's
   version, serves on a Unix socket (`--device a6000 --budget-mb 1000
@@ -16,6 +17,11 @@ environment:
   map, with ORT_DYLIB_PATH unset), and a `tensile.Client` imported from the
   environment (not from the repository, and without torch) registers a job
   and receives its plan; SIGTERM stops the scheduler with status 0;
+* with torch borrowed (below), ``tensile.plan()`` plans a model in the
+  process, with no scheduler and no ``tensilectl`` on PATH or in
+  ``TENSILECTL``, its learned CPU latency models on the environment's own
+  ONNX Runtime, and ``tensile.apply`` trains the model under that plan
+  bit-identically to plain training;
 * `tests/python/test_ray.py` runs with the environment's Python, Ray and
   pytest installed there from the wheel's `ray` extra. torch is borrowed
   from the repository's `.venv` (a `.pth` line after the environment's own
@@ -87,7 +93,11 @@ class Env:
         """This process's environment with the venv's scripts first on PATH,
         the venv activated, and nothing that points at the repository's
         builds or libraries."""
-        env = {k: v for k, v in os.environ.items() if k not in ("ORT_DYLIB_PATH", "TENSILE_SCHEDULER", "TENSILE_SCHEDULER_BIN", "PYTHONPATH", "PYTHONHOME")}
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("ORT_DYLIB_PATH", "TENSILE_SCHEDULER", "TENSILE_SCHEDULER_BIN", "TENSILECTL", "PYTHONPATH", "PYTHONHOME")
+        }
         env["PATH"] = f"{self.bin}{os.pathsep}{env.get('PATH', '')}"
         env["VIRTUAL_ENV"] = str(self.root)
         return env
@@ -208,19 +218,25 @@ def test_the_wheel_holds_the_package_and_a_manylinux_binary(wheel: Path, tmp_pat
         binary = tmp_path / "tensile-scheduler"
         binary.write_bytes(z.read(f"{data}/tensile-scheduler"))
         binary.chmod(0o755)
+        extension = tmp_path / "_core.abi3.so"
+        extension.write_bytes(z.read("tensile/_core.abi3.so"))
         trace_script = z.read(f"{data}/tensile-trace").decode()
 
-    # Every module and stub of the package, and nothing else of its folder (no caches).
+    # Every module and stub of the package, its extension module, and nothing
+    # else of its folder (no caches, not the editable install's own build).
     on_disk = {f"tensile/{p.relative_to(PACKAGE).as_posix()}" for p in PACKAGE.rglob("*") if p.suffix in (".py", ".pyi") and "__pycache__" not in p.parts}
     in_wheel = {n for n in names if n.startswith("tensile/")}
-    assert in_wheel == on_disk
+    assert in_wheel == on_disk | {"tensile/_core.abi3.so"}
     assert wheel.name == f"tensile-{version}-{tags[0]}.whl"
-    assert len(tags) == 1 and re.fullmatch(r"py3-none-manylinux_2_\d+_x86_64", tags[0]), tags
+    assert len(tags) == 1 and re.fullmatch(r"cp311-abi3-manylinux_2_\d+_x86_64", tags[0]), tags
 
-    # The binary links only what every glibc system has: nothing for auditwheel to bundle.
-    ldd = subprocess.run(["ldd", str(binary)], capture_output=True, text=True, check=True).stdout
-    linked = {line.split()[0].rsplit("/", 1)[-1] for line in ldd.splitlines() if line.strip()}
-    assert linked and linked <= SYSTEM_LIBS, f"the binary links {sorted(linked - SYSTEM_LIBS)}"
+    # The binary and the extension link only what every glibc system has:
+    # nothing for auditwheel to bundle (the extension takes Python's symbols
+    # from the interpreter, and loads ONNX Runtime at run time).
+    for built in (binary, extension):
+        ldd = subprocess.run(["ldd", str(built)], capture_output=True, text=True, check=True).stdout
+        linked = {line.split()[0].rsplit("/", 1)[-1] for line in ldd.splitlines() if line.strip()}
+        assert linked and linked <= SYSTEM_LIBS, f"{built.name} links {sorted(linked - SYSTEM_LIBS)}"
 
     assert requirements(wheel) == ["grpcio>=1.76.0,<2", "protobuf>=6.31.1,<7", "onnxruntime==1.31.1"]
     assert [r.split(">")[0] for r in requirements(wheel, "torch")] == ["torch"]
@@ -309,6 +325,73 @@ def wait_for_line(log: Path, text: str, proc: subprocess.Popen[bytes], timeout_s
         time.sleep(0.05)
 
 
+def test_the_wheel_plans_in_the_process_with_no_scheduler_and_no_tensilectl(env: Env) -> None:
+    # Borrowed for this step only: pip would take the repository's packages
+    # on that path as installed (the Ray step installs its own after).
+    borrowed = borrow_torch(env)
+    try:
+        with timed("tensile.plan and tensile.apply from the wheel"):
+            out = env.run(env.python, "-c", PLAN_HERE, timeout=600)
+    finally:
+        borrowed.unlink()
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    site = env.site_packages()
+    assert Path(seen["core"]).resolve().parent == site / "tensile"
+    assert seen["tensilectl"] is None and not seen["TENSILECTL"]
+    assert seen["events"] > 0 and seen["ops"] > 0 and seen["device"] == "cpu"
+    assert seen["ort"] and Path(seen["ort"]).resolve().parent == site / "onnxruntime" / "capi", seen["ort"]
+    assert seen["identical"], "training under the plan differs from plain training"
+
+
+#: Run by the fresh venv's Python (torch borrowed): plans a small model with
+#: tensile.plan() (no server), trains it under the plan and plainly, and
+#: prints what it saw.
+PLAN_HERE = textwrap.dedent(
+    """
+    import json, os, shutil
+    from pathlib import Path
+    # No tensilectl anywhere: planning must not need one.
+    os.environ["PATH"] = os.pathsep.join(d for d in os.environ["PATH"].split(os.pathsep) if not os.path.exists(os.path.join(d, "tensilectl")))
+    import torch
+    from torch.nn import functional as F
+    import tensile
+
+    def model():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
+
+    g = torch.Generator().manual_seed(1)
+    data = [(torch.randn(8, 32, generator=g), torch.randint(0, 10, (8,), generator=g)) for _ in range(3)]
+
+    def train(m, plan=None):
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        hook = tensile.apply(plan, m, opt) if plan is not None else None
+        if hook is not None:
+            hook.__enter__()
+        try:
+            for x, y in data:
+                F.cross_entropy(m(x), y).backward()
+                opt.step()
+                opt.zero_grad()
+        finally:
+            if hook is not None:
+                hook.__exit__(None, None, None)
+        return [p.detach().clone() for p in m.parameters()]
+
+    m = model()
+    plan = tensile.plan(m, torch.optim.SGD(m.parameters(), lr=0.1), data[0], F.cross_entropy)
+    plain, hooked = train(model()), train(model(), plan)
+    ort = [line.split()[-1] for line in Path("/proc/self/maps").read_text().splitlines() if "libonnxruntime.so" in line]
+    print(json.dumps({
+        "core": tensile._core.__file__, "tensilectl": shutil.which("tensilectl"), "TENSILECTL": os.environ.get("TENSILECTL"),
+        "events": len(plan.events), "ops": len(plan.ops), "device": plan.report["device"],
+        "ort": ort[0] if ort else None,
+        "identical": all(torch.equal(a, b) for a, b in zip(plain, hooked)),
+    }))
+    """
+)
+
+
 # ---------------------------------------------------------------------------
 # Hook: tests/python/test_ray.py (tensile.ray on a multi-node Ray cluster)
 # with the fresh environment's Python, so that its schedulers are the
@@ -346,10 +429,13 @@ WHERE = textwrap.dedent(
 )
 
 
-def borrow_torch(env: Env) -> None:
+def borrow_torch(env: Env) -> Path:
     """Makes the repository's torch importable in ``env`` after its own
-    packages (see the module's docstring for why)."""
+    packages (see the module's docstring for why); the ``.pth`` file that
+    does it."""
     import torch
 
     repo_site = Path(torch.__file__).resolve().parents[1]
-    (env.site_packages() / "zz-borrowed-torch.pth").write_text(f"{repo_site}\n")
+    pth = env.site_packages() / "zz-borrowed-torch.pth"
+    pth.write_text(f"{repo_site}\n")
+    return pth
