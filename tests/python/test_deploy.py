@@ -67,9 +67,11 @@ def load_prolog() -> ModuleType:
 
 
 def run_prolog(env: dict[str, str], direct: bool = False) -> list[str]:
-    """Runs the TaskProlog as slurmd would, in exactly ``env``; its output lines."""
+    """Runs the TaskProlog as slurmd would, in exactly ``env`` (and the
+    scheduler binary it asks for the endpoint rule); its output lines."""
     cmd = [str(PROLOG)] if direct else [sys.executable, str(PROLOG)]
-    out = subprocess.run(cmd, env={"PATH": os.environ["PATH"], **env}, capture_output=True, text=True, timeout=30)
+    env = {"PATH": os.environ["PATH"], "TENSILE_SCHEDULER_BIN": SCHEDULER, **env}
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, f"the TaskProlog failed (it must never fail a task): {out.stderr}"
     assert out.stderr == "", f"slurmd discards a TaskProlog's stderr, so nothing may go there: {out.stderr}"
     return out.stdout.splitlines()
@@ -275,6 +277,7 @@ def test_the_dockerfile_pins_are_setup_sh_pins():
     assert args["TORCH_VERSION"] == pins["torch"]
     assert args["TORCHVISION_VERSION"] == pins["torchvision"]
     assert args["ONNXRUNTIME_VERSION"] == pins["onnxruntime"]
+    assert args["MATURIN_VERSION"] == pins["maturin"]
     # The Python stubs name the grpcio-tools that generated them and the
     # protobuf they need; the image installs that grpcio and such a protobuf.
     stubs = ROOT / "clients" / "python" / "src" / "tensile" / "v1"
@@ -675,7 +678,7 @@ def test_a_real_scheduler_opened_to_every_user_and_found_by_the_taskprolog(sched
     if before is not None:
         assert before.returncode != 0 and "Permission denied" in before.stderr, "a socket is closed to other users at first"
     # tensile-open-sockets waits for the scheduler to be up, then opens its sockets.
-    opened = subprocess.run([str(OPEN_SOCKETS), str(d), "20"], capture_output=True, text=True, timeout=60)
+    opened = open_sockets(str(d), "20")
     assert opened.returncode == 0, opened.stderr
     assert opened.stdout.strip() == f"tensile-open-sockets: 2 socket(s) in {d} open to every local user"
     for n in (0, 1):
@@ -727,16 +730,27 @@ def test_a_real_scheduler_opened_to_every_user_and_found_by_the_taskprolog(sched
     assert dead.returncode != 0
 
 
+def open_sockets(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """tensile-open-sockets with the scheduler binary it asks for the sockets."""
+    env = {**os.environ, "TENSILE_SCHEDULER_BIN": SCHEDULER, **(env or {})}
+    return subprocess.run([str(OPEN_SOCKETS), *args], env=env, capture_output=True, text=True, timeout=60)
+
+
 def test_open_sockets_names_what_never_came(tmp_path):
-    out = subprocess.run([str(OPEN_SOCKETS), str(tmp_path), "1"], capture_output=True, text=True, timeout=30)
+    out = open_sockets(str(tmp_path), "1")
     assert out.returncode == 1
     assert f"after 1s there is still no {tmp_path}/gpus.json" in out.stderr
+    (tmp_path / "gpus.json").write_text('{"gpus": []}')
+    out = open_sockets(str(tmp_path), "1")
+    assert out.returncode == 1 and f"still no valid {tmp_path}/gpus.json" in out.stderr and "lists no GPU" in out.stderr
     write_gpus_json(tmp_path, {0: GB, 1: GB})
     s = listen(tmp_path / "gpu0.sock")
     try:
-        out = subprocess.run([str(OPEN_SOCKETS), str(tmp_path), "1"], capture_output=True, text=True, timeout=30)
+        out = open_sockets(str(tmp_path), "1")
     finally:
         s.close()
     assert out.returncode == 1 and f"still no {tmp_path}/gpu1.sock" in out.stderr
-    out = subprocess.run([str(OPEN_SOCKETS), str(tmp_path), "soon"], capture_output=True, text=True, timeout=30)
+    out = open_sockets(str(tmp_path), "soon")
     assert out.returncode == 2 and "TIMEOUT_S must be a whole number" in out.stderr
+    out = open_sockets(str(tmp_path), "1", env={"TENSILE_SCHEDULER_BIN": str(tmp_path / "nope")})
+    assert out.returncode == 1 and "not found (set TENSILE_SCHEDULER_BIN" in out.stderr
