@@ -51,12 +51,18 @@ want="$(printf '%s\n' "${pins[@]}"; sha256sum clients/python/pyproject.toml 2>/d
 core_stamp="$venv/.tensile-core"
 
 # The Rust core's sources, as one hash: every Rust, manifest and proto file
-# of the workspace (git's list, untracked files included), the lock file,
-# and the device profiles the crates embed.
+# of the workspace (git's list, untracked files included; outside a git
+# checkout, find's), the lock file, and the device profiles the crates
+# embed.
 rust_sources() {
-  git ls-files -z --cached --others --exclude-standard -- \
-    '*.rs' '*.toml' '*.proto' Cargo.lock 'latency-model/profiles/*' 'latency-model/models/cpu/roofline.json' |
-    sort -z | xargs -0 sha256sum | sha256sum
+  if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+    git ls-files -z --cached --others --exclude-standard -- \
+      '*.rs' '*.toml' '*.proto' Cargo.lock 'latency-model/profiles/*' 'latency-model/models/cpu/roofline.json'
+  else
+    find . \( -path ./target -o -path ./.venv -o -path ./.git \) -prune -o -type f \
+      \( -name '*.rs' -o -name '*.toml' -o -name '*.proto' -o -name Cargo.lock \
+      -o -path './latency-model/profiles/*' -o -path ./latency-model/models/cpu/roofline.json \) -print0
+  fi | sort -z | xargs -0 sha256sum | sha256sum
 }
 
 # Builds tensile._core in place, next to the package's sources.
