@@ -334,7 +334,8 @@ impl Session {
 
     /// Queues the iteration's report (sent only with one latency per op
     /// of the graph) and returns the plan to switch to, if a newer one
-    /// than the one running has arrived. Never blocks on the network.
+    /// than the one running has arrived ([`Session::take_plan`]). Never
+    /// blocks on the network.
     pub fn iteration_done(&self, report: Report) -> Option<PushedPlan> {
         if report.op_latency_s.len() == self.ops
             && let Some(tx) = lock(&self.reports).as_ref()
@@ -343,6 +344,12 @@ impl Session {
             // loop then trains on without reports.
             let _ = tx.send(report);
         }
+        self.take_plan()
+    }
+
+    /// The plan to switch to, if a newer one than the one running has
+    /// arrived, marked as the one the loop runs from now; no report.
+    pub fn take_plan(&self) -> Option<PushedPlan> {
         self.inner.update(|s| {
             let newest = s.newest.clone()?;
             if s.applied == Some(newest.key()) {

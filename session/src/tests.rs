@@ -89,6 +89,10 @@ fn a_restarted_schedulers_first_plan_is_new_though_its_job_id_and_version_are_no
         .expect("the new registration's plan");
     assert_eq!(got.key(), (2, 1));
     assert!(session.iteration_done(report(3)).is_none());
+    // Taken without a report, as at a first step that waits for its plan.
+    session.inner.update(|s| s.newest = Some(plan(2, 2)));
+    assert_eq!(session.take_plan().map(|p| p.key()), Some((2, 2)));
+    assert!(session.take_plan().is_none());
 }
 
 #[test]

@@ -181,6 +181,14 @@ impl Session {
         pushed.map(|p| self.pushed(py, &p)).transpose()
     }
 
+    /// The plan to switch to, `(job_id, registration, version, plan)`, if
+    /// a newer one than the one running has arrived, marked as the one
+    /// running from now; no report is sent.
+    fn take_plan<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyTuple>>> {
+        let pushed = self.session.take_plan();
+        pushed.map(|p| self.pushed(py, &p)).transpose()
+    }
+
     /// Blocks (without the GIL) until the newest plan received is not
     /// `other_than` (a `(registration, version)`; `None`: the plan applied
     /// last; `(0, 0)`: any plan), and returns it as `iteration_done`

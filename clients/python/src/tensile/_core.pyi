@@ -113,6 +113,8 @@ class Session:
     def iteration_done(self, measurements: Mapping[str, Any]) -> tuple[int, int, int, dict[str, Any]] | None:
         """Queues a report; ``(job_id, registration, version, plan)`` of a
         newer plan, if one arrived."""
+    def take_plan(self) -> tuple[int, int, int, dict[str, Any]] | None:
+        """The newer plan to switch to, if one arrived, without a report."""
     def wait_for_plan(
         self, timeout_s: float, other_than: tuple[int, int] | None = None
     ) -> tuple[int, int, int, dict[str, Any]] | None: ...

@@ -137,6 +137,12 @@ class Session:
         to, if a newer one than the one running has arrived."""
         return self._pushed(self._core.iteration_done(measurements))
 
+    def take_plan(self) -> PushedPlan | None:
+        """The plan to switch to, if a newer one than the one running has
+        arrived (marked as running from now), without a report: what a first
+        step that waited for its job's admission takes."""
+        return self._pushed(self._core.take_plan())
+
     def wait_for_plan(self, timeout_s: float, *, other_than: tuple[int, int] | None = None) -> PushedPlan | None:
         """Blocks until the newest plan received is not ``other_than`` (a
         :attr:`PushedPlan.key`; default: the plan applied last; ``(0, 0)``:
