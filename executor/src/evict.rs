@@ -7,6 +7,7 @@
 //! [`ExecOptions::evict_budget_bytes`]: crate::ExecOptions::evict_budget_bytes
 
 use tensile_graph::{OpId, StorageId};
+use tensile_planner::guard::{Candidate, victims};
 use tensile_swap_executor::{CopyEngine, Dir};
 
 use crate::guard::Room;
@@ -98,7 +99,7 @@ impl<C: CopyEngine> Executor<'_, C> {
             self.blocked = Some((op, need, budget));
             return Room::Full;
         }
-        let mut victims: Vec<(u64, StorageId)> = (0..self.slots.len())
+        let candidates: Vec<Candidate> = (0..self.slots.len())
             .map(|i| StorageId(i as u32))
             .filter(|s| {
                 let slot = &self.slots[s.index()];
@@ -112,23 +113,19 @@ impl<C: CopyEngine> Executor<'_, C> {
                     && !touched.contains(s)
             })
             // Capuchin: least recently used first. The guard: the one used
-            // again last first (for storage the plan swaps anyway that is
-            // its swap-out done early, and nothing comes back sooner).
+            // again last first (`tensile_planner::guard`, the hook's rule too).
             .map(|s| {
-                let key = if guard {
-                    u64::MAX - self.next_use(s)
+                let bytes = self.bytes(s);
+                if guard {
+                    Candidate::used_again_last(s.0, bytes, self.next_use(s))
                 } else {
-                    self.last_use[s.index()]
-                };
-                (key, s)
+                    Candidate::least_recently_used(s.0, bytes, self.last_use[s.index()])
+                }
             })
             .collect();
-        victims.sort_unstable();
-        for (_, s) in victims {
-            if self.mem.saturating_sub(freeing) + need <= budget {
-                break;
-            }
-            let bytes = self.bytes(s);
+        for c in victims(candidates, self.mem.saturating_sub(freeing), need, budget) {
+            let s = StorageId(c.storage);
+            let bytes = c.bytes;
             self.cur
                 .evictions
                 .push((self.live.storages[s.index()].root, op));
@@ -143,7 +140,6 @@ impl<C: CopyEngine> Executor<'_, C> {
             self.slots[s.index()].host = Host::Writing { copy, keep: false };
             self.cur.passive_swaps += 1;
             self.cur.swapped_bytes += bytes;
-            freeing += bytes;
             let end = Wake::of(copy);
             soonest = Some(soonest.map_or(end, |x| x.min(end)));
         }

@@ -19,6 +19,8 @@
 //!   swaps whose prefetch the job waits for, by a unified MSPS.
 //! - `gate`: iteration gates (a period and a phase per coordinated job) and
 //!   the drivers' clock of slots.
+//! - `guard`: which resident storages a memory limit's guard moves first
+//!   (the executor's and the PyTorch hook's one rule).
 //! - `align`: memory curves on one periodic time line, the peak of their
 //!   aligned sum, the phases that make it lowest.
 //! - `coord`: coordinated jobs planned on one common time line (one cycle,
@@ -45,6 +47,7 @@ mod config;
 mod coord;
 mod emit;
 mod gate;
+pub mod guard;
 mod host_copies;
 mod intervals;
 mod job;

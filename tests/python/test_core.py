@@ -148,3 +148,13 @@ def test_the_module_links_no_libtorch():
     linked = subprocess.run(["ldd", _core.__file__], capture_output=True, text=True, check=True).stdout
     assert "libtorch" not in linked and "libc10" not in linked, linked
     assert "libpython" not in linked, "an extension module leaves the interpreter's symbols to the interpreter"
+
+
+def test_the_guard_moves_the_storage_used_again_last_first():
+    """The executor's rule (tensile_planner::guard) through the binding: 400
+    bytes held plus 100 wanted under 300 moves two, the one needed last
+    first; nothing moves when it fits; ties go by storage id."""
+    candidates = [(1, 100, 10), (2, 100, 50), (3, 100, 30), (4, 100, 2**64 - 1)]
+    assert _core.guard_victims(candidates, 400, 100, 300) == [4, 2]
+    assert _core.guard_victims(candidates, 100, 100, 300) == []
+    assert _core.guard_victims([(7, 10, 5), (3, 10, 5)], 20, 0, 5) == [3, 7]

@@ -17,6 +17,8 @@
 //!   format (`tensile_proto::plan_json`).
 //! - `gate`: `Gate`, `GateClock`, `gate_of()`, `pace_of()`,
 //!   `pace_from_seconds()` (`tensile_planner::gate`).
+//! - `guard`: `guard_victims()`, which storages a memory limit's guard
+//!   moves first (`tensile_planner::guard`, the executor's rule).
 //! - `session`: `Session`, the job's side of the scheduler
 //!   (`tensile-session`, what `tensile-worker` runs).
 //! - `endpoint`: where a job's scheduler listens
@@ -25,6 +27,7 @@
 mod convert;
 mod endpoint;
 mod gate;
+mod guard;
 mod plan_format;
 mod planning;
 mod session;
@@ -52,7 +55,8 @@ create_exception!(
 );
 
 /// The Rust core of the `tensile` package: the planner, the plan format,
-/// the gate clock, the session protocol and the endpoint rule.
+/// the gate clock, the memory guard's choice, the session protocol and the
+/// endpoint rule.
 #[pyo3::pymodule]
 mod _core {
     use pyo3::prelude::*;
@@ -66,6 +70,8 @@ mod _core {
     };
     #[pymodule_export]
     use crate::gate::{Gate, GateClock, gate_of, pace_from_seconds, pace_of};
+    #[pymodule_export]
+    use crate::guard::guard_victims;
     #[pymodule_export]
     use crate::plan_format::{plan_from_wire, read_plan};
     #[pymodule_export]

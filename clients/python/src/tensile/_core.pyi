@@ -92,6 +92,14 @@ def pace_of(plan: Mapping[str, Any], n_ops: int) -> list[int]:
 def pace_from_seconds(starts_s: Sequence[float], n_ops: int) -> list[int]:
     """A pace from the wire (seconds) in ns, checked."""
 
+# -- the memory guard ---------------------------------------------------------
+
+def guard_victims(candidates: Sequence[tuple[int, int, int]], held: int, need: int, limit: int) -> list[int]:
+    """The storages to move off the device, in order, so that ``held +
+    need`` bytes fit under ``limit``: from ``(storage, bytes, next_use)``
+    candidates, the one used again last first, ties by storage id (the
+    executor's rule)."""
+
 # -- the session protocol ---------------------------------------------------
 
 class Session:
