@@ -113,7 +113,8 @@ def batches(device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
 def run(model: torch.nn.Module, data, tmp_path: Path, fake: bool):
     opt = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=False)
     plan = tensile.plan(model, opt, data[0], F.cross_entropy, workdir=tmp_path)
-    with tensile.apply(plan, model, opt) as hook:
+    # Every step checked op by op, so every step is timed.
+    with tensile.apply(plan, model, opt, check="ops") as hook:
         if fake:
             # The CUDA path on the CPU: event timing in place of the call's own.
             hook.measure = False

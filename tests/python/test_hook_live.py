@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -169,19 +170,21 @@ def test_reports_each_step_and_applies_pushed_plans_at_step_boundaries(scheduler
 
     assert_bit_identical(plain, hooked)
     status = seen["status"]
-    reported = sum(1 for s in hook.stats if len(s.op_ns) == len(plan.ops))
-    assert reported == STEPS - 1  # every step but Adam's state-creating first
+    # Every step's report but the first's carries latencies: step 1 is
+    # checked and timed (step 0 creates Adam's state), the later ones
+    # report its latencies.
+    reported = sum(1 for i in range(STEPS) if hook.measurements(i)["op_latency_s"])
+    assert reported == STEPS - 1 and [s.mode for s in hook.stats[:3]] == ["checked", "checked", "fast"]
     assert status.iterations_reported == reported == session.reports_sent
     assert status.latency_source == "measured"  # the reports replaced the cold start's latencies
     assert status.reported_peak_bytes == hook.stats[-1].peak_saved_bytes > 0
     assert not session.refused
 
-    # The plan each step ran: the one given to apply first; the job's first
-    # plan from step 2 on at the latest (it arrived after step 0); the
-    # re-plan after step 1's report from step 3; the budget's from step 5.
+    # The plan each step ran: the job's first plan from the first step (the
+    # first step waits for the registration and takes it); the re-plan
+    # after step 1's report from step 3; the budget's from step 5.
     runs = [(s.plan_job, s.plan_version) for s in hook.stats]
-    assert runs[0] == (0, plan.plan["version"]), runs
-    assert all(j == job.id for j, _ in runs[2:]), runs
+    assert all(j == job.id for j, _ in runs), runs
     versions = [v for _, v in runs[2:]]
     assert versions == sorted(versions), runs
     assert runs[3][1] > runs[2][1], runs
@@ -319,26 +322,40 @@ def test_a_restarted_scheduler_gets_the_job_back(tmp_path, plain, caplog):
             s.stop()
 
 
-def test_a_queued_job_trains_with_the_plan_given_and_stays_one_job(tmp_path, plain, caplog):
-    """A budget no plan fits: the scheduler queues the job. Training goes
-    on with the plan given to apply (said once), no report is sent (there
-    is no plan to report on), and the queued job is neither re-registered
-    nor left behind."""
+def test_a_queued_job_waits_at_its_first_step_until_it_is_admitted(tmp_path, plain, caplog):
+    """A budget no plan fits: the scheduler queues the job, and its first
+    step waits (said with the scheduler's reason) instead of training on a
+    plan the scheduler has not admitted. Once the budget is raised the job
+    is admitted, trains on the scheduler's plan, bit-identical, and the
+    queued job was never registered twice or left behind."""
     server = Scheduler(tmp_path, budget_mb=1)
     try:
         model = encoder()
         optimizer = adam(model)
         plan = tensile.plan(model, optimizer, batches(1)[0], F.cross_entropy, workdir=tmp_path / "plan")
         caplog.set_level(logging.WARNING, logger="tensile.hook")
-        with tensile.apply(plan, model, optimizer, server=server.address) as hook:
-            hooked = train(model, optimizer, batches(), lambda i: time.sleep(0.2))
-            time.sleep(0.5)
-            assert hook.session.state == "JOB_STATE_QUEUED"
-            assert job_ids(server.address) == {hook.session.job.id}
-        assert_bit_identical(plain, hooked)
-        assert hook.session.reports_sent == 0 and all(s.plan_job == 0 for s in hook.stats)
+        out: dict = {}
+
+        def run() -> None:
+            with tensile.apply(plan, model, optimizer, server=server.address) as hook:
+                out["hook"] = hook
+                out["params"] = train(model, optimizer, batches())
+
+        worker = threading.Thread(target=run)
+        worker.start()
+        time.sleep(3.0)
+        hook = out["hook"]
+        assert worker.is_alive() and hook.stats == [], "a step ran before the scheduler admitted the job"
+        assert hook.session.state == "JOB_STATE_QUEUED" and job_ids(server.address) == {hook.session.job.id}
+        with tensile.Client(server.address) as admin:
+            admin.set_budget(4096 * 10**6, admin_token=ADMIN)
+        worker.join(timeout=120)
+        assert not worker.is_alive()
+        assert_bit_identical(plain, out["params"])
+        assert all(s.plan_job == hook.session.received[0][0] for s in hook.stats), "a step ran on the plan given"
         said = [r.getMessage() for r in caplog.records]
-        assert len(said) == 1 and "is queued" in said[0] and "training goes on" in said[0], said
+        assert any("queued job" in m and "waits until it is admitted" in m for m in said), said
+        assert any("admitted after" in m for m in said), said
         assert job_ids(server.address) == set()
     finally:
         server.stop()

@@ -128,9 +128,11 @@ def plan(
     of tensors passed to ``model(*inputs)``, ``target`` what ``loss_fn(output,
     target)`` takes; only their shapes and dtypes are used. ``budget_mb`` (a
     whole number of MB, 10^6 bytes) asks the planner to fit that much; a plan
-    that then recomputes is refused here, since :func:`tensile.apply` cannot
-    recompute in eager mode (see ``docs/framework-hook.md``).
-    ``recompute=False`` plans without recomputation (swaps only).
+    that cannot is returned and said at once (a warning on the ``tensile``
+    logger naming its peak and the lowest peak any plan reaches).
+    ``recompute=False`` plans without recomputation (swaps only);
+    :func:`tensile.apply` rebuilds recomputed tensors from their saved
+    inputs, as checkpointing does.
     ``device_profile`` is a device profile as ``tensilectl --device`` takes
     it (``a6000``, ``h100``, ``paper``, ``cpu`` or a profile file; default:
     see :func:`default_profile`). With ``workdir`` the graph and the plan
@@ -142,11 +144,9 @@ def plan(
     ``tensilectl``), with the GIL released while it plans. With ``server``
     (a scheduler's address: ``unix:PATH``, ``HOST:PORT``, or ``"default"``
     for its default socket) the plan comes from the scheduler's PlanGraph,
-    which touches no registered job, with recomputation turned off
-    (``allow_recompute = false``), since :func:`tensile.apply` cannot
-    recompute. The plan remembers ``server``: :func:`tensile.apply` then
-    registers the job there, reports every step and follows the
-    scheduler's plans.
+    which touches no registered job. The plan remembers ``server``:
+    :func:`tensile.apply` then registers the job there, reports every step
+    and follows the scheduler's plans.
     """
     if not isinstance(model, nn.Module):
         raise PlanError(f"model is a {type(model).__name__}, not an nn.Module")
@@ -183,13 +183,8 @@ def plan(
     else:
         doc, report = _plan_here(graph, budget_mb, profile, recompute)
     planned = Plan(graph, doc, server=server, report=report)
-    recomputes = [e for e in planned.events if e["kind"] == "recompute"]
-    if recomputes:
-        raise PlanError(
-            f"to meet budget_mb={budget_mb} the planner recomputes {len(recomputes)} tensors "
-            f"({recomputes[0]['tensor_name']!r} first), which tensile.apply cannot do in eager mode: "
-            "raise the budget or leave it out"
-        )
+    if budget_mb is not None:
+        _say_if_over(planned, budget_mb)
     if workdir is not None:
         folder = Path(workdir)
         folder.mkdir(parents=True, exist_ok=True)
@@ -227,7 +222,6 @@ def _plan_on_server(server: str, graph: dict[str, Any], budget_mb: int | None, p
                 graph,
                 budget_bytes=(budget_mb or 0) * 1_000_000,
                 device=profile,
-                allow_recompute=False,
             )
     except SchedulerError as e:
         raise PlanError(f"the scheduler could not plan {graph['name']}: {e}") from e
@@ -235,6 +229,26 @@ def _plan_on_server(server: str, graph: dict[str, Any], budget_mb: int | None, p
         return plan_to_file(answer.plan, graph, answer.diagnostics)
     except ValueError as e:
         raise PlanError(f"the scheduler's plan for {graph['name']}: {e}") from None
+
+
+def _say_if_over(planned: Plan, budget_mb: int) -> None:
+    """A plan whose predicted peak is over ``budget_mb`` is said when it is
+    made (a warning on the ``tensile`` logger), with the lowest peak the
+    planner could reach and what to do."""
+    peak = planned.prediction["planned_peak_bytes"]
+    budget = budget_mb * 1_000_000
+    if peak <= budget:
+        return
+    lowest = (planned.report or {}).get("lower_bound_bytes")
+    floor = f"; no plan goes under {lowest / 1e6:.1f} MB (the lower bound)" if lowest else ""
+    log.warning(
+        "tensile.plan: %s's plan peaks at %.1f MB, over budget_mb=%d%s: give a larger budget, a smaller batch, or "
+        "let the scheduler share the device (server=)",
+        planned.graph["name"],
+        peak / 1e6,
+        budget_mb,
+        floor,
+    )
 
 
 def default_profile(device: str) -> str:

@@ -10,16 +10,21 @@
     print(hook.stats[-1])
 
 An iteration is the model's forward call (with gradients on) up to the end
-of ``optimizer.step()``; the ops between must be the ones traced, in order
-(:class:`PlanMismatchError` names the first that differs). What the hook
-does and does not handle is in ``runtime.py``'s docs and ``docs/framework-hook.md``.
+of ``optimizer.step()``. The first one is checked op by op against the
+plan's graph (:class:`PlanMismatchError` names the first op that differs)
+and recorded; the next ones run Python only at the points where the plan
+acts (the saved-tensor hooks, the pre-hooks of the modules holding
+parameters, the optimizer's chunks, the step's start and end), checked
+against that record. What the hook does and does not handle is in
+``runtime.py``'s docs and ``docs/framework-hook.md``.
 
 With a scheduler (``server=``, or a plan made by ``tensile.plan(...,
 server=...)``) the block is also a job of that scheduler: see
-:mod:`tensile.hook.session`. A plan the scheduler coordinates with other
-jobs carries a gate and a pace (:mod:`tensile.hook.gate`), which the hook
-keeps; ``budget_mb=`` bounds the hook's resident saved bytes (the guard in
-``runtime.py``).
+:mod:`tensile.hook.session`; its first step waits while the scheduler has
+not admitted it. A plan the scheduler coordinates with other jobs carries a
+gate and a pace (:mod:`tensile.hook.gate`), which the hook keeps;
+``budget_mb=`` bounds the hook's resident saved bytes (the guard in
+``runtime.py``, whose choice of what to move is the executor's rule).
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from tensile.hook.gate import Gate, GateClock
 from tensile.hook.runtime import Applier, BudgetError, IterationStats, PlanApplyError, PlanMismatchError
 from tensile.hook.schedule import Schedule
 from tensile.hook.session import PushedPlan, Session
+from tensile.hook.store import MIN_MOVE_BYTES, Copies
 from tensile.planning import Plan
 
 __all__ = [
@@ -65,15 +71,33 @@ def apply(
     name: str = "",
     priority: int = 0,
     copies_complete_after: int = 0,
+    check: Literal["step", "ops"] = "step",
+    copies: Copies = "sync",
+    min_move_bytes: int = MIN_MOVE_BYTES,
 ) -> Iterator[Applier]:
     """Applies ``plan`` to every training iteration run inside the block.
 
     Yields the :class:`Applier`, whose ``stats`` list holds one
     :class:`IterationStats` per iteration. On leaving the block (normally or
     on an error) every parameter, buffer and optimizer state tensor is back on
-    its device. ``copies_complete_after`` is a test option for CPU models:
-    each copy then looks in flight for that many op boundaries, as GPU
-    copies are.
+    its device.
+
+    The first step is checked op by op against the plan's graph; the next
+    ones run with Python only at the saved-tensor hooks, the pre-hooks of
+    the modules holding parameters, the optimizer's chunks and the step's
+    ends, each checked against the first step's record (a step that differs,
+    a smaller last batch, runs unplanned from there, said once; the step
+    after it is checked again). ``check="ops"`` checks every step op by op
+    (for debugging: several times slower).
+
+    ``copies`` (CPU models) says how the CPU engine moves bytes: ``"sync"``
+    copies at once, ``"thread"`` on a copy thread, ``"none"`` hands the
+    storage itself over (the CPU's device and host memory being one). On
+    CUDA copies run on a side stream. ``copies_complete_after`` is a test
+    option for CPU models: each copy then looks in flight for that many
+    points, as GPU copies are. Storages under ``min_move_bytes`` (64 KiB by
+    default) are never moved: a copy costs the host microseconds whatever
+    its size, and such storages free next to nothing.
 
     ``budget_mb`` (MB of 10^6 bytes, as ``tensile.plan``'s; any positive
     number; default None: no limit) bounds the hook's *resident saved
@@ -94,16 +118,19 @@ def apply(
 
     ``server`` (``unix:PATH``, ``HOST:PORT``, ``"default"`` for the
     scheduler of the model's GPU, as :func:`tensile.client.resolve_server`
-    finds it; default: the server ``plan`` came from, if
-    any; ``False``: none) makes the block a job of that scheduler, named
-    ``name`` (default: the graph's name): the graph is registered with
-    recomputation off, each step's measured op latencies and late
-    prefetches are reported, the lease is renewed, and a newer plan the
-    scheduler pushes is applied at the next step boundary. Training never
-    waits on the scheduler: when it is unreachable or goes away, training
-    goes on with the plan in use (a warning on the ``tensile.hook``
-    logger) while the session registers again. The job is unregistered on
-    leaving the block.
+    finds it; default: the server ``plan`` came from, if any; ``False``:
+    none) makes the block a job of that scheduler, named ``name`` (default:
+    the graph's name). Its first step waits for the registration's outcome
+    and, while the scheduler has not admitted the job (its budget has no
+    room beside the others), until it does, saying why every 30 s; it then
+    trains on the scheduler's plan. Each step's measurements are reported
+    (with the op latencies of the last step timed op by op: the second step
+    is), the lease is renewed, and a newer plan the scheduler pushes is
+    applied at the next step boundary. Training never waits on a scheduler
+    that does not answer: when it is unreachable or goes away, training goes
+    on with the plan in use (a warning on the ``tensile.hook`` logger) while
+    the session registers again. The job is unregistered on leaving the
+    block.
     """
     if not isinstance(plan, Plan):
         raise PlanApplyError(f"plan is a {type(plan).__name__}, not a tensile Plan (use tensile.plan)")
@@ -113,7 +140,16 @@ def apply(
             f"server is a {type(address).__name__}: give a scheduler's address (unix:PATH, HOST:PORT, "
             "'default'), None or False"
         )
-    applier = Applier(plan, model, optimizer, copies_complete_after, _budget_bytes(budget_mb))
+    applier = Applier(
+        plan,
+        model,
+        optimizer,
+        copies_complete_after,
+        _budget_bytes(budget_mb),
+        check=check,
+        copies=copies,
+        min_move_bytes=min_move_bytes,
+    )
     with contextlib.ExitStack() as stack:
         if address is not False and address is not None:
             target = None if str(address) == "default" else str(address)
@@ -123,14 +159,15 @@ def apply(
             applier.session = session
         stack.callback(applier.finish)
         for handle in (
-            model.register_forward_pre_hook(applier.forward_pre_hook),
+            # The module the plan was traced from (inside a DistributedDataParallel).
+            applier.model.register_forward_pre_hook(applier.forward_pre_hook),
             optimizer.register_step_pre_hook(applier.step_pre_hook),
             optimizer.register_step_post_hook(applier.step_post_hook),
+            *(m.register_forward_pre_hook(applier.module_pre_hook(i)) for i, (m, _) in enumerate(applier.modules)),
         ):
             stack.callback(handle.remove)
         applier.start()
         stack.enter_context(torch.autograd.graph.saved_tensors_hooks(applier.pack, applier.unpack))
-        stack.enter_context(applier)
         yield applier
 
 

@@ -23,6 +23,12 @@ class Event:
     kind: str  # swap_out | swap_in | release | recompute
     storage: int  # root tensor id
     name: str
+    #: When it is due, as a count of the graph's ops done: an ``after`` op
+    #: ``k`` event once op ``k`` has run (``k + 1``), a ``before`` op ``k``
+    #: event before op ``k`` runs (``k``), ``iteration_start`` at 0.
+    due: int = 0
+    #: Its place in the plan's event list (events due together keep it).
+    order: int = 0
 
 
 class Schedule:
@@ -48,11 +54,15 @@ class Schedule:
         self.at_start: list[Event] = []
         self.after: dict[int, list[Event]] = {}
         self.before: dict[int, list[Event]] = {}
-        for e in plan.events:
-            ev = Event(e["kind"], e["tensor"], e["tensor_name"])
-            if e["trigger"] == "iteration_start":
+        self.events: list[Event] = []
+        for i, e in enumerate(plan.events):
+            trigger = e["trigger"]
+            due = 0 if trigger == "iteration_start" else e["trigger_op"] + (trigger == "after")
+            ev = Event(e["kind"], e["tensor"], e["tensor_name"], due, i)
+            self.events.append(ev)
+            if trigger == "iteration_start":
                 self.at_start.append(ev)
-            elif e["trigger"] == "after":
+            elif trigger == "after":
                 self.after.setdefault(e["trigger_op"], []).append(ev)
             else:
                 self.before.setdefault(e["trigger_op"], []).append(ev)
@@ -77,11 +87,46 @@ class Schedule:
             if node is not None:
                 span = spans.setdefault(node, [i, i])
                 span[1] = i
+        #: The optimizer's update parameter by parameter, in update order:
+        #: ``(parameter name, first op, last op)`` from the tracer's op names
+        #: (``<parameter>.update.<op>``), and the persistent storages each
+        #: parameter's ops read or write.
+        self.opt_spans: list[tuple[str, int, int]] = []
+        self.opt_needs: list[tuple[int, ...]] = []
+        for i in range(self.optimizer_start, self.n_ops):
+            param = ops[i]["name"].partition(".update.")[0]
+            if self.opt_spans and self.opt_spans[-1][0] == param:
+                self.opt_spans[-1] = (param, self.opt_spans[-1][1], i)
+            else:
+                self.opt_spans.append((param, i, i))
+        for _, first, last in self.opt_spans:
+            roots = {r for i in range(first, last + 1) for r in self.op_roots[i] if self.kind[r] in PERSISTENT}
+            self.opt_needs.append(tuple(sorted(roots)))
+        #: Storages the plan recomputes, and the producer of each root.
+        self.recomputed = {e.storage for e in self.events if e.kind == "recompute"}
+        self.producer: dict[int, int] = {}
+        for i, op in enumerate(ops):
+            for t in op["outputs"]:
+                self.producer.setdefault(t, i)
         self._node_span = {
             i: (span[0], span[1])
             for i, op in enumerate(ops)
             if (node := op.get("attrs", {}).get(NODE_ATTR)) is not None and (span := spans.get(node))
         }
+
+    def written_after_producer(self, storage: int) -> str | None:
+        """The first op after ``storage``'s producer that writes it in place
+        (re-running the producer alone would not rebuild that value), by
+        label; None when none does."""
+        made = self.producer.get(storage)
+        if made is None:
+            return None
+        for i in range(made + 1, self.backward_start):
+            op = self.plan.ops[i]
+            for a in op.get("aliases", []):
+                if a["kind"] == "in_place" and self.root[op["inputs"][a["input"]]] == storage:
+                    return self.plan.op_label(i)
+        return None
 
     def node_span(self, k: int) -> tuple[int, int]:
         """The ops ``(first, last)`` of the autograd node that runs backward
@@ -145,41 +190,88 @@ class Schedule:
         ends = {r: node_end.get(node, i) if node is not None else i for r, (i, node) in last.items()}
         return {r: (max(first[r], saved_at.get(r, first[r] + 1) - 1), ends[r]) for r in last}
 
-    def predicted_saved_curve(self, after: dict[int, list[Event]] | None = None) -> list[int]:
+    def predicted_saved_curve(self, min_bytes: int = 0) -> list[int]:
         """The plan's prediction of the resident saved bytes after each op of
         the forward and backward passes (index ``k``: after op ``k`` and the
-        events it triggers).
+        events due then, those before op ``k + 1`` included).
 
         A saved storage (:meth:`saved_storages`) counts from its producing op
-        until its last backward read, except while the plan has it on the
-        host: from the op whose ``after`` event swaps it out until the op
-        whose event swaps it back in. Event delays are not modelled: the hook
-        fires an op's events as soon as the op (and autograd's saving of its
-        tensors) is done, and copies on the CPU finish before the next op.
+        until its last backward read, except while the plan has it off the
+        device: from the event that swaps it out (or releases it for a
+        recomputation) to the one that swaps it back in (or recomputes it).
+        Event delays are not modelled: the hook fires an event as soon as
+        its op (and autograd's saving of its tensors) is done. Only storages
+        of at least ``min_bytes`` move, as in the hook.
         """
         saved = self.saved_storages()
         on_host: set[int] = set()
-        for ev in self.at_start:
-            self._apply(ev, on_host)
         starts: dict[int, list[int]] = {}
         for r, (p, _) in saved.items():
             starts.setdefault(p, []).append(r)
+        pending = sorted((e for e in self.events if self.bytes[e.storage] >= min_bytes), key=lambda e: (e.due, e.order))
+        i = 0
         live: set[int] = set()
         curve = []
         for k in range(self.optimizer_start):
             live.update(starts.get(k, []))
-            for ev in (self.after if after is None else after).get(k, []):
-                self._apply(ev, on_host)
+            while i < len(pending) and pending[i].due <= k + 1:
+                self._apply(pending[i], on_host)
+                i += 1
             live = {r for r in live if saved[r][1] > k}
             curve.append(sum(self.bytes[r] for r in live if r not in on_host))
         return curve
 
-    @staticmethod
-    def _apply(ev: Event, on_host: set[int]) -> None:
-        if ev.kind == "swap_out":
+    def _apply(self, ev: Event, on_host: set[int]) -> None:
+        """``on_host``: the storages off the device after ``ev`` (on the host,
+        or released for a recomputation)."""
+        if ev.kind == "swap_out" or (ev.kind == "release" and ev.storage in self.recomputed):
             on_host.add(ev.storage)
-        elif ev.kind == "swap_in":
+        elif ev.kind in ("swap_in", "recompute"):
             on_host.discard(ev.storage)
+
+    def persistent_roots(self) -> list[int]:
+        """The persistent storages the hook holds (parameters, buffers and
+        optimizer state, host scalars such as Adam's step left out)."""
+        return [
+            r
+            for r in sorted(set(self.root))
+            if self.kind[r] in PERSISTENT and self.plan.tensors[r]["shape"] != [] and self.names[r]
+        ]
+
+    def predicted_managed_curve(self, min_bytes: int = 0) -> list[int]:
+        """The plan's prediction of the bytes the hook holds on the device
+        after each op of the whole iteration: the resident saved bytes
+        (:meth:`saved_storages`) plus the persistent storages
+        (:meth:`persistent_roots`), minus what the plan's events have on the
+        host then (or released for a recomputation). Only storages of at
+        least ``min_bytes`` move, as in the hook."""
+        saved = self.saved_storages()
+        persistent = self.persistent_roots()
+
+        def moves(storage: int) -> bool:
+            return self.bytes[storage] >= min_bytes
+
+        off: set[int] = {s for s in self.start_on_host if moves(s)}
+        starts: dict[int, list[int]] = {}
+        for r, (p, _) in saved.items():
+            starts.setdefault(p, []).append(r)
+        pending = sorted((e for e in self.events if moves(e.storage)), key=lambda e: (e.due, e.order))
+        i = 0
+        live: set[int] = set()
+        curve = []
+        for k in range(self.n_ops):
+            live.update(starts.get(k, []))
+            while i < len(pending) and pending[i].due <= k + 1:
+                ev = pending[i]
+                if ev.kind == "swap_out" or (ev.kind == "release" and ev.storage in self.recomputed):
+                    off.add(ev.storage)
+                elif ev.kind in ("swap_in", "recompute"):
+                    off.discard(ev.storage)
+                i += 1
+            live = {r for r in live if saved[r][1] > k}
+            held = sum(self.bytes[r] for r in live if r not in off)
+            curve.append(held + sum(self.bytes[r] for r in persistent if r not in off))
+        return curve
 
     def vanilla_saved_curve(self) -> list[int]:
         """The same curve with no event applied (every saved tensor resident)."""

@@ -5,12 +5,10 @@ logic here.
 A background thread owns the connection; training never waits on it. At
 each step boundary the loop hands the step's measurements to it
 (:meth:`Session.iteration_done`, which returns at once) and takes the
-newest plan if one has arrived since the last boundary. The job is
-registered with recomputation off (the hook cannot recompute in eager
-mode) and a plan that recomputes, or does not fit the graph, is refused,
-never applied. When the scheduler is unreachable, vanishes or no longer
-knows the job, training goes on with the plan it runs while the session
-registers again with backoff. The session's messages go to the
+newest plan if one has arrived since the last boundary. A plan that does
+not fit the graph is refused, never applied. When the scheduler is
+unreachable, vanishes or no longer knows the job, training goes on with the
+plan it runs while the session registers again with backoff. The session's messages go to the
 ``tensile.hook`` logger: one warning per outage, one when the job is
 registered again, one when it is queued.
 """
@@ -80,7 +78,6 @@ class Session:
             self.name,
             priority=priority,
             device_ordinal=device_ordinal(device),
-            allow_recompute=False,
             call_timeout_s=call_timeout_s,
             max_backoff_s=max_backoff_s,
         )
