@@ -177,7 +177,7 @@ def test_reports_each_step_and_applies_pushed_plans_at_step_boundaries(scheduler
     assert reported == STEPS - 1 and [s.mode for s in hook.stats[:3]] == ["checked", "checked", "fast"]
     assert status.iterations_reported == reported == session.reports_sent
     assert status.latency_source == "measured"  # the reports replaced the cold start's latencies
-    assert status.reported_peak_bytes == hook.stats[-1].peak_saved_bytes > 0
+    assert status.reported_peak_bytes == hook.stats[-1].device_peak_bytes == hook.stats[-1].max_managed_bytes > 0
     assert not session.refused
 
     # The plan each step ran: the job's first plan from the first step (the

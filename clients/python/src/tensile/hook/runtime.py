@@ -181,6 +181,11 @@ class IterationStats:
     batches: int = 0
     #: Where a step that differed from the plan's record did (one line).
     diverged: str = ""
+    #: The device memory peak the step reports: on CUDA the caching
+    #: allocator's peak of allocated bytes so far (every tensor of the
+    #: process); on the CPU, where there is no allocator statistic, the most
+    #: bytes the hook held (``max_managed_bytes``).
+    device_peak_bytes: int = 0
     #: The op latencies the step reports to a scheduler: its own when it
     #: timed every op, else those of the last step before it that did.
     reported_ns: dict[int, int] = dataclasses.field(default_factory=dict, repr=False)
@@ -333,6 +338,9 @@ class Applier(TorchDispatchMode):
         self.storages: list[int] = []
         self.clocks: list[int] = []
         self.fire_at: list[list[Event]] = []
+        #: Per module and per optimizer chunk, the persistent storages it needs.
+        self.module_res: list[list[Residence]] = []
+        self.chunk_res: list[list[Residence]] = []
         self.need_points: dict[int, list[int]] = {}
         self.point = 0
         self.recheck = False
@@ -343,6 +351,8 @@ class Applier(TorchDispatchMode):
         self.said: set[str] = set()
         #: Op latencies of the last fully timed step (for the scheduler).
         self.last_op_ns: dict[int, int] = {}
+        #: Parameters with optimizer state when it was last registered.
+        self.state_count = -1
         self._register_module_tensors()
         #: The model's own parameters and buffers (not its submodules'),
         #: needed when the iteration starts.
@@ -388,11 +398,14 @@ class Applier(TorchDispatchMode):
         self.persist_resident += res.nbytes
 
     def register_optimizer_state(self) -> None:
+        self.state_count = len(self.optimizer.state)
         names = {id(p): n for n, p in self.model.named_parameters()}
         for p, state in self.optimizer.state.items():
             for key, value in state.items():
                 if isinstance(value, torch.Tensor) and value.device == self.device and id(p) in names:
                     self._register(f"{names[id(p)]}.{key}", value)
+        if self.record is not None:
+            self._place()  # the points' lists of what can move name the new storages too
 
     def _owning_modules(self) -> list[tuple[nn.Module, tuple[int, ...]]]:
         """Each module that holds a planned parameter or buffer itself, with
@@ -638,10 +651,14 @@ class Applier(TorchDispatchMode):
                     self._flush()
                     if self.building is not None:
                         self.building.add(MODULE, self.k, key=index, needs=needs)
-                for sid in needs:
-                    res = self.persist.get(sid)
-                    if res is not None:
-                        self._persist_ready(res)
+                    for sid in needs:
+                        res = self.persist.get(sid)
+                        if res is not None:
+                            self._persist_ready(res)
+                else:
+                    for res in self.module_res[index]:
+                        if res.copy is not None or res.dev is None or not res.obj_on_dev:
+                            self._persist_ready(res)
 
         return hook
 
@@ -723,9 +740,8 @@ class Applier(TorchDispatchMode):
         with self.quiet:
             if self.mode == FAST and not self._at(CHUNK, i):
                 return
-            for sid in self.chunk_needs[i][1]:
-                res = self.persist.get(sid)
-                if res is not None:
+            for res in self.chunk_res[i]:
+                if res.copy is not None or res.dev is None or not res.obj_on_dev:
                     self._persist_ready(res)
 
     def step_post_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -735,6 +751,8 @@ class Applier(TorchDispatchMode):
         stats.calls += 1
         with self.quiet:
             self._restore_groups()
+            if len(self.optimizer.state) != self.state_count:
+                self.register_optimizer_state()  # the first step with state made it
             if self.mode == CHECKED:
                 if not self.fresh_step:
                     self._flush()
@@ -744,9 +762,7 @@ class Applier(TorchDispatchMode):
                 self._fire_now([ev for k in range(self.k, self.s.n_ops) for ev in self.s.before.get(k, [])])
                 self._end_checked()
             elif self.mode == FAST:
-                if self._at(END, None):
-                    pass
-            self.register_optimizer_state()
+                self._at(END, None)
             self._park_start_on_host()
             self._swap_out_overdue()
             if self.timer is not None and stats.mode == CHECKED:
@@ -754,6 +770,9 @@ class Applier(TorchDispatchMode):
             if len(stats.op_ns) == self.s.n_ops:
                 self.last_op_ns = dict(stats.op_ns)
             stats.reported_ns = self.last_op_ns
+            stats.device_peak_bytes = (
+                torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else stats.max_managed_bytes
+            )
             self._sample()
         stats.ops = self.k if stats.mode == CHECKED else self.s.n_ops if stats.mode == FAST else 0
         stats.batches = self.engine.batches - getattr(self, "_batches_before", 0)
@@ -791,6 +810,9 @@ class Applier(TorchDispatchMode):
         events = [e for e in self.s.events if e.kind != "release" or e.storage in self.s.recomputed]
         self.fire_at = place(events, rec, skip=skip, out_at_start=self._parked())
         self.kinds, self.keys, self.storages, self.clocks = rec.kinds, rec.keys, rec.storages, rec.clocks
+        # Each module's and chunk's persistent storages, looked up once.
+        self.module_res = [[self.persist[s] for s in needs if s in self.persist] for _, needs in self.modules]
+        self.chunk_res = [[self.persist[s] for s in needs if s in self.persist] for _, needs in self.chunk_needs]
         self.need_points = {}
         for p, (kind, needs) in enumerate(zip(rec.kinds, rec.needs)):
             for sid in needs:
@@ -1205,7 +1227,7 @@ class Applier(TorchDispatchMode):
             for r in pouts:
                 if r.copy is None:
                     # The copy completed at once (a synchronous engine).
-                    r.obj.data = view_of(r.host.untyped_storage(), *r.meta)  # type: ignore[union-attr]
+                    self._point_obj_at_host(r)
                     self.persist_resident -= r.nbytes
             for r in (*outs, *pouts):
                 self._after_copy(r)
@@ -1283,7 +1305,7 @@ class Applier(TorchDispatchMode):
         elif out:
             res.dev = None  # only now: the copy reading it has completed
             if res.obj is not None:
-                res.obj.data = view_of(res.host.untyped_storage(), *res.meta)  # type: ignore[union-attr]
+                self._point_obj_at_host(res)
                 self.persist_resident -= res.nbytes
             else:
                 _drop_views(res)
@@ -1298,9 +1320,15 @@ class Applier(TorchDispatchMode):
         self._recount(res)
 
     def _point_obj_at_device(self, res: Residence) -> None:
-        obj = res.obj
-        if obj is not None and res.dev is not None and obj.untyped_storage()._cdata != res.dev._cdata:
-            obj.data = view_of(res.dev, *res.meta)
+        if not res.obj_on_dev and res.obj is not None and res.dev is not None:
+            res.obj.data = view_of(res.dev, *res.meta)
+            res.obj_on_dev = True
+
+    def _point_obj_at_host(self, res: Residence) -> None:
+        """A persistent storage's object points at its host copy (its device
+        bytes are gone)."""
+        res.obj.data = view_of(res.host.untyped_storage(), *res.meta)  # type: ignore[union-attr]
+        res.obj_on_dev = False
 
     def _persist_out(self, batch: list[Residence]) -> None:
         self._start([], [], batch, ())
@@ -1473,7 +1501,7 @@ class Applier(TorchDispatchMode):
             self._unpack_point(h.point, h)
         res = h.res
         if res.obj is not None:
-            if not res.on_device or res.copy is not None or res.obj.untyped_storage()._cdata != res.dev._cdata:  # type: ignore[union-attr]
+            if res.dev is None or res.copy is not None or not res.obj_on_dev:
                 with self.quiet:
                     self._persist_ready(res)
             if h.tensor is not None:
@@ -1775,8 +1803,7 @@ class Applier(TorchDispatchMode):
         ``ReportLatenciesRequest``: ``op_latency_s`` (by op id, from the step
         itself or the last step before it that timed every op: a checked step
         after the optimizer's first; empty before one), ``stall_s``, ``late_prefetches``,
-        ``passive_swaps`` and ``peak_bytes`` (the resident saved bytes' peak:
-        the hook does not see the rest of the memory)."""
+        ``passive_swaps`` and ``peak_bytes`` (``stats.device_peak_bytes``)."""
         stats = self.stats[index]
         timed = stats.reported_ns
         complete = len(timed) == self.s.n_ops
@@ -1787,7 +1814,7 @@ class Applier(TorchDispatchMode):
             "stall_s": stats.stall_ns / 1e9,
             "late_prefetches": list(stats.late_prefetches),
             "passive_swaps": stats.passive_swaps,
-            "peak_bytes": stats.peak_saved_bytes,
+            "peak_bytes": stats.device_peak_bytes,
         }
 
 

@@ -112,6 +112,7 @@ class Residence:
         "obj",
         "meta",
         "dropped",
+        "obj_on_dev",
     )
 
     def __init__(self, storage_id: int, name: str, device: torch.device, nbytes: int) -> None:
@@ -136,6 +137,8 @@ class Residence:
         #: Released for a planned recomputation: no bytes anywhere until it
         #: is rebuilt.
         self.dropped = False
+        #: ``obj`` points at ``dev`` (not at the host copy).
+        self.obj_on_dev = True
 
     @property
     def on_device(self) -> bool:
