@@ -315,6 +315,9 @@ def run_mode(a: argparse.Namespace, mode: str) -> dict[str, Any]:
             ops=h.s.n_ops,
             released=s.released,
             recomputed=s.recomputed,
+            # The process's device memory outside its tensors, measured after
+            # the third step (CUDA and NVML only).
+            base_mb=None if h.base_bytes is None else round(h.base_bytes / 1e6, 1),
         )
     return row
 

@@ -156,3 +156,51 @@ def test_on_a_gpu_the_hook_reports_op_latencies(tmp_path):
     assert len(lat) == len(plan.ops), "a steady CUDA step reports every op's latency"
     assert all(x >= 0 for x in lat) and sum(lat) > 0
     assert hook.timer.syncs == STEPS
+
+
+def test_the_process_base_is_nvml_s_figure_less_the_allocated_bytes(monkeypatch):
+    """tensile.hook.base on a stand-in NVML: the process is found by pid on
+    the device's PCI bus id; a missing library or process is said, not
+    raised."""
+    import os
+    import types
+
+    from tensile.hook import base
+
+    seen = {}
+
+    class FakeNvml:
+        def init_v2(self):
+            pass
+
+        def shutdown(self):
+            pass
+
+        def device_get_handle_by_pci_bus_id_v2(self, bus):
+            seen["bus"] = bus
+            return 7
+
+        def device_get_compute_running_processes_v3(self, handle):
+            assert handle == 7
+            return types.SimpleNamespace(pid=[1, os.getpid()], used_gpu_memory=[5, 3_000_000_000])
+
+    props = types.SimpleNamespace(pci_domain_id=0, pci_bus_id=0x17, pci_device_id=0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: props)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda d: 1_000_000_000)
+    dev = torch.device("cuda", 0)
+    assert base.base_bytes(dev, FakeNvml()) == (2_000_000_000, "")
+    assert seen["bus"] == "00000000:17:00.0"
+
+    class Absent(FakeNvml):
+        def init_v2(self):
+            raise OSError("libnvidia-ml.so.1: cannot open shared object file")
+
+    measured, why = base.base_bytes(dev, Absent())
+    assert measured is None and "NVML is not available" in why and "libnvidia-ml" in why
+
+    class Elsewhere(FakeNvml):
+        def device_get_compute_running_processes_v3(self, handle):
+            return types.SimpleNamespace(pid=1, used_gpu_memory=5)
+
+    measured, why = base.base_bytes(dev, Elsewhere())
+    assert measured is None and f"no compute process {os.getpid()}" in why

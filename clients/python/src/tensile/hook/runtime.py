@@ -66,6 +66,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from tensile import _core
 from tensile.hook import forms
+from tensile.hook.base import base_bytes
 from tensile.hook.gate import Gate, GateClock, gate_of, pace_of
 from tensile.hook.points import CHUNK, END, KIND_NAMES, MODULE, NONE, PACK, START, UNPACK, Record, chunks_of, place
 from tensile.hook.schedule import PERSISTENT, Event, Schedule
@@ -91,6 +92,10 @@ MAX_CHUNKS = 32
 #: ``fused`` are off, so that updating their parameter groups in chunks
 #: gives the same values.
 PER_TENSOR_OPTIMIZERS = ("SGD", "Adam", "AdamW", "Adamax", "Adagrad", "Adadelta", "RMSprop", "NAdam", "RAdam", "ASGD", "Rprop")
+
+#: Steps after which the process's memory outside its tensors is measured
+#: (the allocator has grown to its steady size by then).
+BASE_AFTER_STEPS = 3
 
 #: How a step runs: checked op by op, on the recorded points, or unplanned.
 CHECKED, FAST, OFF = "checked", "fast", "off"
@@ -351,6 +356,9 @@ class Applier(TorchDispatchMode):
         self.said: set[str] = set()
         #: Op latencies of the last fully timed step (for the scheduler).
         self.last_op_ns: dict[int, int] = {}
+        #: The process's device memory outside its tensors, measured on CUDA
+        #: after the first steps (None: not measured).
+        self.base_bytes: int | None = None
         #: Parameters with optimizer state when it was last registered.
         self.state_count = -1
         self._register_module_tensors()
@@ -773,6 +781,8 @@ class Applier(TorchDispatchMode):
             stats.device_peak_bytes = (
                 torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else stats.max_managed_bytes
             )
+            if self.device.type == "cuda" and len(self.stats) == BASE_AFTER_STEPS:
+                self._measure_base()
             self._sample()
         stats.ops = self.k if stats.mode == CHECKED else self.s.n_ops if stats.mode == FAST else 0
         stats.batches = self.engine.batches - getattr(self, "_batches_before", 0)
@@ -780,6 +790,20 @@ class Applier(TorchDispatchMode):
         self.in_iter = False
         if self.session is not None:
             self._report_and_switch(self.session)
+
+    def _measure_base(self) -> None:
+        """After the first steps on CUDA: the process's device memory outside
+        its tensors (``tensile.hook.base``), reported from now on; said once
+        when it cannot be measured (the scheduler then plans its profile's
+        figure)."""
+        measured, why = base_bytes(self.device)
+        self.base_bytes = measured
+        if measured is None:
+            log.warning(
+                "tensile: this process's device memory outside its tensors cannot be measured (%s); the "
+                "scheduler plans its device profile's figure",
+                why,
+            )
 
     def _exit_mode(self) -> None:
         """Pops the dispatch mode (a checked step is over), or owes it when
@@ -1803,7 +1827,10 @@ class Applier(TorchDispatchMode):
         ``ReportLatenciesRequest``: ``op_latency_s`` (by op id, from the step
         itself or the last step before it that timed every op: a checked step
         after the optimizer's first; empty before one), ``stall_s``, ``late_prefetches``,
-        ``passive_swaps`` and ``peak_bytes`` (``stats.device_peak_bytes``)."""
+        ``passive_swaps``, ``peak_bytes`` (``stats.device_peak_bytes``) and
+        ``base_bytes`` (on CUDA, from the third step on, the process's device
+        memory outside its tensors, ``tensile.hook.base``; ``None``: not
+        measured)."""
         stats = self.stats[index]
         timed = stats.reported_ns
         complete = len(timed) == self.s.n_ops
@@ -1815,6 +1842,7 @@ class Applier(TorchDispatchMode):
             "late_prefetches": list(stats.late_prefetches),
             "passive_swaps": stats.passive_swaps,
             "peak_bytes": stats.device_peak_bytes,
+            "base_bytes": self.base_bytes,
         }
 
 
