@@ -479,6 +479,24 @@ impl Replanner {
         Ok(())
     }
 
+    /// The base a job is planned with ([`JobSettings::base_bytes`]).
+    pub fn base_bytes(&self, id: JobId) -> Option<u64> {
+        self.jobs.get(&id).map(|j| j.settings.base_bytes)
+    }
+
+    /// Plans job `id` with `bytes` of device memory outside its graph from
+    /// now on (a base measured in its process): the next plan is due
+    /// whatever it is, as after a change of configuration. The same base
+    /// again changes nothing.
+    pub fn set_base_bytes(&mut self, id: JobId, bytes: u64) -> Result<(), ReplanError> {
+        let job = self.jobs.get_mut(&id).ok_or(ReplanError::UnknownJob(id))?;
+        if job.settings.base_bytes != bytes {
+            job.settings.base_bytes = bytes;
+            self.start_over();
+        }
+        Ok(())
+    }
+
     /// Removes a job; the others are re-planned when the caller next plans.
     pub fn remove_job(&mut self, id: JobId) -> Result<Arc<Graph>, ReplanError> {
         let job = self.jobs.remove(&id).ok_or(ReplanError::UnknownJob(id))?;

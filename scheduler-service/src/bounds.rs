@@ -72,6 +72,19 @@ pub fn bytes(field: &str, x: u64) -> Result<u64, Error> {
     }
 }
 
+/// A report's measured base (`base_bytes`): 0 (not measured) or at most
+/// the device's memory (`device_bytes`). Past it the figure is not a
+/// measurement (NVML's "not available" is 2^64-1).
+pub fn measured_base(x: u64, device_bytes: u64) -> Result<u64, Error> {
+    if x <= device_bytes {
+        Ok(x)
+    } else {
+        Err(Error::InvalidArgument(format!(
+            "base_bytes is {x}: more than the device's {device_bytes} bytes (the process's device memory outside the job's storages, as measured; 0: not measured)"
+        )))
+    }
+}
+
 /// A copy rate in bytes per second: finite, in `[MIN_RATE, MAX_RATE]` (a
 /// rate near 0 would make every copy take longer than any time line).
 pub fn rate(field: &str, x: f64) -> Result<f64, Error> {
@@ -117,6 +130,12 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("settings.base_bytes"), "{e}");
+        assert_eq!(measured_base(0, 80e9 as u64).ok(), Some(0));
+        assert!(measured_base(80e9 as u64, 80e9 as u64).is_ok());
+        for bad in [80e9 as u64 + 1, u64::MAX] {
+            let e = measured_base(bad, 80e9 as u64).unwrap_err().to_string();
+            assert!(e.contains("base_bytes") && e.contains("80000000000"), "{e}");
+        }
         assert!(rate("device.h2d_bytes_per_s", 24e9).is_ok());
         assert!(rate("device.h2d_bytes_per_s", 1e-300).is_err());
         assert!(name("resnet50 #2").is_ok());

@@ -12,6 +12,8 @@
 //! - [`planning`]: the planning task, sole owner of the re-planner and of
 //!   admission; commands in, plans out through watch channels.
 //! - [`state`]: the job table (graph, token hash, lease, newest plan).
+//! - [`base`]: a job's base (device memory outside its graph) and when a
+//!   measured one replaces it.
 //! - [`coldstart`]: cold-start latencies (store, learned models, roofline).
 //! - [`store`]: learned latencies in SQLite, keyed by graph fingerprint
 //!   and device.
@@ -21,6 +23,7 @@
 //! - [`endpoint_cmd`]: `tensile-scheduler endpoint`, the clients' endpoint
 //!   rule printed for the deploy scripts.
 
+pub mod base;
 pub mod bounds;
 pub mod cli;
 pub mod coldstart;

@@ -32,6 +32,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
+use crate::base::{Base, BaseSource};
 use crate::error::Error;
 use crate::metrics::Metrics;
 use crate::state::{Job, JobState, Shared, Update};
@@ -46,6 +47,8 @@ pub enum Command {
     Report {
         id: u64,
         measured: Measurements,
+        /// The report's measured base (0: not measured).
+        base_bytes: u64,
         reply: oneshot::Sender<Result<ReportOutcome, Error>>,
     },
     Budget {
@@ -63,7 +66,10 @@ pub struct NewJob {
     pub latencies: Vec<u64>,
     pub settings: JobSettings,
     pub priority: i32,
+    /// Its largest working set plus its base.
     pub lower_bound: u64,
+    /// The base in `settings`, and where it came from.
+    pub base: Base,
     pub fingerprint: String,
 }
 
@@ -78,6 +84,11 @@ pub struct ReportOutcome {
 #[derive(Debug)]
 struct Admitted {
     lower_bound: u64,
+    /// Its lower bound less its base: the largest working set.
+    working_set: u64,
+    /// The base it is planned with, and the measurements that may replace
+    /// it.
+    base: Base,
     fingerprint: String,
     /// Σ estimates when the last plan was made.
     at_plan: f64,
@@ -260,9 +271,10 @@ impl Planner {
             Command::Report {
                 id,
                 measured,
+                base_bytes,
                 reply,
             } => {
-                let (answer, due) = self.report(id, &measured);
+                let (answer, due) = self.report(id, &measured, base_bytes);
                 let _ = reply.send(answer);
                 due
             }
@@ -283,7 +295,12 @@ impl Planner {
         }
     }
 
-    fn report(&mut self, id: u64, m: &Measurements) -> (Result<ReportOutcome, Error>, bool) {
+    fn report(
+        &mut self,
+        id: u64,
+        m: &Measurements,
+        base_bytes: u64,
+    ) -> (Result<ReportOutcome, Error>, bool) {
         let version = self.shared.jobs().get(&id).map_or(0, |j| j.version());
         let Some(adm) = self.admitted.get_mut(&id) else {
             return (
@@ -312,18 +329,61 @@ impl Planner {
                         ReplanReason::Compress => "compress",
                     });
                 }
+                let due = self.rebase(id, base_bytes) || reason.is_some();
                 (
                     Ok(ReportOutcome {
                         change_rate,
-                        replanned: reason.is_some(),
+                        replanned: due,
                         plan_version: version,
                     }),
-                    reason.is_some(),
+                    due,
                 )
             }
             Err(e @ ReplanError::UnknownJob(_)) => (Err(Error::Planning(e.to_string())), false),
             Err(e) => (Err(Error::InvalidArgument(e.to_string())), false),
         }
+    }
+
+    /// Folds a report's measured base into job `id`'s ([`Base::observe`]);
+    /// when it is to be planned with, makes it the job's base in the
+    /// re-planner, its lower bound and its status, and admits again
+    /// (queued jobs may fit now, or need more). True when a re-plan is due.
+    fn rebase(&mut self, id: u64, measured: u64) -> bool {
+        let Some(adm) = self.admitted.get_mut(&id) else {
+            return false;
+        };
+        let was = adm.base.bytes();
+        let Some(bytes) = adm.base.observe(measured) else {
+            return false;
+        };
+        if let Err(e) = self.replanner.set_base_bytes(JobId(id), bytes) {
+            warn!(job = id, "cannot plan the measured base: {e}");
+            return false;
+        }
+        adm.lower_bound = adm.working_set.saturating_add(bytes);
+        let lower_bound = adm.lower_bound;
+        if let Some(j) = self.shared.jobs().get_mut(&id) {
+            j.base_bytes = bytes;
+            j.base_source = BaseSource::Measured;
+            j.lower_bound = lower_bound;
+        }
+        info!(
+            job = id,
+            was,
+            base_bytes = bytes,
+            "the job's measured base replaces the one it was planned with; re-planning"
+        );
+        self.metrics.reason("base");
+        self.admit();
+        let held: u64 = self.admitted.values().map(|a| a.lower_bound).sum();
+        if held > self.budget {
+            warn!(
+                held,
+                budget = self.budget,
+                "with the measured bases the admitted jobs' lower bounds exceed the budget; the plans will say OVER_BUDGET"
+            );
+        }
+        true
     }
 
     /// Admits queued jobs in order (priority, then arrival) while the head
@@ -348,6 +408,8 @@ impl Planner {
             };
             let admitted = Admitted {
                 lower_bound: job.lower_bound,
+                working_set: job.lower_bound.saturating_sub(job.base.bytes()),
+                base: job.base.clone(),
                 fingerprint: job.fingerprint.clone(),
                 at_plan: job.latencies.iter().map(|&x| x as f64).sum(),
                 unsaved: false,

@@ -16,6 +16,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::{Admitted, Command, NewJob, Planner};
+use crate::base::{Base, BaseSource};
 use crate::metrics::Metrics;
 use crate::state::{Job, JobState, Shared, Update};
 use crate::token::TokenHash;
@@ -35,9 +36,20 @@ fn mlp() -> Arc<Graph> {
 }
 
 /// Puts job `id` in the table (as RegisterJob does) and hands it to the
-/// planning task.
+/// planning task; its lower bound.
 async fn register(shared: &Shared, tx: &mpsc::Sender<Command>, id: u64, g: &Arc<Graph>) -> u64 {
-    let lower_bound = Liveness::analyze(g).largest_working_set(g);
+    register_with_base(shared, tx, id, g, 0).await
+}
+
+/// [`register`] with the device profile's base of `base` bytes.
+async fn register_with_base(
+    shared: &Shared,
+    tx: &mpsc::Sender<Command>,
+    id: u64,
+    g: &Arc<Graph>,
+    base: u64,
+) -> u64 {
+    let lower_bound = Liveness::analyze(g).largest_working_set(g) + base;
     let (updates, _) = watch::channel(Update {
         state: JobState::Queued("waiting for admission".into()),
         plan: None,
@@ -52,12 +64,15 @@ async fn register(shared: &Shared, tx: &mpsc::Sender<Command>, id: u64, g: &Arc<
             token: TokenHash::of("t"),
             priority: 0,
             lower_bound,
+            base_bytes: base,
+            base_source: BaseSource::Profile,
             latency_source: "test",
             lease_until: tokio::time::Instant::now() + Duration::from_secs(60),
             subscribers: 0,
             updates,
             iterations: 0,
             reported_peak: 0,
+            reported_base: 0,
             reported_version: None,
             span: tracing::Span::none(),
         },
@@ -66,9 +81,13 @@ async fn register(shared: &Shared, tx: &mpsc::Sender<Command>, id: u64, g: &Arc<
         id,
         graph: g.clone(),
         latencies: vec![5_000_000; g.ops().len()],
-        settings: JobSettings::default(),
+        settings: JobSettings {
+            base_bytes: base,
+            ..JobSettings::default()
+        },
         priority: 0,
         lower_bound,
+        base: Base::new(base, BaseSource::Profile),
         fingerprint: format!("f{id}"),
     }))
     .await
@@ -225,6 +244,8 @@ async fn a_joint_plan_that_does_not_fit_beside_a_fast_plan_goes_out_in_part() {
             id,
             Admitted {
                 lower_bound: 10,
+                working_set: 10,
+                base: Base::new(0, BaseSource::Profile),
                 fingerprint: String::new(),
                 at_plan: 0.0,
                 unsaved: false,
@@ -345,6 +366,7 @@ async fn a_report_sent_during_a_joint_plan_is_answered_after_it_and_kept() {
             iteration_ns: 7_000_000 * ops as u64,
             plan_version: 0,
         },
+        base_bytes: 0,
         reply,
     })
     .await
@@ -369,4 +391,141 @@ async fn a_report_sent_during_a_joint_plan_is_answered_after_it_and_kept() {
         saved.iter().all(|&ns| ns > 5_500_000),
         "the report was lost: saved estimates {saved:?}"
     );
+}
+
+/// Reports one iteration of job `id` (every op at the 5 ms it registered
+/// with) with a measured base of `base` bytes; the answer.
+async fn report_base(
+    tx: &mpsc::Sender<Command>,
+    id: u64,
+    ops: usize,
+    base: u64,
+) -> super::ReportOutcome {
+    let (reply, answer) = tokio::sync::oneshot::channel();
+    tx.send(Command::Report {
+        id,
+        measured: tensile_planner::Measurements {
+            op_ns: vec![5_000_000; ops],
+            iteration_ns: 5_000_000 * ops as u64,
+            ..tensile_planner::Measurements::default()
+        },
+        base_bytes: base,
+        reply,
+    })
+    .await
+    .unwrap();
+    answer.await.unwrap().unwrap()
+}
+
+/// Waits until job `id`'s newest plan is past `version`; its (version,
+/// predicted peak).
+async fn plan_after(shared: &Shared, id: u64, version: u64) -> (u64, u64) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let p = plans(shared, &[id])[0];
+        if p.0 > version {
+            return p;
+        }
+        assert!(Instant::now() < deadline, "no plan after version {version}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Job `id`'s (base, where it came from, lower bound) as status shows it.
+fn base_of(shared: &Shared, id: u64) -> (u64, &'static str, u64) {
+    let jobs = shared.jobs();
+    let j = &jobs[&id];
+    (j.base_bytes, j.base_source.name(), j.lower_bound)
+}
+
+const MB: u64 = 1_000_000;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_measured_base_is_planned_inside_the_peak_in_place_of_the_profiles() {
+    let g = mlp();
+    let ops = g.ops().len();
+    let shared = Arc::new(Shared::new(u64::MAX));
+    let config = PlannerConfig::new(CopyModel::duplex(1e10, 1e10, 1_000));
+    let (tx, cancel, task) = slow_planning(&shared, config, None, Duration::ZERO);
+    let profile = 100 * MB;
+    let lb = register_with_base(&shared, &tx, 1, &g, profile).await;
+    let (v1, peak1) = plan_after(&shared, 1, 0).await;
+    assert_eq!(base_of(&shared, 1), (profile, "profile", lb));
+    // Within a tenth and 64 MiB of the profile's: planned as it was.
+    let out = report_base(&tx, 1, ops, profile + 30 * MB).await;
+    assert_eq!(base_of(&shared, 1).1, "profile");
+    let (v2, peak2) = plan_after(&shared, 1, v1).await;
+    assert!(out.replanned, "the first measurements re-plan");
+    assert_eq!(peak2, peak1, "the same latencies and base, the same plan");
+    // Measured 900 MB: planned at once, inside the job's peak and lower
+    // bound.
+    let measured = 900 * MB;
+    let out = report_base(&tx, 1, ops, measured).await;
+    assert!(out.replanned, "{out:?}");
+    let (_, peak3) = plan_after(&shared, 1, v2).await;
+    assert_eq!(peak3, peak1 - profile + measured);
+    assert_eq!(
+        base_of(&shared, 1),
+        (measured, "measured", lb - profile + measured)
+    );
+    // Not measured (0) changes nothing.
+    let out = report_base(&tx, 1, ops, 0).await;
+    assert!(!out.replanned, "{out:?}");
+    assert_eq!(base_of(&shared, 1).0, measured);
+    cancel.cancel();
+    task.await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admission_counts_a_measured_base_and_a_process_base_shared_by_its_jobs_once() {
+    let g = mlp();
+    let ops = g.ops().len();
+    let ws = Liveness::analyze(&g).largest_working_set(&g);
+    // Two jobs of one process (`tensile-worker --copies 2`) whose process
+    // holds 600 MB outside their storages: each reports its share, 300
+    // MB. Charged 600 MB each, a third job of 100 MB would not fit.
+    let process = 600 * MB;
+    let budget = 3 * ws + process + 100 * MB + 50 * MB;
+    let shared = Arc::new(Shared::new(budget));
+    let mut config = PlannerConfig::new(CopyModel::duplex(1e10, 1e10, 1_000));
+    config.budget_bytes = Some(budget);
+    let (tx, cancel, task) = slow_planning(&shared, config, None, Duration::ZERO);
+    for id in [1, 2] {
+        register_with_base(&shared, &tx, id, &g, 10 * MB).await;
+        plan_after(&shared, id, 0).await;
+    }
+    for id in [1, 2] {
+        report_base(&tx, id, ops, process.div_ceil(2)).await;
+        assert_eq!(base_of(&shared, id).0, 300 * MB);
+    }
+    register_with_base(&shared, &tx, 3, &g, 100 * MB).await;
+    plan_after(&shared, 3, 0).await;
+    assert_eq!(shared.jobs()[&3].state(), JobState::Active);
+    // Job 1's share rises past what is left: job 4 (a base of 100 MB
+    // too) now waits, and says how much it is short.
+    report_base(&tx, 1, ops, 800 * MB).await;
+    register_with_base(&shared, &tx, 4, &g, 0).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let reason = loop {
+        match shared.jobs()[&4].state() {
+            JobState::Queued(why) if why != "waiting for admission" => break why,
+            JobState::Queued(_) if Instant::now() < deadline => {}
+            other => panic!("job 4 is {other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    assert!(reason.contains("bytes short"), "{reason}");
+    // Three reports in a row materially lower bring job 1's base down to
+    // the largest of them, and job 4 in.
+    for base in [150 * MB, 140 * MB, 145 * MB] {
+        assert_eq!(
+            shared.jobs()[&4].state().clone(),
+            JobState::Queued(reason.clone())
+        );
+        report_base(&tx, 1, ops, base).await;
+    }
+    assert_eq!(base_of(&shared, 1).0, 150 * MB);
+    plan_after(&shared, 4, 0).await;
+    cancel.cancel();
+    task.await.unwrap();
 }

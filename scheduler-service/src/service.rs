@@ -25,6 +25,7 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tonic::{Request, Response, Status};
 use tracing::{info, info_span};
 
+use crate::base::{Base, BaseSource};
 use crate::bounds;
 use crate::coldstart::{ColdStart, SOURCE_MEASURED, SOURCE_STORE};
 use crate::config::Config;
@@ -114,11 +115,12 @@ async fn graph_in(graph: Option<pb::Graph>, config: &Config, what: &str) -> Resu
         .map_err(|e| Error::Planning(format!("graph validation panicked: {e}")))?
 }
 
-/// The contract's job settings as the planner's, with the priority.
+/// The contract's job settings as the planner's, with the priority and
+/// where the base came from.
 fn settings_in(
     s: Option<pb::JobSettings>,
     device: &DeviceProfile,
-) -> Result<(JobSettings, i32), Error> {
+) -> Result<(JobSettings, i32, BaseSource), Error> {
     let s = s.unwrap_or_default();
     let rate = if s.max_swap_rate == 0.0 {
         1.0
@@ -131,17 +133,21 @@ fn settings_in(
             s.max_swap_rate
         )));
     }
+    let (base_bytes, base) = if s.base_bytes == 0 {
+        (device.base_bytes, BaseSource::Profile)
+    } else {
+        (
+            bounds::bytes("settings.base_bytes", s.base_bytes)?,
+            BaseSource::Registered,
+        )
+    };
     let settings = JobSettings {
         max_swap_rate: rate,
-        base_bytes: if s.base_bytes == 0 {
-            device.base_bytes
-        } else {
-            bounds::bytes("settings.base_bytes", s.base_bytes)?
-        },
+        base_bytes,
         recompute: s.allow_recompute.unwrap_or(true),
         ..JobSettings::default()
     };
-    Ok((settings, s.priority))
+    Ok((settings, s.priority, base))
 }
 
 pub fn state_to_proto(s: &JobState) -> (pb::JobState, String) {
@@ -184,6 +190,9 @@ fn job_status(id: u64, j: &Job) -> pb::JobStatus {
         priority: j.priority,
         latency_source: j.latency_source.to_string(),
         lower_bound_bytes: j.lower_bound,
+        base_bytes: j.base_bytes,
+        base_source: j.base_source.name().to_string(),
+        reported_base_bytes: j.reported_base,
     }
 }
 
@@ -263,7 +272,7 @@ impl pb::memory_scheduler_server::MemoryScheduler for Service {
         let inner = &self.inner;
         bounds::name(&req.name)?;
         let graph = graph_in(req.graph, &inner.config, "RegisterJobRequest").await?;
-        let (settings, priority) = settings_in(req.settings, &inner.config.device)?;
+        let (settings, priority, base_source) = settings_in(req.settings, &inner.config.device)?;
         let given = if req.op_latency_s.is_empty() {
             None
         } else {
@@ -316,12 +325,15 @@ impl pb::memory_scheduler_server::MemoryScheduler for Service {
                 token: hash,
                 priority,
                 lower_bound,
+                base_bytes: settings.base_bytes,
+                base_source,
                 latency_source: source,
                 lease_until: self.lease_until(),
                 subscribers: 0,
                 updates,
                 iterations: 0,
                 reported_peak: 0,
+                reported_base: 0,
                 reported_version: None,
                 span: span.clone(),
             },
@@ -342,6 +354,7 @@ impl pb::memory_scheduler_server::MemoryScheduler for Service {
             settings,
             priority,
             lower_bound,
+            base: Base::new(settings.base_bytes, base_source),
             fingerprint: fp,
         }))
         .await?;
@@ -396,9 +409,11 @@ impl pb::memory_scheduler_server::MemoryScheduler for Service {
         let req = request.into_inner();
         let lease_until = self.lease_until();
         let m = &self.inner.metrics;
+        let device_bytes = self.inner.config.device.memory_bytes;
         let measured = self.inner.shared.with_job(req.job_id, &req.token, |job| {
             let op_ns = bounds::latencies_ns(&job.graph, &req.op_latency_s, "op_latency_s")?;
             bounds::stall_s(req.stall_s)?;
+            bounds::measured_base(req.base_bytes, device_bytes)?;
             let tensors = job.graph.tensors().len();
             if let Some(&t) = req.late_prefetches.iter().find(|&&t| t as usize >= tensors) {
                 return Err(Error::InvalidArgument(format!(
@@ -417,6 +432,9 @@ impl pb::memory_scheduler_server::MemoryScheduler for Service {
             job.lease_until = lease_until;
             job.iterations += 1;
             job.reported_peak = req.peak_bytes;
+            if req.base_bytes > 0 {
+                job.reported_base = req.base_bytes;
+            }
             job.latency_source = SOURCE_MEASURED;
             let switched = job
                 .reported_version
@@ -444,6 +462,7 @@ impl pb::memory_scheduler_server::MemoryScheduler for Service {
         self.send(Command::Report {
             id: req.job_id,
             measured,
+            base_bytes: req.base_bytes,
             reply,
         })
         .await?;
@@ -583,7 +602,7 @@ impl pb::memory_scheduler_server::MemoryScheduler for Service {
         let inner = &self.inner;
         let graph = graph_in(req.graph, &inner.config, "PlanGraphRequest").await?;
         let profile = profile_in(req.device, &inner.config.device)?;
-        let (settings, _) = settings_in(req.settings, &profile)?;
+        let (settings, ..) = settings_in(req.settings, &profile)?;
         let given = if req.op_latency_s.is_empty() {
             None
         } else {

@@ -13,6 +13,7 @@ use tensile_planner::{Diagnostic, Plan, Prediction};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::base::BaseSource;
 use crate::error::Error;
 use crate::token::TokenHash;
 
@@ -45,7 +46,12 @@ pub struct Job {
     pub fingerprint: String,
     pub token: TokenHash,
     pub priority: i32,
+    /// The smallest footprint of any plan of the job (its largest working
+    /// set plus its base): what admission counts.
     pub lower_bound: u64,
+    /// The base the job is planned with, and where it came from.
+    pub base_bytes: u64,
+    pub base_source: BaseSource,
     pub latency_source: &'static str,
     pub lease_until: Instant,
     /// Open plan streams (for status and logs: an open stream does not
@@ -54,6 +60,8 @@ pub struct Job {
     pub updates: watch::Sender<Update>,
     pub iterations: u64,
     pub reported_peak: u64,
+    /// The base of the last report that measured one (0: none yet).
+    pub reported_base: u64,
     /// The plan version of the job's last report: a report on another is
     /// the first iteration on a new plan.
     pub reported_version: Option<u64>,

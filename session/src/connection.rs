@@ -339,17 +339,7 @@ impl Connection {
                         // are kept for the next registration).
                         continue;
                     }
-                    let request = pb::ReportLatenciesRequest {
-                        job_id: job.job_id,
-                        token: job.token.clone(),
-                        iteration: r.iteration,
-                        plan_version,
-                        op_latency_s: r.op_latency_s,
-                        stall_s: r.stall_s,
-                        late_prefetches: r.late_prefetches,
-                        passive_swaps: r.passive_swaps,
-                        peak_bytes: r.peak_bytes,
-                    };
+                    let request = report_request(job, plan_version, r);
                     match self.call(client.report_latencies(request)).await {
                         Ok(_) => self.inner.update(|s| s.status.reports_sent += 1),
                         Err(s) => match classify(Call::Report, s.code()) {
@@ -476,6 +466,27 @@ fn failed(call: Call, what: &str, job_id: u64, s: &tonic::Status) -> Ended {
         },
         Failure::Fatal => Ended::Fatal(detail),
         Failure::Skip | Failure::Lost => lost(detail),
+    }
+}
+
+/// The iteration's report on the wire, for the registration `job` and the
+/// plan version it ran.
+pub(crate) fn report_request(
+    job: &pb::RegisterJobResponse,
+    plan_version: u64,
+    r: Report,
+) -> pb::ReportLatenciesRequest {
+    pb::ReportLatenciesRequest {
+        job_id: job.job_id,
+        token: job.token.clone(),
+        iteration: r.iteration,
+        plan_version,
+        op_latency_s: r.op_latency_s,
+        stall_s: r.stall_s,
+        late_prefetches: r.late_prefetches,
+        passive_swaps: r.passive_swaps,
+        peak_bytes: r.peak_bytes,
+        base_bytes: r.base_bytes,
     }
 }
 

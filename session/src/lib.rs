@@ -76,7 +76,8 @@ pub struct SessionConfig {
     pub allow_recompute: Option<bool>,
     /// Device bytes the process holds outside the job's storages (CUDA
     /// context, handles, allocator slack); `None`: the scheduler's device
-    /// profile says.
+    /// profile says. A base the reports measure ([`Report::base_bytes`])
+    /// replaces it at the scheduler when the two differ materially.
     pub base_bytes: Option<u64>,
     /// Longest pause between reconnection attempts.
     pub max_backoff: Duration,
@@ -101,6 +102,13 @@ pub struct Report {
     pub passive_swaps: u32,
     /// The most device bytes the job's storages held at once.
     pub peak_bytes: u64,
+    /// Device bytes the job's process holds outside the job's storages,
+    /// as measured in the process (the CUDA context, the libraries'
+    /// workspaces, the allocator's slack; a process that runs several
+    /// jobs reports each its share); 0: not measured. The scheduler plans
+    /// the job with it in place of the base it registered with when the
+    /// two differ materially.
+    pub base_bytes: u64,
 }
 
 /// A plan the scheduler pushed, checked against the graph.

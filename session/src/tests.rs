@@ -5,7 +5,7 @@
 //! and the Python binding alike).
 
 use super::*;
-use crate::connection::failed_for_tests;
+use crate::connection::{failed_for_tests, report_request};
 use crate::failure::{Call, Failure, classify};
 use tonic::Code;
 
@@ -148,4 +148,31 @@ fn a_state_has_its_contract_name() {
     assert_eq!(s.state_name(), "JOB_STATE_QUEUED");
     s.state = 99;
     assert_eq!(s.state_name(), "JOB_STATE_UNSPECIFIED");
+}
+
+#[test]
+fn the_measured_base_goes_out_with_the_report_and_zero_means_not_measured() {
+    let (session, mut rx) = offline(2);
+    let job = pb::RegisterJobResponse {
+        job_id: 4,
+        token: "t".into(),
+        ..Default::default()
+    };
+    // The loop's report reaches the connection whole, base included, and
+    // goes on the wire as it came.
+    session.iteration_done(Report {
+        iteration: 3,
+        peak_bytes: 7_000_000,
+        base_bytes: 912_000_000,
+        ..report(2)
+    });
+    let sent = rx.try_recv().expect("sent");
+    let wire = report_request(&job, 2, sent);
+    assert_eq!((wire.job_id, wire.plan_version, wire.iteration), (4, 2, 3));
+    assert_eq!((wire.peak_bytes, wire.base_bytes), (7_000_000, 912_000_000));
+    // A report that measured no base says 0: the scheduler keeps the base
+    // it plans with.
+    session.iteration_done(report(2));
+    let wire = report_request(&job, 2, rx.try_recv().expect("sent"));
+    assert_eq!(wire.base_bytes, 0);
 }

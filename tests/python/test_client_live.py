@@ -85,6 +85,16 @@ def test_register_plan_report_replan(server, graph):
             later = next(stream)
         assert later.plan.version > first.plan.version
         assert client.status(job.id).jobs[0].iterations_reported == 1
+        # The job's base: the profile's until a report measures one far
+        # from it, which the scheduler then plans with.
+        (mine,) = client.status(job.id).jobs
+        assert (mine.base_source, mine.reported_base_bytes) == ("profile", 0) and mine.base_bytes > 0
+        measured = mine.base_bytes + 10**9
+        answer = client.report(job, iteration=1, plan_version=later.plan.version,
+                               op_latency_s=[3 * t + 1e-5 for t in planned], base_bytes=measured)
+        assert answer.replanned
+        (mine,) = client.status(job.id).jobs
+        assert (mine.base_bytes, mine.base_source, mine.reported_base_bytes) == (measured, "measured", measured)
         client.unregister(job)
         with pytest.raises(tensile.SchedulerError) as gone:
             client.heartbeat(job)
@@ -111,6 +121,11 @@ def test_bad_calls_raise_with_their_status(server, graph):
         with pytest.raises(tensile.SchedulerError) as e:
             client.report(job, 0, 1, [float("nan")] * len(graph["ops"]))
         assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+
+        # A measured base past the device's memory is no measurement.
+        with pytest.raises(tensile.SchedulerError) as e:
+            client.report(job, 0, 1, [1e-4] * len(graph["ops"]), base_bytes=2**64 - 1)
+        assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT and "base_bytes" in e.value.message
 
         with pytest.raises(tensile.SchedulerError) as e:
             client.set_budget(1 << 30, admin_token="not-the-token")

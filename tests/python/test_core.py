@@ -158,3 +158,24 @@ def test_the_guard_moves_the_storage_used_again_last_first():
     assert _core.guard_victims(candidates, 400, 100, 300) == [4, 2]
     assert _core.guard_victims(candidates, 100, 100, 300) == []
     assert _core.guard_victims([(7, 10, 5), (3, 10, 5)], 20, 0, 5) == [3, 7]
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, float("nan"), True, "912"])
+def test_a_base_that_is_not_a_byte_count_is_a_value_error_naming_it(resnet, tmp_path, bad):
+    _, graph = resnet
+    # No scheduler answers there: the reports queue, and the checks of
+    # the binding are what is tested.
+    s = _core.Session(graph, f"unix:{tmp_path / 'none.sock'}", "base", max_backoff_s=0.2)
+    try:
+        ops = len(graph["ops"])
+        step = {"iteration": 3, "op_latency_s": [1e-3] * ops}
+        # Measured, not measured (None) and absent are all taken.
+        for base in ({"base_bytes": 912_000_000}, {"base_bytes": None}, {}):
+            assert s.iteration_done({**step, **base}) is None
+        with pytest.raises(ValueError, match="measurements' base_bytes is .*, not a whole number of bytes"):
+            s.iteration_done({**step, "base_bytes": bad})
+        # Even where nothing would be sent (not every op timed).
+        with pytest.raises(ValueError, match="base_bytes"):
+            s.iteration_done({"iteration": 3, "op_latency_s": [], "base_bytes": bad})
+    finally:
+        s.finish(5.0)

@@ -14,7 +14,9 @@ numbers jobs from 1 again, as after a lapsed lease (the client registers
 again without leaving, and switches to the new registration's plan
 although its job id and version are those of the plan it runs); a job
 queued, then admitted (no report before admission); a plan naming a
-tensor the graph does not have (refused, never applied)."""
+tensor the graph does not have (refused, never applied); the measured base
+(``base_bytes``: 0 until measured, and on the CPU; then the figure the
+process measured)."""
 
 from __future__ import annotations
 
@@ -66,6 +68,8 @@ class Scripted(rpc.MemorySchedulerServicer):
         self.registrations = 0
         self.reports: dict[int, int] = {}
         self.report_times: list[float] = []
+        #: The base_bytes of every report taken, in order.
+        self.bases: list[int] = []
 
     def log(self, method: str, what: Any) -> None:
         with self.lock:
@@ -120,6 +124,8 @@ class Scripted(rpc.MemorySchedulerServicer):
         self.log("ReportLatencies", (r, code.name if code else "OK"))
         with self.lock:
             self.report_times.append(time.monotonic())
+            if code is None:
+                self.bases.append(request.base_bytes)
         if code is not None:
             context.abort(code, f"scripted {code.name}")
         return pb.ReportLatenciesResponse(plan_version=1)
@@ -168,14 +174,20 @@ def run_worker(address: str, tmp_path: Path, iterations: int) -> Outcome:
     return Outcome(done.returncode == 0, done.stderr, switched)
 
 
-def run_hook_session(address: str, graph: dict[str, Any], iterations: int) -> Outcome:
+def run_hook_session(address: str, graph: dict[str, Any], iterations: int,
+                     base: Callable[[int], int | None] | None = None) -> Outcome:
+    """The hook's session for ``iterations`` steps; ``base(i)``, when given,
+    is step i's ``base_bytes`` (``None``: not measured)."""
     s = Session(graph, address, "conformance", max_backoff_s=0.2)
     ops = len(graph["ops"])
     switched = []
     first = s.wait_for_plan(10.0, other_than=(0, 0))
     for i in range(iterations):
-        got = s.iteration_done({"iteration": i, "op_latency_s": [1e-3] * ops, "stall_s": 0.0,
-                                "late_prefetches": [], "passive_swaps": 0, "peak_bytes": 1})
+        measurements = {"iteration": i, "op_latency_s": [1e-3] * ops, "stall_s": 0.0,
+                        "late_prefetches": [], "passive_swaps": 0, "peak_bytes": 1}
+        if base is not None:
+            measurements["base_bytes"] = base(i)
+        got = s.iteration_done(measurements)
         if got is not None and got.key != (first.key if first else None):
             switched.append(got.key)
         time.sleep(0.15)
@@ -283,5 +295,30 @@ def test_a_plan_for_another_graph_is_refused_and_never_applied(client, tmp_path,
         if client == "worker":
             assert "plan version 2 refused" in out.log, out.log
         assert script.of("RegisterJob") == [1], script.calls
+    finally:
+        server.stop(0)
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_the_measured_base_goes_with_the_reports_and_zero_means_not_measured(client, tmp_path, graph):
+    script = Scripted()
+    server, address = serve(tmp_path, script)
+    measured = 912_000_000
+    try:
+        if client == "worker":
+            # On the CPU the worker measures no base: every report says 0.
+            out = run_worker(address, tmp_path, 6)
+        else:
+            # Not measured (None) for the first three steps, as the worker
+            # does, then the figure measured.
+            out = run_hook_session(address, graph, 6, base=lambda i: None if i < 3 else measured)
+        assert out.ok, out.log
+        assert len(script.bases) >= 4, script.calls
+        if client == "worker":
+            assert set(script.bases) == {0}, script.bases
+        else:
+            first = script.bases.index(measured)
+            assert first >= 1 and set(script.bases[:first]) == {0}, script.bases
+            assert set(script.bases[first:]) == {measured}, script.bases
     finally:
         server.stop(0)

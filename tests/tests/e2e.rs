@@ -710,6 +710,7 @@ fn flood(
                         late_prefetches: Vec::new(),
                         passive_swaps: 0,
                         peak_bytes: 1,
+                        base_bytes: 0,
                     };
                     i += 1;
                     match c.report_latencies(report).await {

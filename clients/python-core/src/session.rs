@@ -16,7 +16,7 @@ use tensile_proto::plan_json::plan_to_json;
 use tensile_session::{Level, LogSink, PushedPlan, Report, SessionConfig};
 
 use crate::ResolveError;
-use crate::convert::{from_json, get, graph_of, mapping, repr};
+use crate::convert::{from_json, get, graph_of, mapping, repr, whole_u64};
 
 /// Messages kept for the wrapper at most; older ones are dropped.
 const MAX_LOG: usize = 1000;
@@ -69,6 +69,13 @@ impl Session {
             })?,
             None => Vec::new(),
         };
+        // Checked before anything returns, so that a bad figure is an error
+        // whether or not this report goes out.
+        let base_bytes = match get(m, "base_bytes")? {
+            Some(v) if !v.is_none() => whole_u64(&v, "measurements' base_bytes", "bytes")?,
+            // Not measured: the scheduler keeps the base it plans with.
+            _ => 0,
+        };
         if latencies.len() != ops {
             // Not every op was timed: nothing to report.
             return Ok(None);
@@ -102,6 +109,7 @@ impl Session {
             )?,
             passive_swaps: field(m, "passive_swaps", "a whole number", Some(0))?,
             peak_bytes: field(m, "peak_bytes", "a whole number of bytes", Some(0))?,
+            base_bytes,
         }))
     }
 }
@@ -167,10 +175,13 @@ impl Session {
 
     /// Queues one iteration's report (`measurements`: `iteration`,
     /// `op_latency_s` (one per op, else nothing is sent), `stall_s`,
-    /// `late_prefetches`, `passive_swaps`, `peak_bytes`) and returns the
-    /// plan to switch to, `(job_id, registration, version, plan)`, if a
-    /// newer one than the one running has arrived. Never blocks on the
-    /// network.
+    /// `late_prefetches`, `passive_swaps`, `peak_bytes`, and `base_bytes`:
+    /// the device bytes the process holds outside the job's storages, as
+    /// measured, this job's share of them where the process runs several
+    /// jobs; absent or `None`: not measured) and returns the plan to switch
+    /// to, `(job_id, registration, version, plan)`, if a newer one than the
+    /// one running has arrived. Never blocks on the network. A field of the
+    /// wrong kind (`base_bytes` of -1 or 1.5) is a `ValueError` naming it.
     fn iteration_done<'py>(
         &self,
         py: Python<'py>,

@@ -364,6 +364,7 @@ async fn worker(
                 late_prefetches: Vec::new(),
                 passive_swaps: 0,
                 peak_bytes: 0,
+                base_bytes: 0,
             })
             .await
             .context("ReportLatencies")?

@@ -119,6 +119,12 @@ struct JobJson {
     iterations_reported: u64,
     latency_source: String,
     lower_bound_bytes: u64,
+    /// The device memory outside the job's storages that its plans count,
+    /// and where it came from: "profile", "registered" or "measured".
+    base_bytes: u64,
+    base_source: String,
+    /// The base the job's last report measured (0: none yet).
+    reported_base_bytes: u64,
     vanilla_peak_bytes: u64,
     planned_peak_bytes: u64,
     reported_peak_bytes: u64,
@@ -263,6 +269,9 @@ fn status_json(st: pb::GetStatusResponse) -> StatusJson {
                     iterations_reported: j.iterations_reported,
                     latency_source: j.latency_source.clone(),
                     lower_bound_bytes: j.lower_bound_bytes,
+                    base_bytes: j.base_bytes,
+                    base_source: j.base_source.clone(),
+                    reported_base_bytes: j.reported_base_bytes,
                     vanilla_peak_bytes: p.vanilla_peak_bytes,
                     planned_peak_bytes: p.planned_peak_bytes,
                     reported_peak_bytes: j.reported_peak_bytes,
@@ -287,13 +296,23 @@ fn print_status(out: &StatusJson) {
         println!("no jobs");
     } else {
         println!(
-            "{:>5}  {:<20} {:<9} {:>4} {:>7} {:>6}  {:>10} {:>10} {:>10}  latencies",
-            "job", "name", "state", "prio", "version", "iters", "vanilla", "planned", "reported"
+            "{:>5}  {:<20} {:<9} {:>4} {:>7} {:>6}  {:>10} {:>10} {:>10}  {:>10} {:<10}  latencies",
+            "job",
+            "name",
+            "state",
+            "prio",
+            "version",
+            "iters",
+            "vanilla",
+            "planned",
+            "reported",
+            "base",
+            "(base of)"
         );
     }
     for j in &out.jobs {
         println!(
-            "{:>5}  {:<20} {:<9} {:>4} {:>7} {:>6}  {:>10} {:>10} {:>10}  {}",
+            "{:>5}  {:<20} {:<9} {:>4} {:>7} {:>6}  {:>10} {:>10} {:>10}  {:>10} {:<10}  {}",
             j.job_id,
             j.name,
             j.state,
@@ -303,6 +322,8 @@ fn print_status(out: &StatusJson) {
             bytes(j.vanilla_peak_bytes),
             bytes(j.planned_peak_bytes),
             bytes(j.reported_peak_bytes),
+            bytes(j.base_bytes),
+            j.base_source,
             j.latency_source
         );
         if !j.reason.is_empty() {

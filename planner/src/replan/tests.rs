@@ -206,6 +206,39 @@ fn a_gated_job_on_pace_takes_a_new_plan_only_if_it_shortens_the_period() {
     assert_eq!(r.plan_all().unwrap().plans[0].version, version);
 }
 
+#[test]
+fn a_new_base_is_planned_at_once_inside_the_peak_even_for_a_job_on_pace() {
+    // A gated job on its period, ops faster than estimated: a re-plan is
+    // asked for only if it shortens the period, and one job alone has no
+    // shorter one (as in the test above).
+    let (mut r, id, lat, period) = gated_replanner();
+    let fast = Measurements {
+        iteration_ns: period,
+        ..measured(lat.iter().map(|x| x / 2).collect())
+    };
+    for _ in 0..2 {
+        r.observe(id, &fast).unwrap();
+    }
+    let before = r.propose().unwrap().plans[0].prediction.planned_peak_bytes;
+    // Its base measured larger: the next plan is due whatever it is, and
+    // its peak holds the new base.
+    assert_eq!(r.base_bytes(id), Some(0));
+    r.set_base_bytes(id, 900_000_000).unwrap();
+    assert_eq!(r.base_bytes(id), Some(900_000_000));
+    let next = r.plan_due().unwrap().expect("a plan for the new base");
+    assert_eq!(
+        next.plans[0].prediction.planned_peak_bytes,
+        before + 900_000_000
+    );
+    // The same base again asks for nothing.
+    r.set_base_bytes(id, 900_000_000).unwrap();
+    assert_eq!(r.due, Due::Nothing);
+    assert_eq!(
+        r.set_base_bytes(JobId(99), 1),
+        Err(ReplanError::UnknownJob(JobId(99)))
+    );
+}
+
 /// A gate of `period_ns` with its slots at `phase_ns`, epoch 0.
 fn gate_on(period_ns: u64, phase_ns: u64) -> Gate {
     Gate {

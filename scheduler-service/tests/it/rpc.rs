@@ -78,6 +78,48 @@ async fn register_plan_report_unregister(address: &str) {
     assert_eq!(j.latency_source, "measured");
     let mem = st.memory.unwrap();
     assert!(mem.sum_of_peaks_bytes > 0 && mem.sum_of_peaks_bytes <= mem.vanilla_sum_of_peaks_bytes);
+    // The job's base: the profile's, until a report measures one that
+    // differs materially.
+    assert_eq!(
+        (j.base_bytes, j.base_source.as_str(), j.reported_base_bytes),
+        (536_870_912, "profile", 0)
+    );
+    let lower_bound = j.lower_bound_bytes;
+    // A figure past the device's memory is no measurement: refused, named.
+    let bad = pb::ReportLatenciesRequest {
+        base_bytes: u64::MAX,
+        ..report(&r, ops, 1e-3)
+    };
+    let e = c.report_latencies(bad).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    assert!(
+        e.message().contains("base_bytes is 18446744073709551615"),
+        "{e:?}"
+    );
+    // Measured 1 GB over the profile's: planned with at once.
+    let measured = 536_870_912 + 1_000_000_000;
+    let a = c
+        .report_latencies(pb::ReportLatenciesRequest {
+            base_bytes: measured,
+            ..report(&r, ops, 1e-3)
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(a.replanned, "{a:?}");
+    let p4 = next_plan(&mut plans).await;
+    assert_eq!(p4.version, 4);
+    let st = c
+        .get_status(pb::GetStatusRequest { job_id: r.job_id })
+        .await
+        .unwrap()
+        .into_inner();
+    let j = &st.jobs[0];
+    assert_eq!(
+        (j.base_bytes, j.base_source.as_str(), j.reported_base_bytes),
+        (measured, "measured", measured)
+    );
+    assert_eq!(j.lower_bound_bytes, lower_bound + 1_000_000_000);
 
     c.unregister_job(pb::UnregisterJobRequest {
         job_id: r.job_id,

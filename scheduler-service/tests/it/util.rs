@@ -175,6 +175,7 @@ pub(crate) fn report(
         late_prefetches: Vec::new(),
         passive_swaps: 0,
         peak_bytes: 1234,
+        base_bytes: 0,
     }
 }
 

@@ -120,7 +120,27 @@ class Session:
     ) -> None: ...
     def iteration_done(self, measurements: Mapping[str, Any]) -> tuple[int, int, int, dict[str, Any]] | None:
         """Queues a report; ``(job_id, registration, version, plan)`` of a
-        newer plan, if one arrived."""
+        newer plan, if one arrived.
+
+        ``measurements``: ``iteration`` (int), ``op_latency_s`` (one float
+        per op of the graph, else nothing is sent), ``stall_s``,
+        ``late_prefetches`` (storage ids), ``passive_swaps``, ``peak_bytes``
+        (the most bytes the job's storages held at once), and ``base_bytes``
+        (optional int): the device bytes the process holds outside the job's
+        storages, measured in the process (on CUDA, the process's used memory
+        less the storages' peak) after its first steps; a process that runs
+        several jobs gives each its share (the figure divided by the jobs,
+        rounded up). Absent or ``None``: not measured (on the CPU, before the
+        first measurement), and the scheduler keeps the base it plans with.
+        Measure it over a whole step, with the caching allocator's cache given
+        back at each plan switch (``torch.cuda.empty_cache()``), as the worker
+        does: what a former plan reserved would otherwise count as the base,
+        and grow it each time a re-plan lowers the storages.
+        The scheduler plans with a measured base in place of the device
+        profile's when the two differ by more than a tenth and 64 MiB, and
+        refuses the report (a warning in ``take_log``) past the device's
+        memory. A field of the wrong kind (``base_bytes=-1``, ``1.5``,
+        ``float("nan")``) raises ``ValueError`` naming it."""
     def take_plan(self) -> tuple[int, int, int, dict[str, Any]] | None:
         """The newer plan to switch to, if one arrived, without a report."""
     def wait_for_plan(

@@ -394,8 +394,12 @@ class Client:
         late_prefetches: Sequence[int] = (),
         passive_swaps: int = 0,
         peak_bytes: int = 0,
+        base_bytes: int = 0,
     ) -> pb.ReportLatenciesResponse:
-        """One iteration's measured op latencies (seconds, one per op)."""
+        """One iteration's measured op latencies (seconds, one per op);
+        ``base_bytes``: the device bytes the process holds outside the job's
+        storages, as measured (0: not measured), which the scheduler plans
+        with when it differs materially from the job's base."""
         request = pb.ReportLatenciesRequest(
             job_id=job.id,
             token=job.token,
@@ -406,6 +410,7 @@ class Client:
             late_prefetches=list(late_prefetches),
             passive_swaps=passive_swaps,
             peak_bytes=peak_bytes,
+            base_bytes=base_bytes,
         )
         return self._call("ReportLatencies", request)
 

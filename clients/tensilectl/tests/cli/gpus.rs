@@ -125,6 +125,17 @@ fn status_shows_every_gpu_and_budget_and_watch_pick_theirs() {
     assert_eq!(sections[0]["status"]["jobs"].as_array().unwrap().len(), 0);
     assert_eq!(sections[1]["status"]["jobs"][0]["name"], "on-gpu1");
     assert_eq!(sections[1]["status"]["budget_bytes"], 800_000_000);
+    // Its base: the device profile's until its reports measure one.
+    let j = &sections[1]["status"]["jobs"][0];
+    assert_eq!(
+        (
+            &j["base_bytes"],
+            &j["base_source"],
+            &j["reported_base_bytes"]
+        ),
+        (&536_870_912.into(), &"profile".into(), &0.into())
+    );
+    assert!(stdout.contains("512.00 MiB profile"), "{stdout}");
     // One GPU: as a single scheduler's status; one job: its GPU's section.
     let v = json(&ctl(&dir, &["status", "--json", "--gpu", "sim-1"]));
     assert_eq!(v["jobs"][0]["job_id"], job);

@@ -758,7 +758,8 @@ class JobSettings(_message.Message):
     """Admission order among queued jobs: higher first; FIFO among equals."""
     base_bytes: _builtins.int
     """Fixed device memory of the job outside its graph (CUDA context,
-    framework workspace); 0: the scheduler's default.
+    framework workspace); 0: the device profile's. A base the job measures
+    and reports (`ReportLatenciesRequest.base_bytes`) replaces it.
     """
     allow_recompute: _builtins.bool
     """Allow recomputation (default true when unset)."""
@@ -920,6 +921,7 @@ class ReportLatenciesRequest(_message.Message):
     LATE_PREFETCHES_FIELD_NUMBER: _builtins.int
     PASSIVE_SWAPS_FIELD_NUMBER: _builtins.int
     PEAK_BYTES_FIELD_NUMBER: _builtins.int
+    BASE_BYTES_FIELD_NUMBER: _builtins.int
     job_id: _builtins.int
     token: _builtins.str
     iteration: _builtins.int
@@ -932,6 +934,23 @@ class ReportLatenciesRequest(_message.Message):
     passive_swaps: _builtins.int
     """Inputs the executor had to swap in because no plan event brought them."""
     peak_bytes: _builtins.int
+    """The most device bytes the job's storages held at once."""
+    base_bytes: _builtins.int
+    """The device memory the job's process holds outside the job's storages,
+    measured in the process (the CUDA context, the libraries' workspaces,
+    the caching allocator's slack): the device's used memory for the
+    process (NVML) less the most bytes the storages held while it was
+    measured. 0: not measured (on the CPU, during the first iterations,
+    where NVML is missing). A process that runs several jobs
+    (`tensile-worker --copies N`) pays that memory once and reports each
+    job's share of it: the process's figure divided by its jobs, rounded
+    up, so that the shares add up to the process's. At most the device's
+    memory (INVALID_ARGUMENT past it). When it differs from the base the
+    job is planned with (the device profile's, `JobSettings.base_bytes`, or
+    one measured before) by more than a tenth of that base and 64 MiB, the
+    scheduler plans the job with it instead and re-plans: a rise at once, a
+    fall once three reports in a row show one (the largest of them).
+    """
     @_builtins.property
     def op_latency_s(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
         """One latency per op, indexed by op id; must have as many entries as the
@@ -952,10 +971,11 @@ class ReportLatenciesRequest(_message.Message):
         late_prefetches: _abc.Iterable[_builtins.int] | None = ...,
         passive_swaps: _builtins.int = ...,
         peak_bytes: _builtins.int = ...,
+        base_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["iteration", b"iteration", "job_id", b"job_id", "late_prefetches", b"late_prefetches", "op_latency_s", b"op_latency_s", "passive_swaps", b"passive_swaps", "peak_bytes", b"peak_bytes", "plan_version", b"plan_version", "stall_s", b"stall_s", "token", b"token"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_bytes", b"base_bytes", "iteration", b"iteration", "job_id", b"job_id", "late_prefetches", b"late_prefetches", "op_latency_s", b"op_latency_s", "passive_swaps", b"passive_swaps", "peak_bytes", b"peak_bytes", "plan_version", b"plan_version", "stall_s", b"stall_s", "token", b"token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1109,6 +1129,9 @@ class JobStatus(_message.Message):
     PRIORITY_FIELD_NUMBER: _builtins.int
     LATENCY_SOURCE_FIELD_NUMBER: _builtins.int
     LOWER_BOUND_BYTES_FIELD_NUMBER: _builtins.int
+    BASE_BYTES_FIELD_NUMBER: _builtins.int
+    BASE_SOURCE_FIELD_NUMBER: _builtins.int
+    REPORTED_BASE_BYTES_FIELD_NUMBER: _builtins.int
     job_id: _builtins.int
     name: _builtins.str
     state: Global___JobState.ValueType
@@ -1129,6 +1152,18 @@ class JobStatus(_message.Message):
     """The smallest footprint any plan of the job can have: what admission
     counts.
     """
+    base_bytes: _builtins.int
+    """The device memory outside the job's storages that its plans count
+    (inside its planned peak, so inside admission and the budget), and
+    where it came from: "profile" (the device profile's `base_bytes`),
+    "registered" (`JobSettings.base_bytes`), "measured" (the job's
+    reports' `base_bytes`).
+    """
+    base_source: _builtins.str
+    reported_base_bytes: _builtins.int
+    """The base of the job's last report that measured one (0: none yet),
+    whether or not it differed enough to be planned with.
+    """
     @_builtins.property
     def prediction(self) -> Global___PlanPrediction: ...
     def __init__(
@@ -1147,10 +1182,13 @@ class JobStatus(_message.Message):
         priority: _builtins.int = ...,
         latency_source: _builtins.str = ...,
         lower_bound_bytes: _builtins.int = ...,
+        base_bytes: _builtins.int = ...,
+        base_source: _builtins.str = ...,
+        reported_base_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["prediction", b"prediction"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["iterations_reported", b"iterations_reported", "job_id", b"job_id", "latency_source", b"latency_source", "lower_bound_bytes", b"lower_bound_bytes", "name", b"name", "ops", b"ops", "plan_version", b"plan_version", "prediction", b"prediction", "priority", b"priority", "reason", b"reason", "reported_peak_bytes", b"reported_peak_bytes", "state", b"state", "tensors", b"tensors"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_bytes", b"base_bytes", "base_source", b"base_source", "iterations_reported", b"iterations_reported", "job_id", b"job_id", "latency_source", b"latency_source", "lower_bound_bytes", b"lower_bound_bytes", "name", b"name", "ops", b"ops", "plan_version", b"plan_version", "prediction", b"prediction", "priority", b"priority", "reason", b"reason", "reported_base_bytes", b"reported_base_bytes", "reported_peak_bytes", b"reported_peak_bytes", "state", b"state", "tensors", b"tensors"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
