@@ -37,9 +37,10 @@ pins=(
   # scripts/trace_hf.py): small configs with random weights, nothing downloaded.
   "transformers==5.24.0"
   "timm==1.0.31"
-  # Clusters (tensile.ray and its tests), the deployment manifests' offline
+  # Clusters (tensile.ray and its tests; Ray Train's prepare_model under the
+  # hook, tests/python/test_ray_train.py), the deployment manifests' offline
   # validation, and the wheel that carries the scheduler binary.
-  "ray==2.60.0"
+  "ray[train]==2.60.0"
   "kubernetes-validate==1.37.0"
   "maturin==1.16.0"
   # deploy/Dockerfile's offline checks (tests/python/test_deploy.py) parse it
