@@ -24,8 +24,9 @@ is held to: the saved tensors' two hooks, the modules, the chunks and the
 events placed on the step's points.
 
 Models: ``resnet50``, ``resnet18`` (torchvision) and ``encoder`` (the
-tracer's ``TransformerClassifier`` at BERT-base's sizes: 12 layers, d_model
-768, 12 heads; ``--seq`` tokens, 128 by default). Adam with
+tracer's ``TransformerClassifier``, at BERT-base's sizes by default: 12
+layers, d_model 768, 12 heads, ``--seq`` 128 tokens; ``--d-model``,
+``--heads``, ``--layers`` size it down to where a CPU step is host-bound). Adam with
 ``foreach=False`` (the plan's updates are per tensor). Prints a Markdown
 table; ``--json FILE`` also writes the figures.
 """
@@ -63,11 +64,13 @@ class Checkpointed(nn.Module):
         return checkpoint(self.inner, *args, use_reentrant=False, **kwargs)
 
 
-def build(name: str, seq: int) -> tuple[nn.Module, str]:
+def build(name: str, args: argparse.Namespace) -> tuple[nn.Module, str]:
     if name in ("resnet50", "resnet18"):
         return torchvision.models.get_model(name, weights=None), "image"
     if name == "encoder":
-        return TransformerClassifier(vocab=30522, seq_len=seq, d_model=768, heads=12, layers=12, classes=2), "tokens"
+        model = TransformerClassifier(vocab=30522, seq_len=args.seq, d_model=args.d_model, heads=args.heads,
+                                      layers=args.layers, classes=2)
+        return model, "tokens"
     raise SystemExit(f"hook_bench: unknown model {name!r} (resnet50, resnet18, encoder)")
 
 
@@ -141,6 +144,9 @@ def main() -> int:
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--resolution", type=int, default=224)
     p.add_argument("--seq", type=int, default=128, help="the encoder's tokens per sample")
+    p.add_argument("--d-model", type=int, default=768, help="the encoder's width (BERT-base's by default)")
+    p.add_argument("--heads", type=int, default=12, help="the encoder's attention heads")
+    p.add_argument("--layers", type=int, default=12, help="the encoder's layers")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--steps", type=int, default=8, help="timed steps per mode and round")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps per mode and round (the hook checks its first)")
@@ -158,7 +164,7 @@ def main() -> int:
     dev = torch.device(args.device)
     cuda = dev.type == "cuda"
     torch.manual_seed(0)
-    base, kind = build(args.model, args.seq)
+    base, kind = build(args.model, args)
     base = base.to(dev)
     if kind == "image":
         batch = (torch.randn(args.batch, 3, args.resolution, args.resolution, device=dev),
@@ -166,7 +172,7 @@ def main() -> int:
         size = f"batch {args.batch} at {args.resolution}x{args.resolution}"
     else:
         batch = (torch.randint(0, 30522, (args.batch, args.seq), device=dev), torch.randint(0, 2, (args.batch,), device=dev))
-        size = f"batch {args.batch} of {args.seq} tokens"
+        size = f"batch {args.batch} of {args.seq} tokens (d_model {args.d_model}, {args.layers} layers)"
     default = "plain,tensile,tensile-nocopy,save_on_cpu,checkpoint" if dev.type == "cpu" else "plain,tensile,save_on_cpu,checkpoint"
     names = [m for m in (args.modes or default).split(",") if m]
     if args.server and "tensile+server" not in names:
