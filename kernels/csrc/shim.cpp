@@ -382,6 +382,21 @@ int tk_device_memory(int32_t device_type, int32_t index, int32_t reset, int64_t*
   });
 }
 
+// Gives the caching allocator's unused cached memory of every device of
+// `device_type` back to the driver (torch.cuda.empty_cache). Returns 0, or
+// 1 with *err set (no such allocator, not initialized).
+int tk_empty_cache(int32_t device_type, char** err) {
+  return guarded(err, 1, [&]() {
+    auto type = static_cast<c10::DeviceType>(device_type);
+    c10::DeviceAllocator* alloc = c10::getDeviceAllocator(type);
+    if (alloc == nullptr || !alloc->initialized()) {
+      throw std::runtime_error("the " + c10::DeviceTypeName(type) + " caching allocator is not initialized");
+    }
+    alloc->emptyCache();
+    return 0;
+  });
+}
+
 // cuDNN's deterministic algorithms on (or off): with them, and with its
 // autotuner off, the same kernels on the same device give bit-identical
 // results run to run (without them, a convolution's backward may sum in any

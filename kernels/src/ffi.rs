@@ -46,6 +46,7 @@ unsafe extern "C" {
         out: *mut i64,
         err: *mut *mut c_char,
     ) -> i32;
+    fn tk_empty_cache(device_type: i32, err: *mut *mut c_char) -> i32;
     fn tk_set_deterministic_cudnn(on: i32);
     fn tk_set_allocator_settings(conf: *const c_char, err: *mut *mut c_char) -> i32;
     fn tk_storage_use_count(t: *const c_void) -> i64;
@@ -85,6 +86,19 @@ pub(crate) fn cuda_memory(index: i32, reset: bool) -> Result<[i64; 4], String> {
         return Err(take_str(err));
     }
     Ok(out)
+}
+
+/// Gives the CUDA caching allocator's unused cached memory back to the
+/// driver.
+pub(crate) fn cuda_empty_cache() -> Result<(), String> {
+    let mut err: *mut c_char = ptr::null_mut();
+    // SAFETY: `err` is a valid out-pointer; the shim takes no other
+    // pointer and catches every C++ exception.
+    let rc = unsafe { tk_empty_cache(1, &mut err) };
+    if rc != 0 {
+        return Err(take_str(err));
+    }
+    Ok(())
 }
 
 /// Writes `src` into the memory of `dst`, a contiguous CPU tensor of

@@ -105,6 +105,21 @@ pub fn cuda_memory(index: usize, reset_peak: bool) -> Result<DeviceMemory, Kerne
     })
 }
 
+/// Gives the CUDA caching allocator's unused cached memory back to the
+/// driver (`torch.cuda.empty_cache()`): what the process then holds on the
+/// device is what its tensors and the CUDA context need, not the high
+/// water of an earlier plan. Blocks in use stay. An error without a GPU.
+pub fn cuda_empty_cache() -> Result<(), KernelError> {
+    let device = tch::Device::Cuda(0);
+    if !tch::Cuda::is_available() {
+        return Err(KernelError::Device {
+            device,
+            reason: "no CUDA device: there is no CUDA cache to empty".to_string(),
+        });
+    }
+    ffi::cuda_empty_cache().map_err(|reason| KernelError::Device { device, reason })
+}
+
 /// cuDNN's deterministic algorithms on or off, its autotuner off (as
 /// `torch.backends.cudnn.deterministic = True; benchmark = False`): the
 /// same kernels on the same GPU then give bit-identical results run to run,

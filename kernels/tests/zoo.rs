@@ -282,6 +282,8 @@ fn cuda_memory_statistics_or_a_clear_error() {
     if !tch::Cuda::is_available() {
         let e = tensile_kernels::cuda_memory(0, false).expect_err("no GPU: an error");
         assert!(e.to_string().contains("no such CUDA device"), "{e}");
+        let e = tensile_kernels::cuda_empty_cache().expect_err("no GPU: an error");
+        assert!(e.to_string().contains("no CUDA device"), "{e}");
         eprintln!("skipped: no CUDA device (checked that asking for one is a clear error)");
         return;
     }
@@ -297,6 +299,14 @@ fn cuda_memory_statistics_or_a_clear_error() {
     drop(t);
     let after = tensile_kernels::cuda_memory(0, true).expect("stats");
     assert!(after.allocated < during.allocated && after.allocated_peak >= during.allocated);
+    // Emptying the cache gives back what no tensor holds: reserved comes
+    // down to at most what it was, and never below what is allocated.
+    tensile_kernels::cuda_empty_cache().expect("empty the cache");
+    let emptied = tensile_kernels::cuda_memory(0, false).expect("stats");
+    assert!(
+        emptied.reserved <= after.reserved && emptied.reserved >= emptied.allocated,
+        "{after:?} {emptied:?}"
+    );
 }
 
 #[test]

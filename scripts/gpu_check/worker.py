@@ -8,8 +8,10 @@ scheduler, as two processes and as one process that trains both.
 
 A job is MODEL:BATCH[:RESOLUTION]. Every figure comes from the binaries'
 own output: ``tensilectl plan --json`` (the predicted peaks and times),
-``tensile-worker --json`` (per iteration: time, measured peak, stalls), and
-on a GPU nvidia-smi's device memory per process (CUDA context included).
+``tensile-worker --json`` (per iteration: time, measured peak, stalls, and
+on a GPU the base it measured: what the process holds outside its
+storages), and on a GPU nvidia-smi's device memory per process (CUDA
+context included).
 Iterations before ``--warmup`` are left out of the medians and peaks.
 """
 
@@ -193,6 +195,15 @@ def summarize(its: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
             if all("allocator_peak_bytes" in it for it in steady)
             else None
         ),
+        # The base the worker measured (the process's device memory by NVML
+        # less its storages' peak; each copy's share when one process trains
+        # several), median over the iterations that carry it: absent on the
+        # CPU, before the worker's own warm-up and where NVML failed.
+        "measured_base_mb": (
+            round(statistics.median(it["base_bytes"] for it in steady if "base_bytes" in it) / 1e6, 1)
+            if any("base_bytes" in it for it in steady)
+            else None
+        ),
         "stall_ms": round(med("stall_ns") / 1e6, 2),
         "late_prefetches": sum(it.get("late_prefetches", 0) for it in steady),
         "passive_swaps": sum(it.get("passive_swaps", 0) for it in steady),
@@ -253,7 +264,7 @@ def solo(ctx: Ctx, jobs: list[Job]) -> int:
             else:
                 print(
                     f"  {row_id}: {row['time_ms']} ms/iteration, peak {row['measured_peak_mb']} MB "
-                    f"(predicted {row.get('predicted_tensors_mb')})"
+                    f"(predicted {row.get('predicted_tensors_mb')}), measured base {row.get('measured_base_mb')} MB"
                 )
     return 0
 

@@ -39,7 +39,7 @@
 //! fails without being issued; a failed swap-out leaves the device copy, a
 //! failed prefetch leaves the host copy, so no data is lost.
 //!
-//! This is the crate's only module with `unsafe`: the cudarc calls that
+//! With `nvml`, the crate's only module with `unsafe`: the cudarc calls that
 //! are unsafe (pinned allocation, raw-pointer async copies, the driver
 //! library probe). Each block says why it is sound.
 

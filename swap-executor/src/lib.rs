@@ -24,15 +24,21 @@
 //!   (a [`DevicePayload`]) and a capped pool of pinned host buffers on one
 //!   non-blocking CUDA stream (cudarc, driver loaded at run time), ordered
 //!   against the compute stream with events; fault injection and host runs
-//!   as `host`. The crate's only module with `unsafe`.
+//!   as `host`.
 //! - `runs`: host runs ([`CopyEngine::run_on_host`]) for both real
 //!   engines: the queue's rules once, over each engine's host copies.
+//! - `nvml`: [`ProcessMemory`], the device memory this process uses on
+//!   one GPU as the driver counts it (NVML, loaded at run time), for the
+//!   base the worker measures. `cuda` and `nvml` are the crate's only
+//!   modules with `unsafe`, each block with why it is sound.
 
 #[allow(unsafe_code)]
 mod cuda;
 mod cuda_clock;
 mod engine;
 mod host;
+#[allow(unsafe_code)]
+mod nvml;
 mod queue;
 mod runs;
 mod virtual_time;
@@ -41,6 +47,7 @@ pub use cuda::{CudaConfig, CudaCopies, CudaUnavailable, DevicePayload, cuda_avai
 pub use cuda_clock::CudaOpClock;
 pub use engine::{Copy, CopyEngine, CopyError, CopyId, CopyStatus, Dir, HostRun};
 pub use host::{HostConfig, HostCopies, Payload};
+pub use nvml::{NvmlError, ProcessMemory, device_memory_bytes, pci_bus_id};
 pub use queue::ExecutionQueue;
 pub use runs::{HostBytes, HostKernel};
 pub use virtual_time::VirtualCopies;

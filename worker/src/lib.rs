@@ -19,6 +19,9 @@
 //! - `host_kernels`: ops placed on the host (optimizer updates kept on the
 //!   host CPU) run by the host copy engine over its host buffers, viewed as
 //!   CPU tensors, through the worker's host [`Kernels`].
+//! - `base`: [`BaseMeter`], what the process holds on the device beyond
+//!   its jobs' storages, measured after the first iterations (NVML's
+//!   figure less the storages' peak) and reported as each job's base.
 //! - `real`: the real kernels (`tensile-kernels`) as [`Kernels`], their
 //!   initial values, saving parameters.
 //! - [`Session`] (`tensile-session`, re-exported): the job's connection
@@ -27,6 +30,7 @@
 //!   boundary. The Python hook runs the same session.
 //! - `main.rs`: the `tensile-worker` binary.
 
+mod base;
 mod copies;
 mod host_kernels;
 mod ledger;
@@ -35,6 +39,7 @@ mod real;
 mod report;
 mod runtime;
 
+pub use base::{BaseMeter, DeviceUsage, WARMUP, process_usage};
 pub use copies::{Copies, Engine, cuda_ordinal};
 pub use ledger::{Claim, Ledger, LedgerError, Others, REFRESH, SlotState};
 pub use payload::{Flat, FlatMeta, Layout};

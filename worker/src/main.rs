@@ -20,8 +20,8 @@ use tensile_graph::zoo::{self, ZooConfig};
 use tensile_graph::{Graph, Limits, Liveness, json};
 use tensile_swap_executor::HostConfig;
 use tensile_worker::{
-    Engine, IterationReport, Level, LogSink, Session, SessionConfig, Worker, WorkerConfig,
-    vanilla_plan,
+    BaseMeter, Engine, IterationReport, Level, LogSink, Session, SessionConfig, Worker,
+    WorkerConfig, vanilla_plan,
 };
 
 /// The unit of every `-mb` flag: 10^6 bytes, as the scheduler's
@@ -86,7 +86,10 @@ struct Args {
     /// nvidia-smi's figure for a run less the peak it prints, under a plan
     /// and beside the other jobs where possible (the allocator then holds
     /// more than for a vanilla run alone). Unset: the scheduler's device
-    /// profile says.
+    /// profile says. On CUDA the worker measures it itself after its first
+    /// iterations (NVML's figure for the process less the storages' peak)
+    /// and reports it; the scheduler plans with the measured figure when
+    /// it differs materially from this one.
     #[arg(long, value_name = "MB", value_parser = clap::value_parser!(u64).range(1..))]
     base_mb: Option<u64>,
     /// How long to wait for the scheduler's first plan (queued jobs wait
@@ -175,7 +178,8 @@ struct Args {
     /// copies share one CUDA context, the libraries' handles and one
     /// caching allocator, so the memory a process holds outside its
     /// tensors (--base-mb) is paid once, not once per job: --base-mb is
-    /// then the whole process's, split evenly among the copies. They share
+    /// then the whole process's, split evenly among the copies, and so is
+    /// the base the process measures (each copy reports its share). They share
     /// --memory-mb through --ledger, or through a private ledger of their
     /// own when none is named. Every copy starts from the same tensors
     /// (--seed, --init-params, --inputs). --memory-trace and --save-params
@@ -230,13 +234,29 @@ impl JobCopy {
 }
 
 /// What the copies of one process share: the device, the copy engine's
-/// kind, the host pool's settings, the memory ledger, where they print.
+/// kind, the host pool's settings, the memory ledger, where they print,
+/// the process's base meter.
 struct Shared {
     device: Device,
     engine: Engine,
     host: HostConfig,
     ledger: Option<PathBuf>,
     bars: MultiProgress,
+    base: Arc<BaseMeter>,
+}
+
+/// The process's base meter: on CUDA through NVML (said once, above the
+/// progress bars, when that cannot be read), on the CPU none.
+fn base_meter(device: Device, copies: usize, bars: &MultiProgress) -> BaseMeter {
+    let Some(ordinal) = tensile_worker::cuda_ordinal(device) else {
+        return BaseMeter::off(copies);
+    };
+    let bars = bars.clone();
+    BaseMeter::new(
+        tensile_worker::process_usage(ordinal),
+        copies,
+        move |message| bars.suspend(|| eprintln!("tensile-worker: {message}")),
+    )
 }
 
 fn device(s: &str) -> Result<Device> {
@@ -348,8 +368,13 @@ fn print(r: &IterationReport, copy: JobCopy, json: bool) -> Result<()> {
         println!("{}", serde_json::to_string(&line)?);
     } else {
         let prefix = number.map_or_else(String::new, |n| format!("copy {n}: "));
+        // The base only once measured (on CUDA, after the first
+        // iterations).
+        let base = r.base_bytes.map_or_else(String::new, |b| {
+            format!(", base outside the storages {:.1} MB", b as f64 / 1e6)
+        });
         println!(
-            "{prefix}iteration {}: {:.1} ms, peak {:.1} MB, stalls {:.1} ms, {} passive swaps, {} late prefetches, {} failed copies, {} recomputed ops, {:.1} MB swapped",
+            "{prefix}iteration {}: {:.1} ms, peak {:.1} MB, stalls {:.1} ms, {} passive swaps, {} late prefetches, {} failed copies, {} recomputed ops, {:.1} MB swapped{base}",
             r.iteration,
             r.time_ns as f64 / 1e6,
             r.measured_peak_bytes as f64 / 1e6,
@@ -430,6 +455,7 @@ fn main() -> Result<()> {
         (None, Some(_)) if copies > 1 => Some(private_ledger()?),
         _ => None,
     };
+    let bars = MultiProgress::new();
     let shared = Shared {
         device,
         engine,
@@ -438,7 +464,8 @@ fn main() -> Result<()> {
             .ledger
             .clone()
             .or_else(|| private.as_ref().map(|d| d.path().to_path_buf())),
-        bars: MultiProgress::new(),
+        base: Arc::new(base_meter(device, copies, &bars)),
+        bars,
     };
     if copies == 1 {
         return run_copy(&args, &g, &live, &shared, JobCopy { index: 0, of: 1 });
@@ -552,6 +579,7 @@ fn run_copy(args: &Args, g: &Graph, live: &Liveness, shared: &Shared, copy: JobC
         ledger: shared.ledger.clone(),
     };
     let mut worker = Worker::new(g, live, &plan, program, initial, config)?;
+    worker.set_base_meter(shared.base.clone(), copy.index);
     if g.has_host_ops() {
         // Updates kept on the host run the CPU kernels over the host
         // copies, whatever the device.

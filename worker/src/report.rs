@@ -64,6 +64,13 @@ pub struct IterationReport {
     /// storages the plan moves. Absent on the CPU.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub allocator_peak_bytes: Option<u64>,
+    /// On CUDA, once measured (after the first iterations): the device
+    /// bytes the process holds outside its jobs' storages (NVML's figure
+    /// for the process less the storages' peak; see `base`), this job's
+    /// share of them when the process trains several. Absent on the CPU,
+    /// before the first measurement and where it cannot be measured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub base_bytes: Option<u64>,
 }
 
 impl IterationReport {
@@ -99,6 +106,7 @@ impl IterationReport {
             guard_evictions: s.guard_evictions,
             held_back: s.held_back,
             allocator_peak_bytes: None,
+            base_bytes: None,
         }
     }
 }
@@ -113,6 +121,7 @@ impl IterationReport {
             late_prefetches: self.late_prefetch_tensors.iter().map(|t| t.0).collect(),
             passive_swaps: u32::try_from(self.passive_swaps).unwrap_or(u32::MAX),
             peak_bytes: self.measured_peak_bytes,
+            base_bytes: self.base_bytes.unwrap_or(0),
         }
     }
 }

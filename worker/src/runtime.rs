@@ -17,7 +17,7 @@
 //! help (the deadlock breaker, [`BREAK_AFTER`]).
 
 use std::path::PathBuf;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tch::Tensor;
@@ -27,6 +27,7 @@ use tensile_planner::{Event, GateClock, Plan};
 use tensile_proto::clock::monotonic_ns;
 use tensile_swap_executor::{CudaOpClock, CudaUnavailable, HostConfig, Payload};
 
+use crate::base::BaseMeter;
 use crate::copies::{Copies, Engine};
 use crate::host_kernels::{self, HostLayouts, HostOps};
 use crate::ledger::{Ledger, LedgerError, SlotState};
@@ -217,6 +218,8 @@ pub struct Worker<'g, K> {
     /// has no host ops), and whether their kernels are installed.
     host_layouts: Option<HostLayouts>,
     host_kernels: bool,
+    /// The process's base meter and this job's number in it.
+    base: Option<(Arc<BaseMeter>, usize)>,
 }
 
 impl<K> std::fmt::Debug for Worker<'_, K> {
@@ -309,6 +312,7 @@ impl<'g, K: Kernels> Worker<'g, K> {
             started_monotonic_ns: 0,
             host_layouts: HostLayouts::new(graph),
             host_kernels: false,
+            base: None,
         };
         // What host ops update is current on the host: in the pool now, and
         // on the device too where device ops read it (unless the plan starts
@@ -444,8 +448,27 @@ impl<'g, K: Kernels> Worker<'g, K> {
         }
     }
 
+    /// Measures the process's base with `meter` ([`BaseMeter`]), as its
+    /// job number `job`: the meter learns what this job's storages hold,
+    /// and every report from now on carries the job's share of the
+    /// process's base once measured (`IterationReport::base_bytes`).
+    pub fn set_base_meter(&mut self, meter: Arc<BaseMeter>, job: usize) {
+        meter.grew(self.mem);
+        if let Some((old, job)) = self.base.replace((meter, job)) {
+            old.left(job, self.mem);
+        }
+    }
+
     /// The device buffer of `s` now holds `bytes` (measured).
     fn hold(&mut self, s: StorageId, bytes: u64) {
+        let was = self.resident[s.index()];
+        if let Some((m, _)) = &self.base {
+            if bytes >= was {
+                m.grew(bytes - was);
+            } else {
+                m.shrank(was - bytes);
+            }
+        }
         self.mem = self.mem - self.resident[s.index()] + bytes;
         self.resident[s.index()] = bytes;
         self.measured[s.index()] = Some(bytes);
@@ -550,6 +573,9 @@ impl<'g, K: Kernels> Worker<'g, K> {
         // it (in order with the copies it submitted after).
         for &t in &self.tensors_of[s.index()] {
             self.table[t.index()] = None;
+        }
+        if let Some((m, _)) = &self.base {
+            m.shrank(self.resident[s.index()]);
         }
         self.mem -= self.resident[s.index()];
         self.resident[s.index()] = 0;
@@ -719,6 +745,10 @@ impl<'g, K: Kernels> Worker<'g, K> {
                     }
                     r.memory = self.take_memory_log();
                     r.allocator_peak_bytes = self.allocator_peak();
+                    r.base_bytes = self
+                        .base
+                        .as_ref()
+                        .and_then(|(m, job)| m.iteration_done(*job));
                     r.gate_wait_ns = self.gate_wait_ns;
                     r.start_monotonic_ns = self.started_monotonic_ns;
                     if let Some(c) = &self.gate {
@@ -738,6 +768,9 @@ impl<'g, K: Kernels> Worker<'g, K> {
                             (g, c) => *c = g.map(GateClock::new),
                         }
                         self.exec.set_plan(plan);
+                        if let Some((m, job)) = &self.base {
+                            m.plan_switched(*job);
+                        }
                     }
                     reports.push(r);
                     self.peak = self.mem;
@@ -917,6 +950,16 @@ impl<'g, K: Kernels> Worker<'g, K> {
         }
         drop(ledger);
         log
+    }
+}
+
+impl<K> Drop for Worker<'_, K> {
+    fn drop(&mut self) {
+        // The job's storages go with it: the other jobs of the process
+        // measure without them and stop waiting for its iterations.
+        if let Some((m, job)) = self.base.take() {
+            m.left(job, self.mem);
+        }
     }
 }
 

@@ -251,6 +251,72 @@ fn on_a_gpu_the_cuda_engine_runs_updates_on_the_host() {
     the_cuda_engine_trains_as_the_host_engine(&zoo::build("resnet50", &config).expect("zoo"));
 }
 
+/// On a GPU the process measures what it holds outside its storages
+/// after its first iterations: every later report carries it, positive
+/// and below the device's memory; two copies of the job in one process
+/// report each a share of one base.
+#[test]
+fn on_a_gpu_the_measured_base_is_positive_and_below_the_devices_memory() {
+    let _heavy = crate::heavy();
+    if !gpu() {
+        return;
+    }
+    let device = tensile_swap_executor::device_memory_bytes(0).expect("the device's memory");
+    let iterations = 8;
+    // The JSON lines of a vanilla run of `copies` copies.
+    let run = |copies: u16| -> Vec<serde_json::Value> {
+        let out = worker_bin()
+            .args(["--model", "resnet50", "--batch", "1", "--resolution", "64"])
+            .args(["--vanilla", "--device", "cuda", "--json", "--iterations"])
+            .arg(iterations.to_string())
+            .args(["--copies", &copies.to_string()])
+            .output()
+            .expect("runs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+        assert!(
+            !stderr.contains("cannot be measured"),
+            "NVML could not measure the process: {stderr}"
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("json"))
+            .collect()
+    };
+    let base = |l: &serde_json::Value| l.get("base_bytes").and_then(serde_json::Value::as_u64);
+    let alone = run(1);
+    assert_eq!(alone.len(), iterations);
+    for l in &alone[..tensile_worker::WARMUP] {
+        assert_eq!(base(l), None, "measured during the warm-up: {l}");
+    }
+    for l in &alone[tensile_worker::WARMUP..] {
+        let b = base(l).unwrap_or_else(|| panic!("no base after the warm-up: {l}"));
+        // At least a CUDA context's worth (hundreds of MB), below the
+        // device's memory.
+        assert!(
+            b > 50_000_000 && b < device,
+            "base {b} of a {device} B device"
+        );
+    }
+    let both = run(2);
+    assert_eq!(both.len(), 2 * iterations);
+    let last = |copy: u64| {
+        both.iter()
+            .rev()
+            .find(|l| l["copy"].as_u64() == Some(copy))
+            .and_then(base)
+            .unwrap_or_else(|| panic!("copy {copy} reported no base"))
+    };
+    let (a, b) = (last(0), last(1));
+    assert!(a > 0 && a + b < device, "shares {a} and {b}");
+    eprintln!(
+        "measured base: {:.1} MB alone; {:.1} + {:.1} MB for two copies in one process",
+        base(&alone[iterations - 1]).unwrap_or(0) as f64 / 1e6,
+        a as f64 / 1e6,
+        b as f64 / 1e6
+    );
+}
+
 #[test]
 fn without_a_gpu_the_cuda_engine_is_a_clear_error() {
     let _heavy = crate::heavy();
@@ -347,6 +413,8 @@ fn the_binary_trains_under_vanilla_and_a_plan_file_and_runs_out_of_memory_clearl
         for l in &lines {
             assert!(l["time_ns"].as_u64().is_some_and(|t| t > 0));
             assert!(l["measured_peak_bytes"].as_u64().is_some_and(|b| b > 0));
+            // On the CPU no base is measured (the report says 0).
+            assert!(l.get("base_bytes").is_none(), "{l}");
         }
         saved.push(std::fs::read(&out_file).expect("saved"));
     }
