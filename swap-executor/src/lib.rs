@@ -47,7 +47,7 @@ pub use cuda::{CudaConfig, CudaCopies, CudaUnavailable, DevicePayload, cuda_avai
 pub use cuda_clock::CudaOpClock;
 pub use engine::{Copy, CopyEngine, CopyError, CopyId, CopyStatus, Dir, HostRun};
 pub use host::{HostConfig, HostCopies, Payload};
-pub use nvml::{NvmlError, ProcessMemory, device_memory_bytes, pci_bus_id};
+pub use nvml::{NvmlError, ProcessMemory, device_memory_bytes};
 pub use queue::ExecutionQueue;
 pub use runs::{HostBytes, HostKernel};
 pub use virtual_time::VirtualCopies;

@@ -12,6 +12,7 @@
 //! symbols); each block says why it is sound.
 
 use std::ffi::{CStr, CString, c_char, c_int, c_uint, c_ulonglong, c_void};
+use std::sync::Arc;
 
 use cudarc::driver::CudaContext;
 use cudarc::driver::sys::CUdevice_attribute;
@@ -76,6 +77,9 @@ pub struct ProcessMemory {
     pid: u32,
     /// Where the device is on the PCI bus (`0000:3b:00.0`).
     pci_bus_id: String,
+    /// The device's primary context, held as libtorch and the copy engine
+    /// hold it: looking the bus id up must not create and destroy it.
+    _ctx: Arc<CudaContext>,
 }
 
 // SAFETY: an `nvmlDevice_t` is a process-wide handle that stays valid
@@ -96,12 +100,13 @@ impl std::fmt::Debug for ProcessMemory {
     }
 }
 
-/// CUDA device `ordinal`'s PCI bus id as NVML reads it
-/// (`domain:bus:device.0`, in hex).
-pub fn pci_bus_id(ordinal: usize) -> Result<String, CudaUnavailable> {
-    cuda_available(ordinal)?;
-    let driver = |e: cudarc::driver::DriverError| CudaUnavailable::Driver(e.to_string());
-    let ctx = CudaContext::new(ordinal).map_err(driver)?;
+fn driver(e: cudarc::driver::DriverError) -> CudaUnavailable {
+    CudaUnavailable::Driver(e.to_string())
+}
+
+/// The device's PCI bus id as NVML reads it (`domain:bus:device.0`, in
+/// hex).
+fn pci_bus_id(ctx: &CudaContext) -> Result<String, CudaUnavailable> {
     let attr = |a| ctx.attribute(a).map_err(driver);
     let domain = attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID)?;
     let bus = attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_PCI_BUS_ID)?;
@@ -112,7 +117,6 @@ pub fn pci_bus_id(ordinal: usize) -> Result<String, CudaUnavailable> {
 /// CUDA device `ordinal`'s memory, bytes.
 pub fn device_memory_bytes(ordinal: usize) -> Result<u64, CudaUnavailable> {
     cuda_available(ordinal)?;
-    let driver = |e: cudarc::driver::DriverError| CudaUnavailable::Driver(e.to_string());
     let ctx = CudaContext::new(ordinal).map_err(driver)?;
     Ok(ctx.total_mem().map_err(driver)? as u64)
 }
@@ -121,12 +125,14 @@ impl ProcessMemory {
     /// Loads NVML and finds CUDA device `ordinal` in it; a clear error
     /// without a driver, a device or NVML.
     pub fn open(ordinal: usize) -> Result<ProcessMemory, NvmlError> {
-        let bus = pci_bus_id(ordinal)?;
-        ProcessMemory::open_bus(&bus)
+        cuda_available(ordinal)?;
+        let ctx = CudaContext::new(ordinal).map_err(driver)?;
+        let bus = pci_bus_id(&ctx)?;
+        ProcessMemory::open_bus(&bus, ctx)
     }
 
     /// Loads NVML and finds the device at PCI bus id `bus`.
-    fn open_bus(bus: &str) -> Result<ProcessMemory, NvmlError> {
+    fn open_bus(bus: &str, ctx: Arc<CudaContext>) -> Result<ProcessMemory, NvmlError> {
         // SAFETY: loading the driver's NVML runs its initialisers, which
         // have no preconditions on the process (nvidia-smi and PyTorch
         // load it the same way).
@@ -193,6 +199,7 @@ impl ProcessMemory {
             device,
             pid: std::process::id(),
             pci_bus_id: bus.to_string(),
+            _ctx: ctx,
         })
     }
 
