@@ -4,11 +4,13 @@ Every CUDA process holds device memory no tensor accounts for: its CUDA
 context, library workspaces (cuBLAS, cuDNN), and the caching allocator's
 blocks reserved but not allocated. On an H200 that was 0.9 to 1.5 GB a
 training process, where a device profile's constant says 671 MB. The hook
-measures it after its first steps: the device memory the driver counts for
-this process (NVML's per-process figure, through ``cuda.bindings``, which
-PyTorch's CUDA wheels install) less the bytes PyTorch's allocator has
-allocated to tensors, and reports it so that the scheduler plans that
-figure inside the budget instead of the profile's.
+measures it over one step after its first ones, and again a few steps
+after each plan switch (with the allocator's cache given back first, so
+that blocks an earlier plan reserved do not count): the device memory the
+driver counts for this process (NVML's per-process figure, through
+``cuda.bindings``, which PyTorch's CUDA wheels install) less the most its
+tensors held at the step's points, and reports it so that the scheduler
+plans that figure inside the budget instead of the profile's.
 """
 
 from __future__ import annotations

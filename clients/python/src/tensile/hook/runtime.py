@@ -66,7 +66,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from tensile import _core
 from tensile.hook import forms
-from tensile.hook.base import base_bytes
+from tensile.hook.base import process_device_bytes
 from tensile.hook.gate import Gate, GateClock, gate_of, pace_of
 from tensile.hook.points import CHUNK, END, KIND_NAMES, MODULE, NONE, PACK, START, UNPACK, Record, chunks_of, place
 from tensile.hook.schedule import PERSISTENT, Event, Schedule
@@ -357,8 +357,12 @@ class Applier(TorchDispatchMode):
         #: Op latencies of the last fully timed step (for the scheduler).
         self.last_op_ns: dict[int, int] = {}
         #: The process's device memory outside its tensors, measured on CUDA
-        #: after the first steps (None: not measured).
+        #: after the first steps and again after each plan switch (None: not
+        #: measured); the step at whose start the next measuring step begins,
+        #: and, during that step, the most its tensors held at a point.
         self.base_bytes: int | None = None
+        self.base_at: int | None = BASE_AFTER_STEPS - 1 if self.device.type == "cuda" else None
+        self.window_peak: int | None = None
         #: Parameters with optimizer state when it was last registered.
         self.state_count = -1
         self._register_module_tensors()
@@ -544,6 +548,8 @@ class Applier(TorchDispatchMode):
             self.timer.clear()
         self.iter_start_ns = time.monotonic_ns()
         n = len(self.stats)
+        if self.base_at == n:
+            self.base_at, self.window_peak = None, 0  # this step measures the base
         # The second step is checked too, and timed, when a scheduler takes
         # its latencies or the plan is coordinated with other jobs.
         timed = n == 1 and (self.session is not None or self.gate_clock is not None or bool(self.pace))
@@ -781,7 +787,7 @@ class Applier(TorchDispatchMode):
             stats.device_peak_bytes = (
                 torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else stats.max_managed_bytes
             )
-            if self.device.type == "cuda" and len(self.stats) == BASE_AFTER_STEPS:
+            if self.window_peak is not None:
                 self._measure_base()
             self._sample()
         stats.ops = self.k if stats.mode == CHECKED else self.s.n_ops if stats.mode == FAST else 0
@@ -792,18 +798,34 @@ class Applier(TorchDispatchMode):
             self._report_and_switch(self.session)
 
     def _measure_base(self) -> None:
-        """After the first steps on CUDA: the process's device memory outside
-        its tensors (``tensile.hook.base``), reported from now on; said once
-        when it cannot be measured (the scheduler then plans its profile's
-        figure)."""
-        measured, why = base_bytes(self.device)
-        self.base_bytes = measured
-        if measured is None:
-            log.warning(
-                "tensile: this process's device memory outside its tensors cannot be measured (%s); the "
-                "scheduler plans its device profile's figure",
-                why,
-            )
+        """At the end of a measuring step on CUDA: the process's device
+        memory outside its tensors (``tensile.hook.base``: what the driver
+        counts for the process less the most its tensors held at the step's
+        points), reported from now on; said once when it cannot be measured
+        (the scheduler then plans its profile's figure)."""
+        peak, self.window_peak = self.window_peak, None
+        used, why = process_device_bytes(self.device)
+        if used is None:
+            if self.base_bytes is None and "base" not in self.said:
+                self.said.add("base")
+                log.warning(
+                    "tensile: this process's device memory outside its tensors cannot be measured (%s); the "
+                    "scheduler plans its device profile's figure",
+                    why,
+                )
+            return
+        self.base_bytes = max(0, used - max(peak or 0, torch.cuda.memory_allocated(self.device)))
+
+    def _measure_base_after(self, steps: int) -> None:
+        """Measures the base again ``steps`` steps from now, after the
+        allocator gives back the blocks it cached (a plan's switch: blocks an
+        earlier, larger plan reserved would count as base, and a scheduler
+        planning with that figure would shrink the plan, which would grow
+        the slack it measures next)."""
+        if self.device.type != "cuda":
+            return
+        torch.cuda.empty_cache()
+        self.base_at = len(self.stats) + steps
 
     def _exit_mode(self) -> None:
         """Pops the dispatch mode (a checked step is over), or owes it when
@@ -942,6 +964,7 @@ class Applier(TorchDispatchMode):
                 self._place()
             self._park_start_on_host()
         self.plan_id = (job_id, int(plan.plan.get("version", 0)))
+        self._measure_base_after(BASE_AFTER_STEPS)
         # As the simulator takes a plan: the same gate keeps its slots,
         # another one places them afresh, none runs free.
         self.pace = pace
@@ -1412,6 +1435,8 @@ class Applier(TorchDispatchMode):
             stats.max_managed_bytes = held
         if self.mode != CHECKED:
             stats.saved_curve.append(self.resident)
+        if self.window_peak is not None:
+            self.window_peak = max(self.window_peak, torch.cuda.memory_allocated(self.device))
 
     # -- saved tensors -----------------------------------------------------
 
@@ -1570,6 +1595,8 @@ class Applier(TorchDispatchMode):
                             self._poll()
                         self._fire_now(evs)
                 self.stats[-1].saved_curve.append(self.resident)
+                if self.window_peak is not None:
+                    self.window_peak = max(self.window_peak, torch.cuda.memory_allocated(self.device))
                 return
             with self.quiet:
                 self._diverge(q, UNPACK, p)
