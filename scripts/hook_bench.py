@@ -53,17 +53,6 @@ from tensile.hook.store import MIN_MOVE_BYTES
 from tensile.trace.models import TransformerClassifier
 
 
-class Checkpointed(nn.Module):
-    """Runs a block under activation checkpointing (non-reentrant)."""
-
-    def __init__(self, inner: nn.Module) -> None:
-        super().__init__()
-        self.inner = inner
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return checkpoint(self.inner, *args, use_reentrant=False, **kwargs)
-
-
 def build(name: str, args: argparse.Namespace) -> tuple[nn.Module, str]:
     if name in ("resnet50", "resnet18"):
         return torchvision.models.get_model(name, weights=None), "image"
@@ -75,12 +64,17 @@ def build(name: str, args: argparse.Namespace) -> tuple[nn.Module, str]:
 
 
 def checkpointed(model: nn.Module, name: str) -> nn.Module:
+    """Activation checkpointing (non-reentrant) around each residual block or
+    encoder layer: the block's ``forward`` is wrapped in place, so the
+    modules around it (the encoder's fast-path checks) see the same layers."""
     model = copy.deepcopy(model)
     if name.startswith("resnet"):
-        for attr in ("layer1", "layer2", "layer3", "layer4"):
-            setattr(model, attr, nn.Sequential(*[Checkpointed(b) for b in getattr(model, attr)]))
+        blocks = [b for attr in ("layer1", "layer2", "layer3", "layer4") for b in getattr(model, attr)]
     else:
-        model.encoder.layers = nn.ModuleList(Checkpointed(layer) for layer in model.encoder.layers)
+        blocks = list(model.encoder.layers)
+    for block in blocks:
+        inner = block.forward
+        block.forward = lambda *args, _f=inner, **kwargs: checkpoint(_f, *args, use_reentrant=False, **kwargs)
     return model
 
 
