@@ -46,7 +46,7 @@ pub struct Args {
     /// Allow listening on a non-loopback TCP address without TLS.
     #[arg(long, env = "TENSILE_INSECURE")]
     pub insecure: bool,
-    /// Device profile: a built-in name (a6000, h100, paper), `cpu`, or a
+    /// Device profile: a built-in name (a6000, h100, h200, paper), `cpu`, or a
     /// profile file; its copy link is every GPU's, its memory a simulated
     /// GPU's (a real GPU's is what nvidia-smi reports). Default: a6000 (with
     /// --listen: the first GPU's memory when nvidia-smi sees one).

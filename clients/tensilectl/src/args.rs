@@ -171,7 +171,8 @@ pub(crate) enum BenchCommand {
 
 #[derive(Debug, Args)]
 pub(crate) struct BenchColocateArgs {
-    /// Device profiles, comma separated (a6000, h100, paper, cpu or files).
+    /// Device profiles, comma separated (a6000, h100, h200, paper, cpu or
+    /// files).
     #[arg(long, default_value = "a6000,h100")]
     pub(crate) device: String,
     /// Cases, comma separated, each MODEL:BATCHxCOPIES[:OPTIMIZER] (the
@@ -250,7 +251,8 @@ pub(crate) struct BenchServiceArgs {
 
 #[derive(Debug, Args)]
 pub(crate) struct BenchPaperArgs {
-    /// Device profiles, comma separated (a6000, h100, paper, cpu or files).
+    /// Device profiles, comma separated (a6000, h100, h200, paper, cpu or
+    /// files).
     #[arg(long, default_value = "a6000,h100,paper")]
     pub(crate) device: String,
     /// Policies besides vanilla, comma separated (ours always runs).
@@ -343,7 +345,7 @@ pub(crate) struct TrainArgs {
     #[arg(long)]
     pub(crate) out: PathBuf,
     /// The device profiled: cpu, or the built-in GPU profile whose peaks the
-    /// fallback roofline is calibrated from (a6000, h100).
+    /// fallback roofline is calibrated from (a6000, h100, h200).
     #[arg(long, default_value = "cpu")]
     pub(crate) device: String,
     /// Training epochs per op type (full batch, Adam).
@@ -407,8 +409,8 @@ pub(crate) struct PlanArgs {
 
 #[derive(Debug, Args)]
 pub(crate) struct DeviceArgs {
-    /// Device profile: a6000, h100, paper, cpu (the CPU the shipped latency
-    /// models were measured on), or a JSON profile file.
+    /// Device profile: a6000, h100, h200, paper, cpu (the CPU the shipped
+    /// latency models were measured on), or a JSON profile file.
     #[arg(long, default_value = "a6000")]
     pub(crate) device: String,
     /// Recompute while the jobs' planned peaks add up to more than this (MB).

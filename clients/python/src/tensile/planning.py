@@ -134,8 +134,8 @@ def plan(
     :func:`tensile.apply` rebuilds recomputed tensors from their saved
     inputs, as checkpointing does.
     ``device_profile`` is a device profile as ``tensilectl --device`` takes
-    it (``a6000``, ``h100``, ``paper``, ``cpu`` or a profile file; default:
-    see :func:`default_profile`). With ``workdir`` the graph and the plan
+    it (``a6000``, ``h100``, ``h200``, ``paper``, ``cpu`` or a profile
+    file; default: see :func:`default_profile`). With ``workdir`` the graph and the plan
     are also written there, as ``NAME.graph.json`` and ``NAME.plan.json``,
     which the returned plan's ``graph_path`` and ``plan_path`` name;
     without one nothing is written and those paths are ``None``.
