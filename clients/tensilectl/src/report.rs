@@ -51,17 +51,20 @@ impl GraphStats {
     }
 
     pub(crate) fn print_text(&self) {
-        println!("graph                {}", self.name);
-        println!(
+        tensile_cli::outln!("graph                {}", self.name);
+        tensile_cli::outln!(
             "ops                  {} ({} forward, {} backward, {} optimizer)",
-            self.ops, self.forward_ops, self.backward_ops, self.optimizer_ops
+            self.ops,
+            self.forward_ops,
+            self.backward_ops,
+            self.optimizer_ops
         );
-        println!("tensors              {}", self.tensors);
-        println!("params               {}", self.params);
-        println!("param bytes          {}", bytes(self.param_bytes));
-        println!("persistent bytes     {}", bytes(self.persistent_bytes));
-        println!("resident at start    {}", bytes(self.start_bytes));
-        println!(
+        tensile_cli::outln!("tensors              {}", self.tensors);
+        tensile_cli::outln!("params               {}", self.params);
+        tensile_cli::outln!("param bytes          {}", bytes(self.param_bytes));
+        tensile_cli::outln!("persistent bytes     {}", bytes(self.persistent_bytes));
+        tensile_cli::outln!("resident at start    {}", bytes(self.start_bytes));
+        tensile_cli::outln!(
             "vanilla peak         {}{}",
             bytes(self.vanilla_peak_bytes),
             self.vanilla_peak_op
@@ -69,7 +72,7 @@ impl GraphStats {
                 .map(|o| format!(" (during {o})"))
                 .unwrap_or_default()
         );
-        println!("keep-all peak        {}", bytes(self.keep_all_peak_bytes));
+        tensile_cli::outln!("keep-all peak        {}", bytes(self.keep_all_peak_bytes));
     }
 }
 

@@ -174,7 +174,7 @@ pub(crate) fn status(a: &StatusArgs) -> Result<()> {
         )
     })?;
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        tensile_cli::outln!("{}", serde_json::to_string_pretty(&out)?);
     } else {
         print_status(&out);
     }
@@ -215,22 +215,25 @@ fn status_of_gpus(a: &StatusArgs, dir: &std::path::Path, file: &GpusFile) -> Res
         );
     }
     if a.json {
-        println!(
+        tensile_cli::outln!(
             "{}",
             serde_json::to_string_pretty(&serde_json::json!({ "gpus": sections }))?
         );
     } else {
         for (i, g) in sections.iter().enumerate() {
             if i > 0 {
-                println!();
+                tensile_cli::outln!();
             }
-            println!(
+            tensile_cli::outln!(
                 "GPU {} ({}, {}) on unix:{}",
-                g.index, g.name, g.uuid, g.socket
+                g.index,
+                g.name,
+                g.uuid,
+                g.socket
             );
             match (&g.status, &g.error) {
                 (Some(st), _) => print_status(st),
-                (None, e) => println!("  unreachable: {}", e.as_deref().unwrap_or("")),
+                (None, e) => tensile_cli::outln!("  unreachable: {}", e.as_deref().unwrap_or("")),
             }
         }
     }
@@ -283,7 +286,7 @@ fn status_json(st: pb::GetStatusResponse) -> StatusJson {
 }
 
 fn print_status(out: &StatusJson) {
-    println!(
+    tensile_cli::outln!(
         "{}: budget {} of {}; planned peaks add up to {} (vanilla {}), aligned {}",
         out.device,
         bytes(out.budget_bytes),
@@ -293,9 +296,9 @@ fn print_status(out: &StatusJson) {
         bytes(out.aligned_peak_bytes)
     );
     if out.jobs.is_empty() {
-        println!("no jobs");
+        tensile_cli::outln!("no jobs");
     } else {
-        println!(
+        tensile_cli::outln!(
             "{:>5}  {:<20} {:<9} {:>4} {:>7} {:>6}  {:>10} {:>10} {:>10}  {:>10} {:<10}  latencies",
             "job",
             "name",
@@ -311,7 +314,7 @@ fn print_status(out: &StatusJson) {
         );
     }
     for j in &out.jobs {
-        println!(
+        tensile_cli::outln!(
             "{:>5}  {:<20} {:<9} {:>4} {:>7} {:>6}  {:>10} {:>10} {:>10}  {:>10} {:<10}  {}",
             j.job_id,
             j.name,
@@ -327,11 +330,11 @@ fn print_status(out: &StatusJson) {
             j.latency_source
         );
         if !j.reason.is_empty() {
-            println!("       {}", j.reason);
+            tensile_cli::outln!("       {}", j.reason);
         }
     }
     for d in &out.diagnostics {
-        println!("note: {d}");
+        tensile_cli::outln!("note: {d}");
     }
 }
 
@@ -370,9 +373,9 @@ pub(crate) fn budget(a: &BudgetArgs) -> Result<()> {
             .context("SetMemoryBudget")?;
         Ok::<_, anyhow::Error>(r.into_inner())
     })??;
-    println!("budget set to {}", bytes(r.budget_bytes));
+    tensile_cli::outln!("budget set to {}", bytes(r.budget_bytes));
     for j in &r.changed {
-        println!(
+        tensile_cli::outln!(
             "  job {} {:?} is now {}",
             j.job_id,
             j.name,
@@ -426,7 +429,7 @@ async fn watch_stream(c: &mut Client, job: u64, token: &str) -> Result<()> {
         match &u.plan {
             Some(p) => {
                 let pr = p.prediction.clone().unwrap_or_default();
-                println!(
+                tensile_cli::outln!(
                     "job {job} plan v{}: {} events, peak {} (vanilla {}), {:.2} ms per iteration",
                     p.version,
                     p.events.len(),
@@ -435,13 +438,13 @@ async fn watch_stream(c: &mut Client, job: u64, token: &str) -> Result<()> {
                     pr.planned_iteration_s * 1e3
                 );
             }
-            None => println!("job {job} is {}", state_name(u.state)),
+            None => tensile_cli::outln!("job {job} is {}", state_name(u.state)),
         }
         for d in &u.diagnostics {
-            println!("  note: {}", d.message);
+            tensile_cli::outln!("  note: {}", d.message);
         }
     }
-    println!("job {job}: the stream ended");
+    tensile_cli::outln!("job {job}: the stream ended");
     Ok(())
 }
 
@@ -453,7 +456,7 @@ async fn watch_status(c: &mut Client, job: u64) -> Result<()> {
         let st = match c.get_status(pb::GetStatusRequest { job_id: job }).await {
             Ok(r) => r.into_inner(),
             Err(e) if e.code() == tonic::Code::NotFound && last.is_some() => {
-                println!("job {job} is gone");
+                tensile_cli::outln!("job {job} is gone");
                 return Ok(());
             }
             Err(e) => return Err(e).context("GetStatus"),
@@ -462,7 +465,7 @@ async fn watch_status(c: &mut Client, job: u64) -> Result<()> {
             let now = (j.plan_version, j.state);
             if last != Some(now) {
                 let p = j.prediction.clone().unwrap_or_default();
-                println!(
+                tensile_cli::outln!(
                     "job {job} {:?}: {} plan v{}, peak {} (vanilla {})",
                     j.name,
                     state_name(j.state),
@@ -533,22 +536,22 @@ pub(crate) fn plan(a: &PlanArgs, server: &str) -> Result<()> {
             "latency_source": r.latency_source.first().cloned().unwrap_or_default(),
             "diagnostics": r.diagnostics.iter().map(|d| d.message.clone()).collect::<Vec<_>>(),
         });
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        tensile_cli::outln!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
-    println!("{} planned by the scheduler at {server}", graph.name());
-    println!(
+    tensile_cli::outln!("{} planned by the scheduler at {server}", graph.name());
+    tensile_cli::outln!(
         "  peak      vanilla {}  planned {}",
         bytes(p.vanilla_peak_bytes),
         bytes(p.planned_peak_bytes)
     );
-    println!(
+    tensile_cli::outln!(
         "  time      vanilla {:.2} ms  planned {:.2} ms  (latencies: {})",
         p.vanilla_iteration_s * 1e3,
         p.planned_iteration_s * 1e3,
         r.latency_source.first().map_or("", String::as_str)
     );
-    println!(
+    tensile_cli::outln!(
         "  events    {} swap-outs, {} swap-ins, {} releases, {} recomputed ops; {} swapped",
         count(pb::EventKind::SwapOut),
         count(pb::EventKind::SwapIn),
@@ -556,9 +559,9 @@ pub(crate) fn plan(a: &PlanArgs, server: &str) -> Result<()> {
         p.recomputed_ops,
         bytes(p.swapped_bytes)
     );
-    println!("  planned in {:.2} ms", r.planning_s * 1e3);
+    tensile_cli::outln!("  planned in {:.2} ms", r.planning_s * 1e3);
     for d in &r.diagnostics {
-        println!("  note: {}", d.message);
+        tensile_cli::outln!("  note: {}", d.message);
     }
     Ok(())
 }
