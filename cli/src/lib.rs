@@ -178,6 +178,51 @@ pub fn parse_mb(s: &str) -> Result<u64, String> {
         .ok_or_else(too_large)
 }
 
+/// [`parse_mb`] for a flag where zero means nothing (a budget, a base):
+/// says so, naming the value.
+pub fn parse_positive_mb(s: &str) -> Result<Mb, String> {
+    match parse_mb(s)? {
+        0 => Err(format!("{:?} is no memory: a size in MB above 0", s.trim())),
+        b => Ok(Mb(b)),
+    }
+}
+
+/// A memory size given in MB (10^6 bytes), held in bytes: the type of
+/// every `--*-mb` flag. Parses as [`parse_mb`] does, so clap names the flag
+/// and says what is wrong (`--budget-mb 1.5x`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Mb(u64);
+
+impl Mb {
+    /// Whole MB, saturating at what a `u64` of bytes holds.
+    pub const fn whole(mb: u64) -> Mb {
+        Mb(mb.saturating_mul(MB))
+    }
+
+    /// Exactly `bytes`.
+    pub const fn from_bytes(bytes: u64) -> Mb {
+        Mb(bytes)
+    }
+
+    pub const fn bytes(self) -> u64 {
+        self.0
+    }
+}
+
+impl std::str::FromStr for Mb {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Mb, String> {
+        parse_mb(s).map(Mb)
+    }
+}
+
+impl fmt::Display for Mb {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&format_mb(self.0))
+    }
+}
+
 /// Bytes as a person reads them next to `--*-mb` flags: MB (10^6 bytes),
 /// with as many decimals as the size needs, at most two: `300 MB`,
 /// `1.5 MB`, `0.25 MB`.
@@ -228,6 +273,14 @@ mod tests {
             let err = parse_mb(input).expect_err(input);
             assert!(err.contains(says), "{input:?}: {err}");
         }
+    }
+
+    #[test]
+    fn a_flag_of_mb_holds_bytes() {
+        assert_eq!("1.5".parse::<Mb>().map(Mb::bytes), Ok(1_500_000));
+        assert_eq!(Mb::whole(300).bytes(), 300_000_000);
+        assert_eq!(Mb::whole(u64::MAX).bytes(), u64::MAX);
+        assert_eq!(Mb::whole(300).to_string(), "300 MB");
     }
 
     #[test]

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
+use tensile_cli::Mb;
 use tensile_planner::RecomputeFirst;
 
 /// Client of the TENSILE memory scheduler: model zoo and graph tools.
@@ -61,10 +62,11 @@ pub(crate) struct DemoArgs {
     /// Training iterations per job.
     #[arg(long, default_value_t = 12)]
     pub(crate) iterations: usize,
-    /// The memory budget the jobs share, MB (default: --budget-fraction of
-    /// the sum of their vanilla peaks).
-    #[arg(long)]
-    pub(crate) budget_mb: Option<u64>,
+    /// The memory budget the jobs share, MB of 10^6 bytes, decimals allowed
+    /// (default: --budget-fraction of the sum of their vanilla peaks).
+    #[arg(long, value_name = "MB", value_parser = tensile_cli::parse_positive_mb,
+          allow_negative_numbers = true)]
+    pub(crate) budget_mb: Option<Mb>,
     #[arg(long, default_value_t = 0.8)]
     pub(crate) budget_fraction: f64,
     /// The host copy engine's bandwidth per direction, GB/s: scaled so that
@@ -116,8 +118,10 @@ pub(crate) struct StatusArgs {
 
 #[derive(Debug, Args)]
 pub(crate) struct BudgetArgs {
-    /// The new budget, MB (10^6 bytes).
-    pub(crate) mb: u64,
+    /// The new budget, MB (10^6 bytes; decimals allowed).
+    #[arg(value_parser = tensile_cli::parse_positive_mb,
+          allow_negative_numbers = true)]
+    pub(crate) mb: Mb,
     /// The scheduler: unix:PATH or HOST:PORT. Default: the one GPU of
     /// gpus.json (with several, name one with --gpu), else the default
     /// socket.
@@ -346,9 +350,11 @@ pub(crate) struct DeviceArgs {
     /// models were measured on), or a JSON profile file.
     #[arg(long, default_value = "a6000")]
     pub(crate) device: String,
-    /// Recompute while the jobs' planned peaks add up to more than this (MB).
-    #[arg(long)]
-    pub(crate) budget_mb: Option<u64>,
+    /// Recompute while the jobs' planned peaks add up to more than this
+    /// (MB of 10^6 bytes, decimals allowed).
+    #[arg(long, value_name = "MB", value_parser = tensile_cli::parse_positive_mb,
+          allow_negative_numbers = true)]
+    pub(crate) budget_mb: Option<Mb>,
     /// Stop planning once the jobs' planned peaks fit the budget (save only
     /// what must be saved) instead of swapping all that can be hidden.
     #[arg(long, requires = "budget_mb")]

@@ -142,7 +142,7 @@ pub(crate) fn run(a: &DemoArgs) -> Result<()> {
     let jobs = jobs(a)?;
     let vanilla_sum: u64 = jobs.iter().map(|j| j.predicted_vanilla).sum();
     let budget = match a.budget_mb {
-        Some(mb) => mb * 1_000_000,
+        Some(mb) => mb.bytes(),
         None => (vanilla_sum as f64 * a.budget_fraction) as u64,
     };
     let dir = std::env::temp_dir().join(format!("tensile-demo-{}", std::process::id()));
@@ -193,7 +193,8 @@ fn demo(
             .arg("--device")
             .arg(&profile)
             .arg("--budget-mb")
-            .arg((budget / 1_000_000).max(1).to_string())
+            // Exact: the scheduler takes decimal MB.
+            .arg(format!("{}.{:06}", budget / 1_000_000, budget % 1_000_000))
             .arg("--state")
             .arg(dir.join("state"))
             .arg("--gate-slack")

@@ -76,19 +76,10 @@ impl GraphStats {
     }
 }
 
-/// Bytes for people: `1.53 GiB`, with the exact count when small.
+/// Bytes for people, in MB (10^6 bytes) as the `--*-mb` flags take them:
+/// `300 MB`, `1.53 MB`.
 pub(crate) fn bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
-    if n < 1024 {
-        return format!("{n} B");
-    }
-    let mut v = n as f64 / 1024.0;
-    let mut unit = 0;
-    while v >= 1024.0 && unit + 1 < UNITS.len() {
-        v /= 1024.0;
-        unit += 1;
-    }
-    format!("{v:.2} {}", UNITS[unit])
+    tensile_cli::format_mb(n)
 }
 
 /// The devices' names, comma separated (what a benchmark runs on).

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
+use tensile_cli::Mb;
 use tensile_proto::endpoint::{GpuEntry, GpusFile};
 use tensile_proto::pb;
 use tensile_proto::pb::memory_scheduler_client::MemorySchedulerClient;
@@ -76,12 +77,38 @@ pub(crate) async fn connect(server: Option<&str>) -> Result<Client> {
         .connect_timeout(Duration::from_secs(5))
         .connect()
         .await
-        .with_context(|| {
-            format!("cannot reach the scheduler at {uri} (is tensile-scheduler running? --server)")
-        })?;
+        .map_err(|e| unreachable(&server, &e))?;
     Ok(MemorySchedulerClient::new(ch)
         .max_decoding_message_size(usize::MAX)
         .max_encoding_message_size(usize::MAX))
+}
+
+/// Why the scheduler at `server` cannot be reached, once, with what to
+/// do. The transport's error repeats its cause at every layer ("No such
+/// file or directory" three times); the innermost says it.
+fn unreachable(server: &str, e: &(dyn std::error::Error + 'static)) -> anyhow::Error {
+    let mut innermost = e;
+    let mut io = None;
+    let mut cause = Some(e);
+    while let Some(c) = cause {
+        innermost = c;
+        if let Some(i) = c.downcast_ref::<std::io::Error>() {
+            io = Some(i);
+        }
+        cause = c.source();
+    }
+    use std::io::ErrorKind;
+    let why = match io.map(std::io::Error::kind) {
+        Some(ErrorKind::NotFound) => "no such socket".to_string(),
+        Some(ErrorKind::ConnectionRefused) => "nothing listens there (connection refused)".into(),
+        Some(ErrorKind::PermissionDenied) => {
+            "permission denied (the socket's owner, group or mode)".into()
+        }
+        _ => innermost.to_string(),
+    };
+    anyhow::anyhow!(
+        "cannot reach the scheduler at {server}: {why}; start tensile-scheduler, or pass --server (TENSILE_SERVER) where it listens"
+    )
 }
 
 fn state_name(s: i32) -> &'static str {
@@ -348,9 +375,6 @@ fn admin_token(a: &BudgetArgs) -> Result<String> {
 }
 
 pub(crate) fn budget(a: &BudgetArgs) -> Result<()> {
-    if a.mb == 0 {
-        bail!("the budget must be positive (MB)");
-    }
     let token = admin_token(a)?;
     let server = match (&a.server, &a.gpu, gpus_file()?) {
         (None, None, Some((dir, file))) if file.gpus.len() > 1 => bail!(
@@ -366,7 +390,7 @@ pub(crate) fn budget(a: &BudgetArgs) -> Result<()> {
         let mut c = connect(Some(&server)).await?;
         let r = c
             .set_memory_budget(pb::SetMemoryBudgetRequest {
-                budget_bytes: a.mb.saturating_mul(1_000_000),
+                budget_bytes: a.mb.bytes(),
                 admin_token: token,
             })
             .await
@@ -498,7 +522,7 @@ pub(crate) fn plan(a: &PlanArgs, server: &str) -> Result<()> {
             name: a.device.device.clone(),
             ..pb::DeviceProfile::default()
         }),
-        budget_bytes: a.device.budget_mb.map_or(0, |mb| mb * 1_000_000),
+        budget_bytes: a.device.budget_mb.map_or(0, Mb::bytes),
     };
     let r = block_on(async {
         let mut c = connect(Some(server)).await?;

@@ -886,3 +886,77 @@ fn head_takes_the_first_line_and_tensilectl_ends_quietly() {
     assert!(!err.contains("panicked"), "{err}");
     assert!(out.status.success(), "{:?}: {err}", out.status);
 }
+
+#[test]
+fn sizes_in_mb_take_decimals_and_name_the_flag_when_wrong() {
+    // Accepted, below the vanilla peak: the plan keeps under it.
+    let v = json_of(&[
+        "plan",
+        "--model",
+        "resnet50",
+        "--batch",
+        "2",
+        "--budget-mb",
+        "900.5",
+        "--json",
+    ]);
+    let planned = v["planned_peak_bytes"].as_u64().unwrap();
+    assert!(
+        v["vanilla_peak_bytes"].as_u64().unwrap() > 900_500_000,
+        "{v}"
+    );
+    assert!(planned <= 900_500_000, "{v}");
+    for (args, flag, why) in [
+        (
+            &["plan", "--model", "resnet50", "--budget-mb", "1.5x"][..],
+            "--budget-mb",
+            "not a size in MB",
+        ),
+        (
+            &["plan", "--model", "resnet50", "--budget-mb", "-1"],
+            "--budget-mb",
+            "is negative",
+        ),
+        (
+            &["plan", "--model", "resnet50", "--budget-mb", "0"],
+            "--budget-mb",
+            "above 0",
+        ),
+        (
+            &["demo", "--budget-mb", "abc"],
+            "--budget-mb",
+            "not a size in MB",
+        ),
+        (&["budget", "-2.5"], "<MB>", "is negative"),
+    ] {
+        let out = tensilectl(args);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(flag) && err.contains(why), "{args:?}: {err}");
+        assert!(!err.contains("invalid digit"), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn an_unreachable_scheduler_is_named_once_with_what_to_do() {
+    let dir = TempDir::new("unreachable");
+    let sock = dir.0.join("none.sock");
+    let server = format!("unix:{}", sock.display());
+    for cmd in [&["status"][..], &["watch", "1"], &["budget", "500"]] {
+        let out = tensilectl(&[cmd, &["--server", &server]].concat());
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(
+            err.contains(&format!(
+                "cannot reach the scheduler at {server}: no such socket"
+            )),
+            "{err}"
+        );
+        assert!(
+            err.contains("start tensile-scheduler") && err.contains("--server"),
+            "{err}"
+        );
+        assert!(!err.contains("os error"), "{err}");
+    }
+}
