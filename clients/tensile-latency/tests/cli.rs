@@ -86,3 +86,36 @@ fn latency_profile_on_cuda_without_a_gpu_is_a_clear_error() {
         text(&out.stderr)
     );
 }
+
+#[test]
+fn a_closed_stdout_ends_quietly() {
+    let out_file =
+        std::env::temp_dir().join(format!("tensile-latency-pipe-{}.jsonl", std::process::id()));
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    // A profile cut short at one second: its summary line goes to the
+    // closed stdout.
+    let out = Command::new(env!("CARGO_BIN_EXE_tensile-latency"))
+        .args(["profile", "--out", out_file.to_str().unwrap()])
+        .args([
+            "--batches",
+            "1",
+            "--random-builds",
+            "0",
+            "--random-nets",
+            "0",
+        ])
+        .args(["--loads", "0", "--repeats", "1", "--max-seconds", "1"])
+        .stdout(writer)
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(&out_file);
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("shapes from"),
+        "the profile did not start: {err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(out.status.code(), Some(0), "{err}");
+}
