@@ -98,17 +98,20 @@ fn unreachable(server: &str, e: &(dyn std::error::Error + 'static)) -> anyhow::E
         cause = c.source();
     }
     use std::io::ErrorKind;
-    let why = match io.map(std::io::Error::kind) {
-        Some(ErrorKind::NotFound) => "no such socket".to_string(),
-        Some(ErrorKind::ConnectionRefused) => "nothing listens there (connection refused)".into(),
-        Some(ErrorKind::PermissionDenied) => {
-            "permission denied (the socket's owner, group or mode)".into()
+    const START: &str =
+        "start tensile-scheduler, or pass --server (TENSILE_SERVER) where it listens";
+    let (why, what_to_do) = match io.map(std::io::Error::kind) {
+        Some(ErrorKind::NotFound) => ("no such socket".to_string(), START),
+        Some(ErrorKind::ConnectionRefused) => {
+            ("nothing listens there (connection refused)".into(), START)
         }
-        _ => innermost.to_string(),
+        Some(ErrorKind::PermissionDenied) => (
+            "Permission denied: this user may not connect to the socket".into(),
+            "the scheduler's operator opens it to you (tensile-scheduler --socket-mode 0660 and its group, or deploy/tensile-open-sockets)",
+        ),
+        _ => (innermost.to_string(), START),
     };
-    anyhow::anyhow!(
-        "cannot reach the scheduler at {server}: {why}; start tensile-scheduler, or pass --server (TENSILE_SERVER) where it listens"
-    )
+    anyhow::anyhow!("cannot reach the scheduler at {server}: {why}; {what_to_do}")
 }
 
 fn state_name(s: i32) -> &'static str {
