@@ -258,9 +258,9 @@ step_colocate() {
 }
 
 step_latency() {
-  if ! "$TENSILECTL" latency profile --help 2>/dev/null | grep -q -- '--device'; then
+  if ! "$BINS/tensile-latency" profile --help 2>/dev/null | grep -q -- '--device'; then
     "$PY" "$HERE/results.py" row "$RESULTS" latency profile --status skipped \
-      --reason "not built: this tensilectl has no latency profile --device"
+      --reason "not built: no tensile-latency with profile --device in $BINS"
     return 0
   fi
   "$PY" "$HERE/latency.py" --results "$RESULTS" --bin "$BINS" --device "$DEVICE" --profile "$PROFILE" "${LATENCY_ARGS[@]}"

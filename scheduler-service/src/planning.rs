@@ -443,11 +443,16 @@ impl Planner {
             .map(|(_, j)| (j.id, j.lower_bound))
             .collect();
         for (ahead, (id, lb)) in queue.into_iter().enumerate() {
+            // In MB (10^6 bytes), the unit of --budget-mb and of
+            // `tensilectl status`.
+            let mb = tensile_cli::format_mb;
             let mut reason = format!(
-                "needs at least {lb} bytes (its largest working set plus base); {free} of the budget of {} bytes are free beside {} admitted jobs: {} bytes short",
-                self.budget,
+                "needs at least {} (its largest working set plus base); {} of the {} budget are free beside {} admitted jobs: {} short",
+                mb(lb),
+                mb(free),
+                mb(self.budget),
                 self.admitted.len(),
-                lb.saturating_sub(free)
+                mb(lb.saturating_sub(free))
             );
             if ahead > 0 {
                 reason += &format!("; {ahead} queued ahead of it");
