@@ -30,16 +30,6 @@ impl LogSink {
         LogSink(Arc::new(f))
     }
 
-    /// Info and warnings to standard error, one line each, after
-    /// `scheduler: `.
-    pub fn stderr() -> LogSink {
-        LogSink::new(|level, message| {
-            if level >= Level::Info {
-                eprintln!("scheduler: {message}");
-            }
-        })
-    }
-
     /// Says `message` at `level`.
     pub fn say(&self, level: Level, message: &str) {
         (self.0)(level, message);
