@@ -284,10 +284,7 @@ impl Connection {
         let reason = if reason.is_empty() { NO_ROOM } else { reason };
         // Info: what the job does meanwhile is its caller's to say (the
         // worker and the hook wait for admission and say so themselves).
-        self.say(
-            Level::Info,
-            &format!("job {job_id} is queued ({reason})"),
-        );
+        self.say(Level::Info, &format!("job {job_id} is queued ({reason})"));
     }
 
     /// A registration from its job onwards: subscribe, then report and
