@@ -20,8 +20,9 @@ use tch::Tensor;
 use tensile_graph::{Graph, Liveness, OpId, StorageId, TensorId};
 use tensile_swap_executor::{HostBytes, HostKernel};
 
+use crate::error::WorkerError;
 use crate::payload::{Flat, FlatMeta, Layout};
-use crate::runtime::{Kernels, WorkerError};
+use crate::runtime::Kernels;
 
 /// The layouts of the tensors host ops read, by tensor id: written by the
 /// worker's thread, read by the engine's host thread when a run starts

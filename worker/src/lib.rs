@@ -32,6 +32,7 @@
 
 mod base;
 mod copies;
+mod error;
 mod host_kernels;
 mod ledger;
 mod payload;
@@ -41,12 +42,12 @@ mod runtime;
 
 pub use base::{BaseMeter, DeviceUsage, WARMUP, process_usage};
 pub use copies::{Copies, Engine, cuda_ordinal};
+pub use error::WorkerError;
 pub use ledger::{Claim, Ledger, LedgerError, Others, REFRESH, SlotState};
 pub use payload::{Flat, FlatMeta, Layout};
 pub use real::{initial_of, save_params};
 pub use report::IterationReport;
 pub use runtime::{
-    ALL_WAIT_GRACE, BREAK_AFTER, Kernels, POLL, STUCK_AFTER, Worker, WorkerConfig, WorkerError,
-    vanilla_plan,
+    ALL_WAIT_GRACE, BREAK_AFTER, Kernels, POLL, STUCK_AFTER, Worker, WorkerConfig, vanilla_plan,
 };
 pub use tensile_session::{Level, LogSink, PushedPlan, Session, SessionConfig};

@@ -25,14 +25,15 @@ use tensile_executor::{Effect, ExecError, Executor, Next};
 use tensile_graph::{Graph, Liveness, OpId, StorageId, TensorId};
 use tensile_planner::{Event, GateClock, Plan};
 use tensile_proto::clock::monotonic_ns;
-use tensile_swap_executor::{CudaOpClock, CudaUnavailable, HostConfig, Payload};
+use tensile_swap_executor::{CudaOpClock, HostConfig, Payload};
 
 use crate::base::BaseMeter;
 use crate::copies::{Copies, Engine};
 use crate::host_kernels::{self, HostLayouts, HostOps};
-use crate::ledger::{Ledger, LedgerError, SlotState};
+use crate::ledger::{Ledger, SlotState};
 use crate::report::IterationReport;
 
+use crate::error::WorkerError;
 use crate::payload::{Flat, Layout};
 
 /// No plan: every storage released after its last use, as PyTorch frees
@@ -76,52 +77,6 @@ pub const ALL_WAIT_GRACE: Duration = Duration::from_millis(5);
 /// youngest fails with the executor's no-memory error after this, so that
 /// the others go on; a few polls, as for [`ALL_WAIT_GRACE`].
 pub const STUCK_AFTER: Duration = Duration::from_millis(200);
-
-#[derive(Debug, thiserror::Error)]
-pub enum WorkerError {
-    #[error(
-        "out of device memory at op {op} ({name}): {bytes} B for tensor {tensor} with {in_use} B of the {budget} B budget in use{}",
-        shared_note(*others)
-    )]
-    OutOfMemory {
-        op: u32,
-        name: String,
-        tensor: String,
-        bytes: u64,
-        in_use: u64,
-        budget: u64,
-        /// What the other workers on the ledger held (0 without one).
-        others: u64,
-    },
-    #[error(transparent)]
-    Ledger(#[from] LedgerError),
-    #[error("a memory ledger ({}) shares a budget: give the budget (--memory-mb)", .0.display())]
-    LedgerWithoutBudget(PathBuf),
-    #[error(transparent)]
-    Exec(#[from] ExecError),
-    #[error("the CUDA copy engine cannot run: {0}")]
-    Cuda(#[from] CudaUnavailable),
-    #[error("op {op} ({name}) failed: {why}")]
-    Kernel { op: u32, name: String, why: String },
-    #[error(
-        "op {op} ({name}) runs on the host, and the worker was given no host kernels to run it (Worker::set_host_kernels)"
-    )]
-    NoHostKernels { op: u32, name: String },
-    #[error("tensor {tensor} ({name}): {why}")]
-    Tensor {
-        tensor: u32,
-        name: String,
-        why: String,
-    },
-}
-
-fn shared_note(others: u64) -> String {
-    if others == 0 {
-        String::new()
-    } else {
-        format!(" and {others} B held by the other jobs on the memory ledger")
-    }
-}
 
 /// How the worker runs.
 #[derive(Debug, Clone, PartialEq)]
