@@ -43,11 +43,20 @@ const REPORTED_PEAK_BYTES: (&str, &str) = (
     "Sum of the jobs' last reported peaks",
 );
 const QUEUE_LENGTH: (&str, &str) = ("queue_length", "Jobs waiting for admission");
+const JOB_TABLE_WAIT_SECONDS: (&str, &str) = (
+    "job_table_wait_seconds",
+    "Time a handler, the planning task or the lease reaper waited to get at the job table",
+);
 
 type F64Counter = Counter<f64, std::sync::atomic::AtomicU64>;
 
 fn planning_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.0005, 2.0, 16))
+}
+
+/// Waits for the job table: 100 ns to about 0.4 s.
+pub fn table_wait_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(1e-7, 4.0, 12))
 }
 
 /// One planning domain's metrics (the single device's, or one GPU's):
@@ -72,6 +81,8 @@ pub struct Metrics {
     pub sum_of_peaks_bytes: Gauge,
     pub reported_peak_bytes: Gauge,
     pub queue_length: Gauge,
+    /// Handed to the job table ([`crate::state::Shared::timing_waits`]).
+    pub table_wait_seconds: Histogram,
 }
 
 impl Default for Metrics {
@@ -108,6 +119,7 @@ impl Metrics {
         let sum_of_peaks_bytes = plain(r, SUM_OF_PEAKS_BYTES, Gauge::default());
         let reported_peak_bytes = plain(r, REPORTED_PEAK_BYTES, Gauge::default());
         let queue_length = plain(r, QUEUE_LENGTH, Gauge::default());
+        let table_wait_seconds = plain(r, JOB_TABLE_WAIT_SECONDS, table_wait_histogram());
         Metrics {
             registry: Arc::new(registry),
             base: Labels::new(),
@@ -124,6 +136,7 @@ impl Metrics {
             sum_of_peaks_bytes,
             reported_peak_bytes,
             queue_length,
+            table_wait_seconds,
         }
     }
 
@@ -168,6 +181,7 @@ pub struct NodeMetrics {
     gauges: [Family<Labels, Gauge>; 4],
     stall_seconds: Family<Labels, F64Counter>,
     planning_seconds: Family<Labels, Histogram, fn() -> Histogram>,
+    table_wait_seconds: Family<Labels, Histogram, fn() -> Histogram>,
 }
 
 impl Default for NodeMetrics {
@@ -212,6 +226,15 @@ impl NodeMetrics {
             PLANNING_SECONDS.1,
             planning_seconds.clone(),
         );
+        let table_wait_seconds =
+            Family::<Labels, Histogram, fn() -> Histogram>::new_with_constructor(
+                table_wait_histogram,
+            );
+        registry.register(
+            JOB_TABLE_WAIT_SECONDS.0,
+            JOB_TABLE_WAIT_SECONDS.1,
+            table_wait_seconds.clone(),
+        );
         NodeMetrics {
             registry: Arc::new(registry),
             jobs,
@@ -220,6 +243,7 @@ impl NodeMetrics {
             gauges,
             stall_seconds,
             planning_seconds,
+            table_wait_seconds,
         }
     }
 
@@ -244,6 +268,7 @@ impl NodeMetrics {
             queue_length: gauge(3),
             stall_seconds: self.stall_seconds.get_or_create(&base).clone(),
             planning_seconds: self.planning_seconds.get_or_create(&base).clone(),
+            table_wait_seconds: self.table_wait_seconds.get_or_create(&base).clone(),
             base,
         }
     }

@@ -327,7 +327,10 @@ async fn start_domain(
         )
     });
     let metrics = Arc::new(domain.metrics);
-    let shared = Arc::new(Shared::sharing_ids(config.budget_bytes, common.ids));
+    let shared = Arc::new(
+        Shared::sharing_ids(config.budget_bytes, common.ids)
+            .timing_waits(metrics.table_wait_seconds.clone()),
+    );
     let cancel = running.cancel.clone();
     let (tx, rx) = mpsc::channel(4096);
     let mut pc = tensile_plan_job::planner_config(&config.device, Some(config.budget_bytes), false);

@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use prometheus_client::metrics::histogram::Histogram;
 use tensile_graph::Graph;
 use tensile_planner::{Diagnostic, Plan, Prediction};
 use tokio::sync::watch;
@@ -104,6 +105,8 @@ pub struct Shared {
     /// Job ids, shared by the GPUs of one scheduler so that an id names
     /// one job on the node.
     next_id: Arc<AtomicU64>,
+    /// How long each access waited for the table.
+    waits: Histogram,
 }
 
 impl Shared {
@@ -120,14 +123,24 @@ impl Shared {
                 ..Memory::default()
             }),
             next_id: ids,
+            waits: crate::metrics::table_wait_histogram(),
         }
+    }
+
+    /// This table, observing its waits in `waits` (the metrics').
+    pub fn timing_waits(mut self, waits: Histogram) -> Shared {
+        self.waits = waits;
+        self
     }
 
     /// The job table. A panic while holding it cannot leave a half-made
     /// entry (inserts and removals are single calls), so a poisoned lock
     /// is taken over rather than spreading the panic.
     pub fn jobs(&self) -> MutexGuard<'_, HashMap<u64, Job>> {
-        self.jobs.lock().unwrap_or_else(|p| p.into_inner())
+        let t = std::time::Instant::now();
+        let guard = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
+        self.waits.observe(t.elapsed().as_secs_f64());
+        guard
     }
 
     pub fn memory(&self) -> MutexGuard<'_, Memory> {
