@@ -301,7 +301,7 @@ impl Planner {
         m: &Measurements,
         base_bytes: u64,
     ) -> (Result<ReportOutcome, Error>, bool) {
-        let version = self.shared.jobs().get(&id).map_or(0, |j| j.version());
+        let version = self.shared.job(id, Job::version).unwrap_or(0);
         let Some(adm) = self.admitted.get_mut(&id) else {
             return (
                 Err(Error::WrongState {
@@ -362,11 +362,11 @@ impl Planner {
         }
         adm.lower_bound = adm.working_set.saturating_add(bytes);
         let lower_bound = adm.lower_bound;
-        if let Some(j) = self.shared.jobs().get_mut(&id) {
+        self.shared.job_mut(id, |j| {
             j.base_bytes = bytes;
             j.base_source = BaseSource::Measured;
             j.lower_bound = lower_bound;
-        }
+        });
         info!(
             job = id,
             was,
@@ -460,35 +460,43 @@ impl Planner {
         changed
     }
 
+    /// The planned peak of job `id`'s plan in force (0: none, or gone).
+    fn peak_in_force(&self, id: u64) -> u64 {
+        self.shared
+            .job(id, Job::prediction)
+            .flatten()
+            .map_or(0, |p| p.planned_peak_bytes)
+    }
+
     /// Sets a job's state; true when its kind changed.
     fn set_state(&self, id: u64, state: JobState) -> bool {
-        let jobs = self.shared.jobs();
-        let Some(job) = jobs.get(&id) else {
-            return false;
-        };
-        let mut kind_changed = false;
-        job.updates.send_if_modified(|u| {
-            if u.state == state {
-                return false;
-            }
-            kind_changed = std::mem::discriminant(&u.state) != std::mem::discriminant(&state);
-            u.state = state;
-            true
-        });
-        kind_changed
+        self.shared
+            .job(id, |job| {
+                let mut kind_changed = false;
+                job.updates.send_if_modified(|u| {
+                    if u.state == state {
+                        return false;
+                    }
+                    kind_changed =
+                        std::mem::discriminant(&u.state) != std::mem::discriminant(&state);
+                    u.state = state;
+                    true
+                });
+                kind_changed
+            })
+            .unwrap_or(false)
     }
 
     fn count_states(&self) {
-        let jobs = self.shared.jobs();
         let mut counts: BTreeMap<&str, i64> =
             [("queued", 0), ("planning", 0), ("active", 0)].into();
-        for j in jobs.values() {
-            let k = match j.state() {
-                JobState::Queued(_) => "queued",
-                JobState::Planning => "planning",
-                JobState::Active => "active",
-                JobState::Done(_) => continue,
-            };
+        let states = self.shared.each(|_, j| match j.state() {
+            JobState::Queued(_) => Some("queued"),
+            JobState::Planning => Some("planning"),
+            JobState::Active => Some("active"),
+            JobState::Done(_) => None,
+        });
+        for k in states {
             *counts.entry(k).or_default() += 1;
         }
         for (state, n) in counts {
@@ -587,15 +595,12 @@ impl Planner {
         }
         // The peaks of the jobs this plan does not cover but that run a
         // (fast) plan: this plan goes out only if it fits beside them.
-        let beside: u64 = {
-            let jobs = self.shared.jobs();
-            self.admitted
-                .keys()
-                .filter(|id| !f.ids.contains(id))
-                .filter_map(|id| jobs.get(id)?.prediction())
-                .map(|p| p.planned_peak_bytes)
-                .sum()
-        };
+        let beside: u64 = self
+            .admitted
+            .keys()
+            .filter(|id| !f.ids.contains(id))
+            .map(|&id| self.peak_in_force(id))
+            .sum();
         let gated = mp.cycle_ns > 0;
         let keep = if gated
             && beside > 0
@@ -650,12 +655,7 @@ impl Planner {
     /// plan that lowers its job's peak, then, smallest rise first, those
     /// that still fit.
     fn what_fits(&self, ids: &[u64], mp: &MultiPlan) -> Vec<bool> {
-        let jobs = self.shared.jobs();
-        let now = |id: &u64| {
-            jobs.get(id)
-                .and_then(Job::prediction)
-                .map_or(0, |p| p.planned_peak_bytes)
-        };
+        let now = |id: &u64| self.peak_in_force(*id);
         let mut total: u64 = self.admitted.keys().map(now).sum();
         let mut rises: Vec<(i128, usize)> = ids
             .iter()
@@ -695,18 +695,17 @@ impl Planner {
             if !self.admitted.contains_key(&job.id) {
                 continue;
             }
-            let held: u64 = {
-                let jobs = self.shared.jobs();
-                self.admitted
-                    .iter()
-                    .filter(|(id, _)| **id != job.id)
-                    .map(|(id, a)| {
-                        jobs.get(id)
-                            .and_then(Job::prediction)
-                            .map_or(a.lower_bound, |p| p.planned_peak_bytes)
-                    })
-                    .sum()
-            };
+            let held: u64 = self
+                .admitted
+                .iter()
+                .filter(|(id, _)| **id != job.id)
+                .map(|(&id, a)| {
+                    self.shared
+                        .job(id, Job::prediction)
+                        .flatten()
+                        .map_or(a.lower_bound, |p| p.planned_peak_bytes)
+                })
+                .sum();
             let room = self.budget.saturating_sub(held);
             if room < job.lower_bound {
                 continue;
@@ -773,14 +772,15 @@ impl Planner {
     }
 
     fn publish_one(&self, id: u64, mut plan: Plan, diagnostics: Vec<Diagnostic>) {
-        let jobs = self.shared.jobs();
-        if let Some(job) = jobs.get(&id) {
+        let sent = self.shared.job(id, |job| {
             plan.version = job.version() + 1;
             job.updates.send_replace(Update {
                 state: JobState::Active,
                 plan: Some(Arc::new(plan)),
                 diagnostics: Arc::new(diagnostics),
             });
+        });
+        if sent.is_some() {
             self.metrics.plans_published.inc();
         }
     }
@@ -825,14 +825,7 @@ impl Planner {
             }
         }
         // What runs now: this plan's jobs and any fast plans beside them.
-        let sum_of_peaks: u64 = {
-            let jobs = self.shared.jobs();
-            self.admitted
-                .keys()
-                .filter_map(|id| jobs.get(id)?.prediction())
-                .map(|p| p.planned_peak_bytes)
-                .sum()
-        };
+        let sum_of_peaks: u64 = self.admitted.keys().map(|&id| self.peak_in_force(id)).sum();
         let mut mem = self.shared.memory();
         mem.aligned_peak_bytes = mp.aligned_peak_bytes;
         mem.vanilla_sum_of_peaks_bytes = mp.vanilla_sum_of_peaks_bytes;

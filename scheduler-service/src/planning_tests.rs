@@ -55,7 +55,7 @@ async fn register_with_base(
         plan: None,
         diagnostics: Arc::default(),
     });
-    shared.jobs().insert(
+    shared.insert(
         id,
         Job {
             name: format!("job{id}"),
@@ -97,14 +97,16 @@ async fn register_with_base(
 
 /// (version, predicted peak) of each job's newest plan.
 fn plans(shared: &Shared, ids: &[u64]) -> Vec<(u64, u64)> {
-    let jobs = shared.jobs();
     ids.iter()
-        .map(|id| {
-            let j = &jobs[id];
-            (
-                j.version(),
-                j.prediction().map_or(0, |p| p.planned_peak_bytes),
-            )
+        .map(|&id| {
+            shared
+                .job(id, |j| {
+                    (
+                        j.version(),
+                        j.prediction().map_or(0, |p| p.planned_peak_bytes),
+                    )
+                })
+                .unwrap()
         })
         .collect()
 }
@@ -199,7 +201,7 @@ async fn a_job_registered_during_a_slow_joint_plan_gets_a_fast_first_plan() {
         first < slow / 2,
         "job 2's first plan took {first:?}, behind a joint plan of {slow:?}"
     );
-    assert_eq!(shared.jobs()[&2].state(), JobState::Active);
+    assert_eq!(shared.job(2, Job::state).unwrap(), JobState::Active);
     cancel.cancel();
     task.await.unwrap();
 }
@@ -280,9 +282,12 @@ async fn a_joint_plan_that_does_not_fit_beside_a_fast_plan_goes_out_in_part() {
 
 /// The gate of job `id`'s newest plan.
 fn gate_of(shared: &Shared, id: u64) -> Gate {
-    let jobs = shared.jobs();
-    let update = jobs[&id].updates.borrow();
-    update.plan.as_ref().and_then(|p| p.gate).unwrap()
+    shared
+        .job(id, |j| {
+            j.updates.borrow().plan.as_ref().and_then(|p| p.gate)
+        })
+        .flatten()
+        .unwrap()
 }
 
 #[tokio::test]
@@ -433,9 +438,9 @@ async fn plan_after(shared: &Shared, id: u64, version: u64) -> (u64, u64) {
 
 /// Job `id`'s (base, where it came from, lower bound) as status shows it.
 fn base_of(shared: &Shared, id: u64) -> (u64, &'static str, u64) {
-    let jobs = shared.jobs();
-    let j = &jobs[&id];
-    (j.base_bytes, j.base_source.name(), j.lower_bound)
+    shared
+        .job(id, |j| (j.base_bytes, j.base_source.name(), j.lower_bound))
+        .unwrap()
 }
 
 const MB: u64 = 1_000_000;
@@ -500,14 +505,14 @@ async fn admission_counts_a_measured_base_and_a_process_base_shared_by_its_jobs_
     }
     register_with_base(&shared, &tx, 3, &g, 100 * MB).await;
     plan_after(&shared, 3, 0).await;
-    assert_eq!(shared.jobs()[&3].state(), JobState::Active);
+    assert_eq!(shared.job(3, Job::state).unwrap(), JobState::Active);
     // Job 1's share rises past what is left: job 4 (a base of 100 MB
     // too) now waits, and says how much it is short.
     report_base(&tx, 1, ops, 800 * MB).await;
     register_with_base(&shared, &tx, 4, &g, 0).await;
     let deadline = Instant::now() + Duration::from_secs(30);
     let reason = loop {
-        match shared.jobs()[&4].state() {
+        match shared.job(4, Job::state).unwrap() {
             JobState::Queued(why) if why != "waiting for admission" => break why,
             JobState::Queued(_) if Instant::now() < deadline => {}
             other => panic!("job 4 is {other:?}"),
@@ -519,7 +524,7 @@ async fn admission_counts_a_measured_base_and_a_process_base_shared_by_its_jobs_
     // the largest of them, and job 4 in.
     for base in [150 * MB, 140 * MB, 145 * MB] {
         assert_eq!(
-            shared.jobs()[&4].state().clone(),
+            shared.job(4, Job::state).unwrap(),
             JobState::Queued(reason.clone())
         );
         report_base(&tx, 1, ops, base).await;
