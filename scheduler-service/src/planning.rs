@@ -6,15 +6,25 @@
 //! admitted job gets a fast first plan (planned alone, against the memory
 //! the others' published plans leave), published at once; reports,
 //! departures and budget changes wait and are coalesced into the next
-//! joint plan, which supersedes the fast plans. Published plans never add
-//! up past the budget because of a fast plan: a fast plan is published only
-//! if it fits beside the others' published peaks, and of a joint plan made
-//! without a fast-planned job only the plans that fit beside it go out
-//! (those that lower a job's peak first); the next joint plan, which
-//! includes every job, follows at once. (A joint plan that is over the
-//! budget by itself, with an `OverBudget` diagnostic, is published whole
-//! when no fast plan ran meanwhile: admission holds the lower bounds, not what the planner
-//! reaches within its cap.)
+//! joint plan, which supersedes the fast plans.
+//!
+//! The plans in force (published to their jobs) never add up past the
+//! budget. The task keeps them in a ledger (`in_force`: each job's
+//! published peak; a gated set by its aligned peak), checked at every
+//! publication and shown as `published_bytes` and
+//! `max_published_over_budget_bytes`. A fast plan goes out only if it fits
+//! beside the plans in force. A gated joint plan goes out whole or not at
+//! all. Of a joint plan without gates the plans that lower their job's
+//! peak go out first, then, smallest rise first, those that still fit;
+//! the others are withheld (`plans_withheld`): their jobs keep the plans in
+//! force. When the joint plan left out jobs on fast plans, the next one,
+//! of every job, follows at once; when it had every job and still does not
+//! fit (capped, or nothing more to swap), a job left with no plan at all
+//! goes back to the queue, needing the peak the planner reached for it.
+//! Admission holds for each admitted job its lower bound or, once a joint
+//! plan over the budget shows the planner gets it no lower, that peak.
+//! (A budget set below the plans in force leaves them over it until the
+//! re-plan it causes goes out; the ledger counts that excess too.)
 //! Each job's newest plan goes out through its watch channel.
 
 use std::cmp::Reverse;
@@ -59,7 +69,7 @@ pub enum Command {
 }
 
 /// A registered job, for admission and planning.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct NewJob {
     pub id: u64,
     pub graph: Arc<Graph>,
@@ -84,6 +94,16 @@ pub struct ReportOutcome {
 #[derive(Debug)]
 struct Admitted {
     lower_bound: u64,
+    /// What admission holds for it: its lower bound, or, if more, the peak
+    /// the planner reached for it in a joint plan over the budget (its
+    /// share of the aligned peak for gated plans), until a joint plan under
+    /// the budget plans it lower.
+    need: u64,
+    /// What it was admitted as (its latencies and base as then), to queue
+    /// it again if its first plan does not fit.
+    job: NewJob,
+    /// Its place in the queue.
+    seq: u64,
     /// Its lower bound less its base: the largest working set.
     working_set: u64,
     /// The base it is planned with, and the measurements that may replace
@@ -144,6 +164,19 @@ pub struct Planner {
     /// The gate of the last gated plan published (any job's: they share
     /// epoch and period), whose cycle a new joint plan's epoch keeps.
     gate: Option<Gate>,
+    /// The plans in force: the planned peak of each job's published plan.
+    in_force: BTreeMap<u64, u64>,
+    /// The jobs whose gated plans went out together, with their aligned
+    /// peak: while each still runs that plan they hold that much, not the
+    /// sum of their peaks. (One leaving lowers the aligned sum; one given
+    /// a plan without that gate ends it: all then count their peaks.)
+    gated_in_force: Option<(Vec<u64>, u64)>,
+    /// Queued jobs whose plan did not fit: the peak the planner reached for
+    /// them, which admission waits to have room for.
+    reached: BTreeMap<u64, u64>,
+    /// The largest excess of the plans in force over the budget after any
+    /// publication.
+    max_over: u64,
 }
 
 impl Planner {
@@ -183,6 +216,10 @@ impl Planner {
             fresh: Vec::new(),
             slow_joint_plans: None,
             gate: None,
+            in_force: BTreeMap::new(),
+            gated_in_force: None,
+            reached: BTreeMap::new(),
+            max_over: 0,
         }
     }
 
@@ -255,12 +292,15 @@ impl Planner {
                 !self.admit().is_empty()
             }
             Command::Remove(id) => {
+                self.out_of_force(id);
+                self.reached.remove(&id);
                 if self.admitted.contains_key(&id) {
                     self.save_blocking(id);
                     self.admitted.remove(&id);
                     let _ = self.replanner.remove_job(JobId(id));
                     self.metrics.reason("departure");
                     self.admit();
+                    self.note_in_force();
                     true
                 } else {
                     self.queue.retain(|(_, j)| j.id != id);
@@ -361,6 +401,12 @@ impl Planner {
             return false;
         }
         adm.lower_bound = adm.working_set.saturating_add(bytes);
+        // What the planner reached for it moves with its base.
+        adm.need = adm
+            .need
+            .saturating_sub(was)
+            .saturating_add(bytes)
+            .max(adm.lower_bound);
         let lower_bound = adm.lower_bound;
         self.shared.job_mut(id, |j| {
             j.base_bytes = bytes;
@@ -375,7 +421,7 @@ impl Planner {
         );
         self.metrics.reason("base");
         self.admit();
-        let held: u64 = self.admitted.values().map(|a| a.lower_bound).sum();
+        let held = self.reserved();
         if held > self.budget {
             warn!(
                 held,
@@ -386,19 +432,60 @@ impl Planner {
         true
     }
 
+    /// What admission holds for the admitted jobs: what the planner
+    /// reaches for each (not only its lower bound), so that a job is
+    /// admitted only when a joint plan can make room for it; the plans in
+    /// force may hold more (planned with room to spare) until the joint
+    /// plan with it lowers them.
+    fn reserved(&self) -> u64 {
+        self.admitted
+            .values()
+            .map(|a| a.need.max(a.lower_bound))
+            .fold(0, u64::saturating_add)
+    }
+
+    /// What the admitted jobs but `except` hold now: the plans in force (a
+    /// gated set by its aligned peak) and, for each job without one, its
+    /// need; each at least its lower bound (a measured base may have raised
+    /// it past its plan's peak). A fast plan gets the rest.
+    fn held(&self, except: Option<u64>) -> u64 {
+        let gated = self.gated_in_force.as_ref();
+        let mut held = gated.map_or(0, |(_, aligned)| *aligned);
+        for (&id, a) in &self.admitted {
+            if Some(id) == except || gated.is_some_and(|(ids, _)| ids.contains(&id)) {
+                continue;
+            }
+            let holds = self.in_force.get(&id).copied().unwrap_or(a.need);
+            held = held.saturating_add(holds.max(a.lower_bound));
+        }
+        held
+    }
+
+    /// What a queued job waits to have room for.
+    fn need(&self, job: &NewJob) -> u64 {
+        self.reached
+            .get(&job.id)
+            .copied()
+            .unwrap_or(0)
+            .max(job.lower_bound)
+    }
+
     /// Admits queued jobs in order (priority, then arrival) while the head
-    /// fits; says why the others wait. Returns the jobs whose state changed.
+    /// fits beside what the admitted jobs hold ([`Planner::held`]); says
+    /// why the others wait. Returns the jobs whose state changed.
     fn admit(&mut self) -> Vec<u64> {
         self.queue
             .sort_by_key(|(seq, j)| (Reverse(j.priority), *seq));
         let mut changed = Vec::new();
-        let mut held: u64 = self.admitted.values().map(|a| a.lower_bound).sum();
+        let mut held = self.reserved();
         while let Some((_, head)) = self.queue.first() {
-            if held.saturating_add(head.lower_bound) > self.budget {
+            let need = self.need(head);
+            if held.saturating_add(need) > self.budget {
                 break;
             }
-            let (_, job) = self.queue.remove(0);
+            let (seq, job) = self.queue.remove(0);
             let id = job.id;
+            self.reached.remove(&id);
             let fresh = Fresh {
                 id,
                 graph: job.graph.clone(),
@@ -408,6 +495,9 @@ impl Planner {
             };
             let admitted = Admitted {
                 lower_bound: job.lower_bound,
+                need,
+                job: job.clone(),
+                seq,
                 working_set: job.lower_bound.saturating_sub(job.base.bytes()),
                 base: job.base.clone(),
                 fingerprint: job.fingerprint.clone(),
@@ -423,7 +513,7 @@ impl Planner {
             };
             match joined {
                 Ok(()) => {
-                    held += fresh.lower_bound;
+                    held = held.saturating_add(need);
                     self.admitted.insert(id, admitted);
                     self.fresh.push(fresh);
                     if self.set_state(id, JobState::Planning) {
@@ -437,17 +527,24 @@ impl Planner {
             }
         }
         let free = self.budget.saturating_sub(held);
-        let queue: Vec<(u64, u64)> = self
+        let queue: Vec<(u64, u64, Option<u64>)> = self
             .queue
             .iter()
-            .map(|(_, j)| (j.id, j.lower_bound))
+            .map(|(_, j)| (j.id, j.lower_bound, self.reached.get(&j.id).copied()))
             .collect();
-        for (ahead, (id, lb)) in queue.into_iter().enumerate() {
+        for (ahead, (id, lb, reached)) in queue.into_iter().enumerate() {
+            let need = reached.unwrap_or(0).max(lb);
+            let what = match reached {
+                Some(r) if r > lb => format!(
+                    "needs {r} bytes (the peak the planner reached for it; its largest working set plus base is {lb})"
+                ),
+                _ => format!("needs at least {lb} bytes (its largest working set plus base)"),
+            };
             let mut reason = format!(
-                "needs at least {lb} bytes (its largest working set plus base); {free} of the budget of {} bytes are free beside {} admitted jobs: {} bytes short",
+                "{what}; {free} of the budget of {} bytes are free beside {} admitted jobs: {} bytes short",
                 self.budget,
                 self.admitted.len(),
-                lb.saturating_sub(free)
+                need.saturating_sub(free)
             );
             if ahead > 0 {
                 reason += &format!("; {ahead} queued ahead of it");
@@ -458,14 +555,6 @@ impl Planner {
         }
         self.count_states();
         changed
-    }
-
-    /// The planned peak of job `id`'s plan in force (0: none, or gone).
-    fn peak_in_force(&self, id: u64) -> u64 {
-        self.shared
-            .job(id, Job::prediction)
-            .flatten()
-            .map_or(0, |p| p.planned_peak_bytes)
     }
 
     /// Sets a job's state; true when its kind changed.
@@ -593,40 +682,100 @@ impl Planner {
                 "planning stopped at its time cap; the plans hold the moves made until then"
             );
         }
-        // The peaks of the jobs this plan does not cover but that run a
-        // (fast) plan: this plan goes out only if it fits beside them.
-        let beside: u64 = self
-            .admitted
-            .keys()
-            .filter(|id| !f.ids.contains(id))
-            .map(|&id| self.peak_in_force(id))
-            .sum();
+        // Published plans never add up past the budget: a gated plan goes
+        // out whole if it fits beside the plans in force of the jobs it
+        // does not cover (fast plans made meanwhile), else not at all; of
+        // a plan without gates, the plans that lower their job's peak go
+        // out, then those that still fit ([`Planner::what_fits`]). When
+        // jobs ran fast plans beside it, the next joint plan, of every job,
+        // follows at once; when it covered every job and does not fit by
+        // itself (capped, or nothing more to swap), the jobs keep the plans
+        // in force, and those that have none wait in the queue for the
+        // peak the planner reached for them.
+        let covers_all = self.admitted.keys().all(|id| f.ids.contains(id));
         let gated = mp.cycle_ns > 0;
-        let keep = if gated
-            && beside > 0
-            && mp.aligned_peak_bytes.saturating_add(beside) > self.budget
-        {
-            // Gated plans interleave only together: all or none go out.
-            debug!(
-                jobs = f.ids.len(),
-                aligned = mp.aligned_peak_bytes,
-                beside,
-                "a gated joint plan does not fit beside the fast plans made meanwhile; re-planning"
-            );
-            due = true;
-            vec![false; f.ids.len()]
-        } else if !gated && beside > 0 && mp.sum_of_peaks_bytes.saturating_add(beside) > self.budget
-        {
-            debug!(
-                jobs = f.ids.len(),
-                sum_of_peaks = mp.sum_of_peaks_bytes,
-                beside,
-                "a joint plan does not fit beside the fast plans made meanwhile; publishing what fits, re-planning"
-            );
-            due = true;
-            self.what_fits(&f.ids, &mp)
+        let order: Vec<usize> = if gated {
+            let beside: u64 = self
+                .admitted
+                .keys()
+                .filter(|id| !f.ids.contains(id))
+                .map(|id| self.in_force.get(id).copied().unwrap_or(0))
+                .sum();
+            if mp.aligned_peak_bytes.saturating_add(beside) > self.budget {
+                debug!(
+                    jobs = f.ids.len(),
+                    aligned = mp.aligned_peak_bytes,
+                    beside,
+                    budget = self.budget,
+                    "a gated joint plan does not fit beside the plans in force; none of it goes out"
+                );
+                Vec::new()
+            } else {
+                (0..f.ids.len()).collect()
+            }
         } else {
-            vec![true; f.ids.len()]
+            self.what_fits(&f.ids, &mp)
+        };
+        if order.len() < f.ids.len() {
+            self.metrics
+                .plans_withheld
+                .inc_by((f.ids.len() - order.len()) as u64);
+            if covers_all {
+                warn!(
+                    jobs = f.ids.len(),
+                    withheld = f.ids.len() - order.len(),
+                    sum_of_peaks = mp.sum_of_peaks_bytes,
+                    aligned = mp.aligned_peak_bytes,
+                    budget = self.budget,
+                    capped = mp.profile.capped,
+                    "a joint plan of every job does not fit the budget; the plans that would go past it are withheld"
+                );
+            } else {
+                debug!(
+                    jobs = f.ids.len(),
+                    withheld = f.ids.len() - order.len(),
+                    "a joint plan does not fit beside the fast plans made meanwhile; publishing what fits, re-planning"
+                );
+                due = true;
+            }
+        }
+        // What admission holds for each job: a joint plan over the budget
+        // says how low the planner got each job (its share of the aligned
+        // peak for gated plans), which admission holds from now on; one
+        // under the budget says each can be planned at its peak at least.
+        let over = if gated {
+            mp.aligned_peak_bytes > self.budget
+        } else {
+            mp.sum_of_peaks_bytes > self.budget
+        };
+        let share = if gated && mp.sum_of_peaks_bytes > 0 {
+            (mp.aligned_peak_bytes as f64 / mp.sum_of_peaks_bytes as f64).min(1.0)
+        } else {
+            1.0
+        };
+        for (id, p) in f.ids.iter().zip(&mp.plans) {
+            if let Some(a) = self.admitted.get_mut(id) {
+                let reached = (p.prediction.planned_peak_bytes as f64 * share) as u64;
+                let need = if over { reached } else { a.need.min(reached) };
+                a.need = need.max(a.lower_bound);
+            }
+        }
+        // Jobs of this plan left with no plan in force, when no joint plan
+        // follows: back to the queue, needing what the planner reached.
+        let requeue: Vec<(u64, u64)> = if covers_all {
+            f.ids
+                .iter()
+                .zip(&mp.plans)
+                .enumerate()
+                .filter(|(k, (id, _))| {
+                    !order.contains(k)
+                        && !self.in_force.contains_key(id)
+                        && self.admitted.contains_key(id)
+                })
+                .map(|(_, (&id, p))| (id, p.prediction.planned_peak_bytes))
+                .collect()
+        } else {
+            Vec::new()
         };
         debug!(
             jobs = f.ids.len(),
@@ -646,17 +795,68 @@ impl Planner {
                 }
             }
         }
-        self.publish(&f.ids, mp, &keep);
+        self.publish(&f.ids, mp, &order);
+        for (id, reached) in requeue {
+            self.requeue(id, reached);
+        }
+        // What the admitted jobs need may have fallen: queued jobs may fit
+        // (and need a joint plan).
+        due |= !self.admit().is_empty();
         due
     }
 
-    /// Which plans of a joint plan can go out beside the plans published
-    /// meanwhile without raising the published peaks past the budget: every
-    /// plan that lowers its job's peak, then, smallest rise first, those
-    /// that still fit.
-    fn what_fits(&self, ids: &[u64], mp: &MultiPlan) -> Vec<bool> {
-        let now = |id: &u64| self.peak_in_force(*id);
-        let mut total: u64 = self.admitted.keys().map(now).sum();
+    /// Puts admitted job `id`, which has no plan in force, back in the
+    /// queue at its place, needing `reached` bytes (the peak the planner
+    /// reached for it), and admits again.
+    fn requeue(&mut self, id: u64, reached: u64) {
+        let Some(a) = self.admitted.remove(&id) else {
+            return;
+        };
+        let _ = self.replanner.remove_job(JobId(id));
+        self.late.retain(|j| j.id != id);
+        self.fresh.retain(|j| j.id != id);
+        let mut job = a.job;
+        if let Some(ns) = self.replanner_estimates_or(id, &job.latencies) {
+            job.latencies = ns;
+        }
+        job.base = a.base;
+        job.settings.base_bytes = job.base.bytes();
+        job.lower_bound = a.lower_bound;
+        info!(
+            job = id,
+            reached,
+            budget = self.budget,
+            "the job's first plan does not fit beside the plans in force; it waits in the queue"
+        );
+        self.reached.insert(id, reached.max(job.lower_bound));
+        self.queue.push((a.seq, job));
+        self.admit();
+    }
+
+    /// The re-planner's learned latencies of job `id`, if it has any other
+    /// than `given`.
+    fn replanner_estimates_or(&self, id: u64, given: &[u64]) -> Option<Vec<u64>> {
+        self.replanner
+            .estimates(JobId(id))
+            .filter(|ns| ns.as_slice() != given)
+    }
+
+    /// Which plans of a joint plan without gates go out, in the order
+    /// they go out, so that the plans in force never add up past the
+    /// budget: every plan that lowers its job's peak, then, smallest rise
+    /// first, those that still fit. (A set of gated plans in force counts
+    /// by the sum of their peaks from the first of them replaced.)
+    fn what_fits(&self, ids: &[u64], mp: &MultiPlan) -> Vec<usize> {
+        let now = |id: &u64| self.in_force.get(id).copied().unwrap_or(0);
+        let breaks_gates = self
+            .gated_in_force
+            .as_ref()
+            .is_some_and(|(g, _)| g.iter().any(|id| ids.contains(id)));
+        let mut total: u64 = if breaks_gates {
+            self.in_force.values().sum()
+        } else {
+            self.in_force_bytes()
+        };
         let mut rises: Vec<(i128, usize)> = ids
             .iter()
             .zip(&mp.plans)
@@ -669,15 +869,15 @@ impl Planner {
             })
             .collect();
         rises.sort();
-        let mut keep = vec![false; ids.len()];
+        let mut order = Vec::new();
         for (rise, k) in rises {
             let next = (i128::from(total) + rise).max(0) as u64;
             if rise <= 0 || next <= self.budget {
-                keep[k] = true;
+                order.push(k);
                 total = next;
             }
         }
-        keep
+        order
     }
 
     /// Fast first plans for the jobs admitted since the last call: each
@@ -695,17 +895,7 @@ impl Planner {
             if !self.admitted.contains_key(&job.id) {
                 continue;
             }
-            let held: u64 = self
-                .admitted
-                .iter()
-                .filter(|(id, _)| **id != job.id)
-                .map(|(&id, a)| {
-                    self.shared
-                        .job(id, Job::prediction)
-                        .flatten()
-                        .map_or(a.lower_bound, |p| p.planned_peak_bytes)
-                })
-                .sum();
+            let held = self.held(Some(job.id));
             let room = self.budget.saturating_sub(held);
             if room < job.lower_bound {
                 continue;
@@ -755,7 +945,8 @@ impl Planner {
                 tensor: None,
                 message: "a fast first plan, made for this job alone in the memory the others leave; the joint plan follows".into(),
             });
-            self.publish_one(job.id, mp.plans.remove(0), mp.diagnostics);
+            self.publish_one(job.id, mp.plans.remove(0), mp.diagnostics, false);
+            self.note_in_force();
             self.count_states();
             // Status shows what runs: the others' plans and this one.
             self.show_sum_of_peaks(held.saturating_add(mp.sum_of_peaks_bytes));
@@ -771,7 +962,56 @@ impl Planner {
             .set(i64::try_from(sum).unwrap_or(i64::MAX));
     }
 
-    fn publish_one(&self, id: u64, mut plan: Plan, diagnostics: Vec<Diagnostic>) {
+    /// What the plans in force hold: a gated set by its aligned peak,
+    /// every other plan by its peak.
+    fn in_force_bytes(&self) -> u64 {
+        match &self.gated_in_force {
+            Some((gated, aligned)) => self
+                .in_force
+                .iter()
+                .filter(|(id, _)| !gated.contains(id))
+                .map(|(_, &peak)| peak)
+                .fold(*aligned, u64::saturating_add),
+            None => self.in_force.values().copied().fold(0, u64::saturating_add),
+        }
+    }
+
+    /// Job `id` runs no plan any more (it left, or went back to the queue).
+    fn out_of_force(&mut self, id: u64) {
+        self.in_force.remove(&id);
+        if let Some((gated, _)) = &mut self.gated_in_force {
+            gated.retain(|&g| g != id);
+            if gated.is_empty() {
+                self.gated_in_force = None;
+            }
+        }
+    }
+
+    /// Records what the plans in force hold now: the metrics' gauge and
+    /// the largest excess over the budget.
+    fn note_in_force(&mut self) {
+        let bytes = self.in_force_bytes();
+        self.max_over = self.max_over.max(bytes.saturating_sub(self.budget));
+        self.metrics
+            .published_bytes
+            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+        self.metrics
+            .max_published_over_budget_bytes
+            .set(i64::try_from(self.max_over).unwrap_or(i64::MAX));
+    }
+
+    /// Publishes `plan` to job `id` and records it in force; `gated`: one
+    /// of the gated set in `gated_in_force`.
+    fn publish_one(&mut self, id: u64, mut plan: Plan, diagnostics: Vec<Diagnostic>, gated: bool) {
+        let peak = plan.prediction.planned_peak_bytes;
+        if !gated
+            && self
+                .gated_in_force
+                .as_ref()
+                .is_some_and(|(g, _)| g.contains(&id))
+        {
+            self.gated_in_force = None;
+        }
         let sent = self.shared.job(id, |job| {
             plan.version = job.version() + 1;
             job.updates.send_replace(Update {
@@ -781,12 +1021,15 @@ impl Planner {
             });
         });
         if sent.is_some() {
+            self.in_force.insert(id, peak);
             self.metrics.plans_published.inc();
         }
     }
 
-    fn publish(&mut self, ids: &[u64], mut mp: MultiPlan, keep: &[bool]) {
-        if keep.iter().all(|k| !k) {
+    /// Publishes the plans of `mp` at `order` (indices into `ids`), in
+    /// that order.
+    fn publish(&mut self, ids: &[u64], mut mp: MultiPlan, order: &[usize]) {
+        if order.is_empty() {
             return;
         }
         // One epoch for the joint plan's gates, on the host's monotonic
@@ -806,17 +1049,25 @@ impl Planner {
                 DiagnosticKind::OverBudget | DiagnosticKind::PlanningCapped
             )
         };
-        for (k, (&id, plan)) in ids.iter().zip(mp.plans).enumerate() {
-            if !keep[k] {
+        let gated = mp.cycle_ns > 0;
+        if gated {
+            // All of a gated plan goes out: the set holds its aligned peak.
+            self.gated_in_force = Some((ids.to_vec(), mp.aligned_peak_bytes));
+        }
+        let mut plans: Vec<Option<Plan>> = mp.plans.into_iter().map(Some).collect();
+        for &k in order {
+            let (Some(&id), Some(plan)) = (ids.get(k), plans.get_mut(k).and_then(Option::take))
+            else {
                 continue;
-            }
+            };
             let diags: Vec<Diagnostic> = mp
                 .diagnostics
                 .iter()
                 .filter(|d| d.job == k || global(d))
                 .cloned()
                 .collect();
-            self.publish_one(id, plan, diags);
+            self.publish_one(id, plan, diags, gated);
+            self.note_in_force();
             if let (Some(a), Some(est)) = (
                 self.admitted.get_mut(&id),
                 self.replanner.estimates(JobId(id)),
@@ -825,7 +1076,7 @@ impl Planner {
             }
         }
         // What runs now: this plan's jobs and any fast plans beside them.
-        let sum_of_peaks: u64 = self.admitted.keys().map(|&id| self.peak_in_force(id)).sum();
+        let sum_of_peaks: u64 = self.in_force.values().sum();
         let mut mem = self.shared.memory();
         mem.aligned_peak_bytes = mp.aligned_peak_bytes;
         mem.vanilla_sum_of_peaks_bytes = mp.vanilla_sum_of_peaks_bytes;
