@@ -6,7 +6,12 @@
 //! re-plan latency percentiles, plans pushed per second and the
 //! scheduler's resident memory. Workers that admission queued (their jobs
 //! do not fit beside the others' lower bounds) wait for others to leave:
-//! their first plans are counted apart.
+//! their first plans are counted apart. While they run, the bench polls
+//! the scheduler's status and keeps the largest amount by which the
+//! planned peaks of the plans in force (those of the active jobs) added up
+//! past the budget; at the end it reads the scheduler's metrics: its
+//! planning time, its own exact count of that excess (where it keeps one)
+//! and how long its handlers waited for its job table.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -47,6 +52,24 @@ struct Row {
     /// it was started here.
     planning_s_total: Option<f64>,
     plannings: Option<u64>,
+    /// Plan versions the workers received per iteration they reported.
+    plan_versions_per_job_iteration: f64,
+    /// Status polls while the workers ran.
+    status_polls: usize,
+    /// The largest amount (bytes) by which the planned peaks of the
+    /// active jobs' plans added up past the budget at a poll (0: never).
+    max_published_over_budget_bytes: u64,
+    /// The scheduler's own: the largest excess of the plans in force over
+    /// the budget at any publication (gated plans counted by their aligned
+    /// peak), when it keeps one.
+    scheduler_max_over_budget_bytes: Option<u64>,
+    /// Waits for the scheduler's job table (its metrics): how many, their
+    /// total, mean, and the upper bound of the bucket of their 99th
+    /// percentile (µs).
+    table_waits: Option<u64>,
+    table_wait_s_total: Option<f64>,
+    table_wait_us_mean: Option<f64>,
+    table_wait_us_p99_bucket: Option<f64>,
 }
 
 /// One worker's figures.
@@ -107,22 +130,29 @@ pub(crate) fn run(a: &BenchServiceArgs) -> Result<()> {
             }
         };
         let result = block_on(bench(&server, n, a.iterations, &jobs))?;
-        let (rss, hwm, planning) = match &mut child {
+        let (rss, hwm, scraped) = match &mut child {
             Some((c, metrics)) => {
                 let (rss, hwm) = rss_mb(c.id());
-                let planning = block_on(scrape_planning(*metrics))?.ok().flatten();
+                let scraped = block_on(scrape(*metrics))?.ok().flatten();
                 let _ = Command::new("kill").arg(c.id().to_string()).status();
                 let _ = c.wait();
-                (rss, hwm, planning)
+                (rss, hwm, scraped)
             }
             None => (None, None, None),
         };
         let mut row = result?;
         row.scheduler_rss_mb = rss;
         row.scheduler_peak_rss_mb = hwm;
-        if let Some((sum, count)) = planning {
-            row.planning_s_total = Some(sum);
-            row.plannings = Some(count);
+        if let Some(m) = scraped {
+            row.planning_s_total = m.planning.map(|p| p.0);
+            row.plannings = m.planning.map(|p| p.1);
+            row.scheduler_max_over_budget_bytes = m.max_over_budget;
+            if let Some((sum, count, p99)) = m.table_wait {
+                row.table_waits = Some(count);
+                row.table_wait_s_total = Some(sum);
+                row.table_wait_us_mean = (count > 0).then(|| sum / count as f64 * 1e6);
+                row.table_wait_us_p99_bucket = p99.map(|s| s * 1e6);
+            }
         }
         if !a.json {
             print_row(&row);
@@ -165,6 +195,27 @@ fn print_row(r: &Row) {
             (Some(s), Some(n)) if n > 0 => format!(
                 "; the scheduler planned {n} times, {:.1} ms per plan of all jobs",
                 s / n as f64 * 1e3
+            ),
+            _ => String::new(),
+        }
+    );
+    println!(
+        "     {:.2} plan versions per job per iteration; plans in force over the budget by at most {} bytes over {} status polls{}{}",
+        r.plan_versions_per_job_iteration,
+        r.max_published_over_budget_bytes,
+        r.status_polls,
+        r.scheduler_max_over_budget_bytes
+            .map_or(String::new(), |b| format!(
+                " ({b} bytes by the scheduler's own count)"
+            )),
+        match (
+            r.table_waits,
+            r.table_wait_us_mean,
+            r.table_wait_us_p99_bucket
+        ) {
+            (Some(n), Some(mean), p99) => format!(
+                "; {n} waits for the job table, mean {mean:.2} us, p99 <= {}",
+                p99.map_or("?".into(), |p| format!("{p:.1} us"))
             ),
             _ => String::new(),
         }
@@ -234,8 +285,19 @@ fn rss_mb(pid: u32) -> (Option<f64>, Option<f64>) {
     (field("VmRSS:"), field("VmHWM:"))
 }
 
-/// The scheduler's planning time histogram: (sum s, count).
-async fn scrape_planning(port: u16) -> Result<Option<(f64, u64)>> {
+/// What the bench reads of the scheduler's metrics.
+#[derive(Debug, Default)]
+struct Scraped {
+    /// Planning time: (sum s, count).
+    planning: Option<(f64, u64)>,
+    max_over_budget: Option<u64>,
+    /// Job table waits: (sum s, count, the upper bound of the 99th
+    /// percentile's bucket, s).
+    table_wait: Option<(f64, u64, Option<f64>)>,
+}
+
+/// The scheduler's metrics the bench reports.
+async fn scrape(port: u16) -> Result<Option<Scraped>> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let Ok(mut s) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
         return Ok(None);
@@ -250,9 +312,61 @@ async fn scrape_planning(port: u16) -> Result<Option<(f64, u64)>> {
             .and_then(|l| l.split_whitespace().nth(1))
             .and_then(|v| v.parse::<f64>().ok())
     };
-    Ok(value("tensile_scheduler_planning_seconds_sum")
-        .zip(value("tensile_scheduler_planning_seconds_count"))
-        .map(|(s, c)| (s, c as u64)))
+    let histogram = |name: &str| {
+        let sum = value(&format!("{name}_sum"))?;
+        let count = value(&format!("{name}_count"))? as u64;
+        // Cumulative buckets: `NAME_bucket{le="B"} N`.
+        let prefix = format!("{name}_bucket{{le=\"");
+        let p99 = body
+            .lines()
+            .filter_map(|l| {
+                let rest = l.strip_prefix(&prefix)?;
+                let (le, n) = rest.split_once("\"}")?;
+                let n = n.split_whitespace().next()?.parse::<f64>().ok()?;
+                Some((le.parse::<f64>().ok()?, n))
+            })
+            .find(|&(_, n)| n >= count as f64 * 0.99)
+            .map(|(le, _)| le)
+            .filter(|le| le.is_finite());
+        Some((sum, count, p99))
+    };
+    Ok(Some(Scraped {
+        planning: histogram("tensile_scheduler_planning_seconds").map(|(s, c, _)| (s, c)),
+        max_over_budget: value("tensile_scheduler_max_published_over_budget_bytes")
+            .map(|v| v as u64),
+        table_wait: histogram("tensile_scheduler_job_table_wait_seconds"),
+    }))
+}
+
+/// Polls the status every `every` until `stop`: (polls, the largest
+/// excess of the active jobs' planned peaks over the budget).
+async fn poll_over_budget(
+    mut c: Client,
+    every: Duration,
+    mut stop: tokio::sync::oneshot::Receiver<()>,
+) -> Result<(usize, u64)> {
+    let (mut polls, mut worst) = (0, 0u64);
+    loop {
+        let s = c
+            .get_status(pb::GetStatusRequest { job_id: 0 })
+            .await
+            .context("GetStatus")?
+            .into_inner();
+        polls += 1;
+        let budget = s.memory.map_or(u64::MAX, |m| m.budget_bytes);
+        let in_force: u64 = s
+            .jobs
+            .iter()
+            .filter(|j| j.state == pb::JobState::Active as i32)
+            .filter_map(|j| j.prediction.as_ref())
+            .map(|p| p.planned_peak_bytes)
+            .sum();
+        worst = worst.max(in_force.saturating_sub(budget));
+        tokio::select! {
+            _ = &mut stop => return Ok((polls, worst)),
+            () = tokio::time::sleep(every) => {}
+        }
+    }
 }
 
 async fn bench(
@@ -262,6 +376,12 @@ async fn bench(
     jobs: &[(Arc<Graph>, Arc<Vec<f64>>)],
 ) -> Result<Row> {
     let start = Instant::now();
+    let (stop, stopped) = tokio::sync::oneshot::channel();
+    let poller = tokio::spawn(poll_over_budget(
+        connect(Some(server)).await?,
+        Duration::from_millis(20),
+        stopped,
+    ));
     let mut tasks = tokio::task::JoinSet::new();
     for w in 0..n {
         let (g, lat) = jobs[w % jobs.len()].clone();
@@ -273,6 +393,8 @@ async fn bench(
         workers.push(r.context("a worker panicked")??);
     }
     let wall = start.elapsed().as_secs_f64();
+    let _ = stop.send(());
+    let (status_polls, max_over) = poller.await.context("the status poller panicked")??;
     let mut first: Vec<f64> = workers
         .iter()
         .filter(|w| !w.queued)
@@ -305,6 +427,14 @@ async fn bench(
         scheduler_peak_rss_mb: None,
         planning_s_total: None,
         plannings: None,
+        plan_versions_per_job_iteration: plans as f64 / (n * iterations) as f64,
+        status_polls,
+        max_published_over_budget_bytes: max_over,
+        scheduler_max_over_budget_bytes: None,
+        table_waits: None,
+        table_wait_s_total: None,
+        table_wait_us_mean: None,
+        table_wait_us_p99_bucket: None,
     })
 }
 
