@@ -2,7 +2,9 @@
 //! registered while one runs gets a fast first plan at once; the published
 //! plans never add up past the budget; every job's versions increase; a
 //! report sent meanwhile waits for the plan and reaches the re-planner it
-//! hands back.
+//! hands back. And the job table under them: the reaper's removal checks
+//! the lease again, and entries updated from many threads while the table
+//! is walked lose nothing.
 
 #![allow(clippy::unwrap_used)]
 
@@ -640,4 +642,76 @@ async fn published_plans_never_add_up_past_the_budget_while_jobs_come_and_go() {
     assert_eq!(metrics.published_bytes.get() as u64, in_table);
     cancel.cancel();
     task.await.unwrap();
+}
+
+#[tokio::test]
+async fn the_reaper_keeps_a_job_whose_lease_was_renewed_after_its_scan() {
+    let g = mlp();
+    let shared = Shared::new(u64::MAX);
+    let (tx, _rx) = mpsc::channel(8);
+    register(&shared, &tx, 1, &g).await;
+    register(&shared, &tx, 2, &g).await;
+    // Both leases (60 s) lapse by then; job 2 renews between the scan and
+    // the removal.
+    let now = tokio::time::Instant::now() + Duration::from_secs(120);
+    let mut lapsed = shared.lapsed(now);
+    lapsed.sort();
+    assert_eq!(lapsed, vec![1, 2]);
+    shared.job_mut(2, |j| j.lease_until = now + Duration::from_secs(60));
+    let removed: Vec<u64> = lapsed
+        .into_iter()
+        .filter(|&id| {
+            shared
+                .remove_if(id, |j| j.lease_until <= now, "its lease lapsed")
+                .is_some()
+        })
+        .collect();
+    assert_eq!(removed, vec![1]);
+    assert!(!shared.contains(1) && shared.contains(2));
+}
+
+#[test]
+fn jobs_updated_from_many_threads_while_the_table_is_walked_lose_nothing() {
+    let g = mlp();
+    let shared = Arc::new(Shared::new(u64::MAX));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (tx, _rx) = mpsc::channel(64);
+    for id in 1..=16 {
+        rt.block_on(register(&shared, &tx, id, &g));
+    }
+    let walker = {
+        let shared = shared.clone();
+        std::thread::spawn(move || {
+            for _ in 0..200 {
+                assert_eq!(shared.each(|id, _| Some(id)).len(), 16);
+            }
+        })
+    };
+    let workers: Vec<_> = (1..=16u64)
+        .map(|id| {
+            let shared = shared.clone();
+            std::thread::spawn(move || {
+                for _ in 0..500 {
+                    // Its own entry, and a neighbour's: shards are shared.
+                    shared.job_mut(id, |j| j.iterations += 1).unwrap();
+                    shared
+                        .job_mut(id % 16 + 1, |j| j.reported_peak += 1)
+                        .unwrap();
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+    walker.join().unwrap();
+    for id in 1..=16 {
+        assert_eq!(
+            shared.job(id, |j| (j.iterations, j.reported_peak)),
+            Some((500, 500))
+        );
+    }
 }
