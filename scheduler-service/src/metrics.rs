@@ -57,10 +57,15 @@ const MAX_PUBLISHED_OVER_BUDGET_BYTES: (&str, &str) = (
 );
 const JOB_TABLE_WAIT_SECONDS: (&str, &str) = (
     "job_table_wait_seconds",
-    "Time a handler, the planning task or the lease reaper waited to get at the job table",
+    "Time a handler, the planning task or the lease reaper waited to get at one job in the job table",
+);
+const JOB_TABLE_WALK_WAIT_SECONDS: (&str, &str) = (
+    "job_table_walk_wait_seconds",
+    "Time a walk of the whole job table (status, the reaper's scan, the state counts) waited for it",
 );
 
 type F64Counter = Counter<f64, std::sync::atomic::AtomicU64>;
+type HistogramFamily = Family<Labels, Histogram, fn() -> Histogram>;
 
 fn planning_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.0005, 2.0, 16))
@@ -69,6 +74,23 @@ fn planning_histogram() -> Histogram {
 /// Waits for the job table: 100 ns to about 0.4 s.
 pub fn table_wait_histogram() -> Histogram {
     Histogram::new(exponential_buckets(1e-7, 4.0, 12))
+}
+
+/// Where the job table observes its waits: for one job's entry, and for
+/// walks of the whole table.
+#[derive(Debug, Clone)]
+pub struct TableWaits {
+    pub job: Histogram,
+    pub walk: Histogram,
+}
+
+impl Default for TableWaits {
+    fn default() -> TableWaits {
+        TableWaits {
+            job: table_wait_histogram(),
+            walk: table_wait_histogram(),
+        }
+    }
 }
 
 /// One planning domain's metrics (the single device's, or one GPU's):
@@ -97,7 +119,7 @@ pub struct Metrics {
     pub published_bytes: Gauge,
     pub max_published_over_budget_bytes: Gauge,
     /// Handed to the job table ([`crate::state::Shared::timing_waits`]).
-    pub table_wait_seconds: Histogram,
+    pub table_wait_seconds: TableWaits,
 }
 
 impl Default for Metrics {
@@ -135,7 +157,10 @@ impl Metrics {
         let sum_of_peaks_bytes = plain(r, SUM_OF_PEAKS_BYTES, Gauge::default());
         let reported_peak_bytes = plain(r, REPORTED_PEAK_BYTES, Gauge::default());
         let queue_length = plain(r, QUEUE_LENGTH, Gauge::default());
-        let table_wait_seconds = plain(r, JOB_TABLE_WAIT_SECONDS, table_wait_histogram());
+        let table_wait_seconds = TableWaits {
+            job: plain(r, JOB_TABLE_WAIT_SECONDS, table_wait_histogram()),
+            walk: plain(r, JOB_TABLE_WALK_WAIT_SECONDS, table_wait_histogram()),
+        };
         let published_bytes = plain(r, PUBLISHED_BYTES, Gauge::default());
         let max_published_over_budget_bytes =
             plain(r, MAX_PUBLISHED_OVER_BUDGET_BYTES, Gauge::default());
@@ -202,8 +227,8 @@ pub struct NodeMetrics {
     counters: [Family<Labels, Counter>; 6],
     gauges: [Family<Labels, Gauge>; 6],
     stall_seconds: Family<Labels, F64Counter>,
-    planning_seconds: Family<Labels, Histogram, fn() -> Histogram>,
-    table_wait_seconds: Family<Labels, Histogram, fn() -> Histogram>,
+    planning_seconds: HistogramFamily,
+    table_wait_seconds: [HistogramFamily; 2],
 }
 
 impl Default for NodeMetrics {
@@ -252,14 +277,11 @@ impl NodeMetrics {
             planning_seconds.clone(),
         );
         let table_wait_seconds =
-            Family::<Labels, Histogram, fn() -> Histogram>::new_with_constructor(
-                table_wait_histogram,
-            );
-        registry.register(
-            JOB_TABLE_WAIT_SECONDS.0,
-            JOB_TABLE_WAIT_SECONDS.1,
-            table_wait_seconds.clone(),
-        );
+            [JOB_TABLE_WAIT_SECONDS, JOB_TABLE_WALK_WAIT_SECONDS].map(|(name, help)| {
+                let f = HistogramFamily::new_with_constructor(table_wait_histogram);
+                registry.register(name, help, f.clone());
+                f
+            });
         NodeMetrics {
             registry: Arc::new(registry),
             jobs,
@@ -296,7 +318,10 @@ impl NodeMetrics {
             max_published_over_budget_bytes: gauge(5),
             stall_seconds: self.stall_seconds.get_or_create(&base).clone(),
             planning_seconds: self.planning_seconds.get_or_create(&base).clone(),
-            table_wait_seconds: self.table_wait_seconds.get_or_create(&base).clone(),
+            table_wait_seconds: TableWaits {
+                job: self.table_wait_seconds[0].get_or_create(&base).clone(),
+                walk: self.table_wait_seconds[1].get_or_create(&base).clone(),
+            },
             base,
         }
     }

@@ -24,7 +24,6 @@ use std::time::Duration;
 
 use dashmap::DashMap;
 
-use prometheus_client::metrics::histogram::Histogram;
 use tensile_graph::Graph;
 use tensile_planner::{Diagnostic, Plan, Prediction};
 use tokio::sync::watch;
@@ -32,6 +31,7 @@ use tokio::time::Instant;
 
 use crate::base::BaseSource;
 use crate::error::Error;
+use crate::metrics::TableWaits;
 use crate::token::TokenHash;
 
 /// A job's state, as the contract's `JobState`.
@@ -122,7 +122,7 @@ pub struct Shared {
     /// one job on the node.
     next_id: Arc<AtomicU64>,
     /// How long each access waited for the table.
-    waits: Histogram,
+    waits: TableWaits,
 }
 
 impl Shared {
@@ -139,12 +139,12 @@ impl Shared {
                 ..Memory::default()
             }),
             next_id: ids,
-            waits: crate::metrics::table_wait_histogram(),
+            waits: TableWaits::default(),
         }
     }
 
     /// This table, observing its waits in `waits` (the metrics').
-    pub fn timing_waits(mut self, waits: Histogram) -> Shared {
+    pub fn timing_waits(mut self, waits: TableWaits) -> Shared {
         self.waits = waits;
         self
     }
@@ -154,7 +154,7 @@ impl Shared {
     fn entry<T>(&self, id: u64, f: impl FnOnce(&mut Job) -> T) -> Option<T> {
         let t = std::time::Instant::now();
         let mut job = self.jobs.get_mut(&id);
-        self.waits.observe(t.elapsed().as_secs_f64());
+        self.waits.job.observe(t.elapsed().as_secs_f64());
         job.as_deref_mut().map(f)
     }
 
@@ -176,13 +176,14 @@ impl Shared {
         let t = std::time::Instant::now();
         // Ids are never reused: nothing is replaced.
         let old = self.jobs.insert(id, job);
-        self.waits.observe(t.elapsed().as_secs_f64());
+        self.waits.job.observe(t.elapsed().as_secs_f64());
         drop(old);
     }
 
     /// `f` on every job, shard by shard (each job as it is when its shard
     /// is read), keeping what it returns; in no particular order. The
-    /// waits for the shards count as one.
+    /// time spent stepping the walk (waits for the shards' locks, and the
+    /// steps themselves) counts as one wait.
     pub fn each<T>(&self, mut f: impl FnMut(u64, &Job) -> Option<T>) -> Vec<T> {
         let mut out = Vec::new();
         let mut waited = Duration::ZERO;
@@ -196,7 +197,7 @@ impl Shared {
                 out.push(x);
             }
         }
-        self.waits.observe(waited.as_secs_f64());
+        self.waits.walk.observe(waited.as_secs_f64());
         out
     }
 
@@ -242,7 +243,7 @@ impl Shared {
     pub fn remove_if(&self, id: u64, still: impl FnOnce(&Job) -> bool, why: &str) -> Option<Job> {
         let t = std::time::Instant::now();
         let removed = self.jobs.remove_if(&id, |_, j| still(j));
-        self.waits.observe(t.elapsed().as_secs_f64());
+        self.waits.job.observe(t.elapsed().as_secs_f64());
         let (_, job) = removed?;
         job.updates
             .send_modify(|u| u.state = JobState::Done(why.to_string()));

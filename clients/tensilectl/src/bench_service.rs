@@ -63,13 +63,22 @@ struct Row {
     /// the budget at any publication (gated plans counted by their aligned
     /// peak), when it keeps one.
     scheduler_max_over_budget_bytes: Option<u64>,
-    /// Waits for the scheduler's job table (its metrics): how many, their
-    /// total, mean, and the upper bound of the bucket of their 99th
-    /// percentile (µs).
-    table_waits: Option<u64>,
-    table_wait_s_total: Option<f64>,
-    table_wait_us_mean: Option<f64>,
-    table_wait_us_p99_bucket: Option<f64>,
+    /// Waits for one job's entry in the scheduler's job table (its
+    /// metrics), and of its walks of the whole table.
+    table_wait_job: Option<Waits>,
+    table_wait_walk: Option<Waits>,
+}
+
+/// A histogram of waits, as the bench reports it.
+#[derive(Debug, Clone, Serialize)]
+struct Waits {
+    count: u64,
+    total_s: f64,
+    mean_us: f64,
+    /// The upper bound of the bucket of the 99th percentile.
+    p99_bucket_us: Option<f64>,
+    /// Waits longer than the bucket bound at about 100 µs (102.4 µs).
+    over_100us: u64,
 }
 
 /// One worker's figures.
@@ -147,12 +156,8 @@ pub(crate) fn run(a: &BenchServiceArgs) -> Result<()> {
             row.planning_s_total = m.planning.map(|p| p.0);
             row.plannings = m.planning.map(|p| p.1);
             row.scheduler_max_over_budget_bytes = m.max_over_budget;
-            if let Some((sum, count, p99)) = m.table_wait {
-                row.table_waits = Some(count);
-                row.table_wait_s_total = Some(sum);
-                row.table_wait_us_mean = (count > 0).then(|| sum / count as f64 * 1e6);
-                row.table_wait_us_p99_bucket = p99.map(|s| s * 1e6);
-            }
+            row.table_wait_job = m.table_wait_job;
+            row.table_wait_walk = m.table_wait_walk;
         }
         if !a.json {
             print_row(&row);
@@ -208,17 +213,19 @@ fn print_row(r: &Row) {
             .map_or(String::new(), |b| format!(
                 " ({b} bytes by the scheduler's own count)"
             )),
-        match (
-            r.table_waits,
-            r.table_wait_us_mean,
-            r.table_wait_us_p99_bucket
-        ) {
-            (Some(n), Some(mean), p99) => format!(
-                "; {n} waits for the job table, mean {mean:.2} us, p99 <= {}",
-                p99.map_or("?".into(), |p| format!("{p:.1} us"))
-            ),
-            _ => String::new(),
-        }
+        [
+            ("one job", &r.table_wait_job),
+            ("walks", &r.table_wait_walk)
+        ]
+        .iter()
+        .filter_map(|(what, w)| w.as_ref().map(|w| format!(
+            "; job table waits ({what}): {} mean {:.2} us, p99 <= {} us, {} over 100 us",
+            w.count,
+            w.mean_us,
+            w.p99_bucket_us.map_or("?".into(), |p| format!("{p:.1}")),
+            w.over_100us
+        )))
+        .collect::<String>()
     );
 }
 
@@ -291,9 +298,8 @@ struct Scraped {
     /// Planning time: (sum s, count).
     planning: Option<(f64, u64)>,
     max_over_budget: Option<u64>,
-    /// Job table waits: (sum s, count, the upper bound of the 99th
-    /// percentile's bucket, s).
-    table_wait: Option<(f64, u64, Option<f64>)>,
+    table_wait_job: Option<Waits>,
+    table_wait_walk: Option<Waits>,
 }
 
 /// The scheduler's metrics the bench reports.
@@ -317,7 +323,7 @@ async fn scrape(port: u16) -> Result<Option<Scraped>> {
         let count = value(&format!("{name}_count"))? as u64;
         // Cumulative buckets: `NAME_bucket{le="B"} N`.
         let prefix = format!("{name}_bucket{{le=\"");
-        let p99 = body
+        let buckets: Vec<(f64, f64)> = body
             .lines()
             .filter_map(|l| {
                 let rest = l.strip_prefix(&prefix)?;
@@ -325,16 +331,39 @@ async fn scrape(port: u16) -> Result<Option<Scraped>> {
                 let n = n.split_whitespace().next()?.parse::<f64>().ok()?;
                 Some((le.parse::<f64>().ok()?, n))
             })
-            .find(|&(_, n)| n >= count as f64 * 0.99)
-            .map(|(le, _)| le)
+            .collect();
+        Some((sum, count, buckets))
+    };
+    let waits = |name: &str| {
+        let (sum, count, buckets) = histogram(name)?;
+        let p99 = buckets
+            .iter()
+            .find(|&&(_, n)| n >= count as f64 * 0.99)
+            .map(|&(le, _)| le)
             .filter(|le| le.is_finite());
-        Some((sum, count, p99))
+        let within_100us = buckets
+            .iter()
+            .filter(|&&(le, _)| le <= 1.1e-4)
+            .map(|&(_, n)| n)
+            .fold(0.0, f64::max);
+        Some(Waits {
+            count,
+            total_s: sum,
+            mean_us: if count > 0 {
+                sum / count as f64 * 1e6
+            } else {
+                0.0
+            },
+            p99_bucket_us: p99.map(|s| s * 1e6),
+            over_100us: count.saturating_sub(within_100us as u64),
+        })
     };
     Ok(Some(Scraped {
         planning: histogram("tensile_scheduler_planning_seconds").map(|(s, c, _)| (s, c)),
         max_over_budget: value("tensile_scheduler_max_published_over_budget_bytes")
             .map(|v| v as u64),
-        table_wait: histogram("tensile_scheduler_job_table_wait_seconds"),
+        table_wait_job: waits("tensile_scheduler_job_table_wait_seconds"),
+        table_wait_walk: waits("tensile_scheduler_job_table_walk_wait_seconds"),
     }))
 }
 
@@ -431,10 +460,8 @@ async fn bench(
         status_polls,
         max_published_over_budget_bytes: max_over,
         scheduler_max_over_budget_bytes: None,
-        table_waits: None,
-        table_wait_s_total: None,
-        table_wait_us_mean: None,
-        table_wait_us_p99_bucket: None,
+        table_wait_job: None,
+        table_wait_walk: None,
     })
 }
 
