@@ -28,7 +28,8 @@
 #                     target/debug. Default: gpu-bundle/, else target/release,
 #                     else target/debug
 #   --profile NAME    tensilectl's device profile (default: from the GPU's
-#                     name, h100 for an H100 or H200; cpu in a dry run)
+#                     name: h200 for an H200, h100 for an H100 and others;
+#                     cpu in a dry run)
 #   --latency-args ARGS  more flags for scripts/gpu_check/latency.py, one
 #                     string, after the built-in ones (a later flag wins):
 #                     e.g. "--max-profile-s 90 --reserve-s 40 --accept-partial"
@@ -124,7 +125,8 @@ else
   if [[ -z $PROFILE ]]; then
     case $GPU_NAME in
       *A6000*) PROFILE=a6000 ;;
-      *) PROFILE=h100 ;; # H100, H200, and the closest profile for others
+      *H200*) PROFILE=h200 ;; # calibrated on this project's H200 runs
+      *) PROFILE=h100 ;; # H100, and the closest profile for others
     esac
   fi
   # tch binaries do not link libtorch_cuda.so (only kernels' tests force it
@@ -256,9 +258,9 @@ step_colocate() {
 }
 
 step_latency() {
-  if ! "$TENSILECTL" latency profile --help 2>/dev/null | grep -q -- '--device'; then
+  if ! "$BINS/tensile-latency" profile --help 2>/dev/null | grep -q -- '--device'; then
     "$PY" "$HERE/results.py" row "$RESULTS" latency profile --status skipped \
-      --reason "not built: this tensilectl has no latency profile --device"
+      --reason "not built: no tensile-latency with profile --device in $BINS"
     return 0
   fi
   "$PY" "$HERE/latency.py" --results "$RESULTS" --bin "$BINS" --device "$DEVICE" --profile "$PROFILE" "${LATENCY_ARGS[@]}"

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds what scripts/gpu-check.sh runs on a GPU machine (which has PyTorch
 # 2.11 but no Rust toolchain and no network) and bundles it in gpu-bundle/
-# (git-ignored): release builds of tensile-worker, tensilectl and
-# tensile-scheduler, of the Python package's Rust core (tensile._core, in
+# (git-ignored): release builds of tensile-worker, tensilectl,
+# tensile-latency and tensile-scheduler, of the Python package's Rust core (tensile._core, in
 # python/; gpu-check.sh puts it in the package) and the GPU test
 # executables (the worker's `it` tests, the swap executor's unit tests),
 # with their debug info stripped, a COMMIT file and a MANIFEST. What travels to the GPU machine is limited (64 MiB
@@ -38,13 +38,13 @@ PY=python3
 [[ -x .venv/bin/python ]] && PY=.venv/bin/python
 command -v "$PY" >/dev/null || die "no python3 (it reads cargo's JSON output)"
 
-# The worker and tensilectl force libtorch's CUDA library in (their build
+# The worker and tensile-latency force libtorch's CUDA library in (their build
 # scripts, TENSILE_LINK_CUDA): nothing names its symbols, yet libtorch sees
 # a GPU only once it is loaded.
 export TENSILE_LINK_CUDA=1
 
-step "release build: tensile-worker, tensilectl, tensile-scheduler, tensile._core"
-cargo build --release --locked -p tensile-worker -p tensilectl -p tensile-scheduler -p tensile-python
+step "release build: tensile-worker, tensilectl, tensile-latency, tensile-scheduler, tensile._core"
+cargo build --release --locked -p tensile-worker -p tensilectl -p tensile-latency -p tensile-scheduler -p tensile-python
 
 step "release build: the GPU test executables"
 WORKER_IT=$(cargo test --release --locked -p tensile-worker --test it --no-run --message-format=json |
@@ -67,7 +67,7 @@ pack() {
   local how=$1
   rm -rf "$OUT"
   mkdir -p "$OUT/bin" "$OUT/tests" "$OUT/python"
-  for b in tensile-worker tensilectl tensile-scheduler; do
+  for b in tensile-worker tensilectl tensile-latency tensile-scheduler; do
     strip_to "target/release/$b" "$OUT/bin/$b" "$how"
   done
   strip_to target/release/lib_core.so "$OUT/python/_core.abi3.so" "$how"
@@ -107,7 +107,7 @@ printf '%s (built %s, release, %s)\n' "$commit" "$(date -u '+%Y-%m-%d %H:%M UTC'
 } >"$OUT/MANIFEST"
 cat "$OUT/MANIFEST"
 if command -v readelf >/dev/null && [[ -n $("$PY" -c 'import torch, os; print(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cuda.so"))' 2>/dev/null | xargs -r ls 2>/dev/null) ]]; then
-  for b in tensile-worker tensilectl; do
+  for b in tensile-worker tensile-latency; do
     readelf -d "$OUT/bin/$b" | grep -q 'libtorch_cuda' ||
       die "$b does not link libtorch_cuda: it would never see a GPU (see worker/build.rs)"
   done

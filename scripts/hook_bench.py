@@ -106,6 +106,21 @@ class Mode:
         return nullcontext()
 
 
+def host_copy_rate(nbytes: int = 64 << 20, reps: int = 5) -> float:
+    """GB/s of ``torch``'s copy between two host buffers of ``nbytes``
+    (best of ``reps``), the rate a CPU device's swaps run at."""
+    import time
+
+    src = torch.ones(nbytes, dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(reps):
+        start = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - start)
+    return nbytes / best / 1e9
+
+
 def run_round(mode: Mode, batch: Any, args: argparse.Namespace, cuda: bool) -> None:
     import time
 
@@ -208,6 +223,7 @@ def main() -> int:
             row["modes_run"] = sorted({x.mode for x in s})
             row["managed_peak_mib"] = max(x.max_managed_bytes for x in s) / 2**20
             row["saved_peak_mib"] = max(x.peak_saved_bytes for x in s) / 2**20
+            row["copied_mb"] = statistics.median(x.copied_bytes for x in s) / 1e6
         rows.append(row)
 
     print(f"{args.model} {size} on {dev}: {args.rounds} rounds x {args.steps} timed steps per mode, modes interleaved\n")
@@ -242,6 +258,14 @@ def main() -> int:
               f"the optimizer's pre- and post-hook) and {s.batches} copy batches for {events} planned events; bound: 2 x {trow['packs']:.0f} + "
               f"{len(a.modules)} + {len(a.chunks)} + 3 + {events} = {bound:.0f}. Late fetches: {trow['late']}; steps "
               f"run {', '.join(trow['modes_run'])}")
+        if dev.type == "cpu" and trow["copied_mb"] > 0:
+            rate = host_copy_rate()
+            floor_ms = trow["copied_mb"] / rate
+            plain_ms = rows[0]["step_ms"]
+            trow["copy_floor_ms"] = floor_ms
+            print(f"copies: {trow['copied_mb']:.0f} MB a step; at this machine's memcpy rate ({rate:.2f} GB/s, measured "
+                  f"now) that alone is {floor_ms:.1f} ms, {floor_ms / plain_ms:+.1%} of plain's step: on a CPU device the "
+                  f"copies run on the cores that train, where a GPU's copy engine overlaps them with compute")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"model": args.model, "size": size, "device": str(dev), "rounds": args.rounds,

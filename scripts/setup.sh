@@ -2,6 +2,7 @@
 # Sets up everything the build and the tests need, idempotently:
 #   .venv/  Python 3.11 with torch (the libtorch that tch links), torchvision,
 #           onnxruntime (the shared library ort loads), onnx, grpcio-tools,
+#           grpcio-reflection (a stock client of the reflection test),
 #           transformers and timm (the hook's model suite), ray,
 #           kubernetes-validate and maturin, and the project's
 #           Python package;
@@ -29,6 +30,8 @@ pins=(
   "onnxruntime==1.31.1"
   "onnx==1.23.2"
   "grpcio-tools==1.76.0"
+  # A stock reflection client for tests/python/test_reflection.py.
+  "grpcio-reflection==1.76.0"
   "mypy-protobuf==5.1.0"
   "pytest==8.4.2"
   # transformers 5.24.0 needs safetensors >= 0.8.0 (was 0.7.0).

@@ -151,16 +151,27 @@ impl<C: CopyEngine> Executor<'_, C> {
                     if slot.on_device() && slot.device != Device::Awaiting {
                         continue;
                     }
+                    // Fired while its buffer was still there (a release
+                    // waiting for a swap-out), the prefetch is due after
+                    // that buffer went (the swap-out ended and freed it, or
+                    // its op ran first, fetched the data on demand and
+                    // released it after its last use). Still wanted, it
+                    // needs a buffer again, as a prefetch into storage not
+                    // on the device does; else it is dropped. Never a copy
+                    // into no buffer: a real engine takes what a prefetch
+                    // brings for the storage's buffer, which would then be
+                    // one the executor neither counts nor frees.
+                    if !slot.on_device() {
+                        let used_again = self.live.storages[s.index()].persistent
+                            || self.next_use(s) < self.graph.ops().len() as u64;
+                        if !used_again || !slot.host_valid() || !self.prefetch_buffer(e, s, now) {
+                            continue;
+                        }
+                    }
                     let copy = self.submit(s, Dir::ToDevice, at);
                     let slot = &mut self.slots[s.index()];
-                    if slot.on_device() {
-                        slot.device = Device::Arriving(copy);
-                        slot.release_pending = false;
-                    } else {
-                        // Its buffer went before the copy started: the copy
-                        // still takes its time on the link; nothing waits.
-                        self.retire(copy);
-                    }
+                    slot.device = Device::Arriving(copy);
+                    slot.release_pending = false;
                 }
                 _ => {}
             }

@@ -347,21 +347,8 @@ impl<'g, C: CopyEngine> Executor<'g, C> {
             EventKind::SwapIn => {
                 // The buffer exists from the trigger on; the copy waits for
                 // its delay.
-                if !self.slots[s.index()].on_device() {
-                    // Under a budget, a prefetch that does not fit is not
-                    // started: its op fetches it, making room first.
-                    let bytes = self.bytes(s);
-                    if (self.options.evict_budget_bytes).is_some_and(|b| self.mem + bytes > b) {
-                        return;
-                    }
-                    // Under the limit, it waits for room.
-                    if self.limit.is_some_and(|l| self.mem + bytes > l) {
-                        self.deferred_ins.push(e);
-                        self.cur.held_back += 1;
-                        return;
-                    }
-                    self.alloc(s, now);
-                    self.slots[s.index()].device = Device::Awaiting;
+                if !self.slots[s.index()].on_device() && !self.prefetch_buffer(e, s, now) {
+                    return;
                 }
                 let at = self.fire_at(&e, now);
                 self.queue.push(at, e);
@@ -372,6 +359,26 @@ impl<'g, C: CopyEngine> Executor<'g, C> {
             }
             EventKind::Recompute => {}
         }
+    }
+
+    /// Allocates the buffer that prefetch `e` brings storage `s` (not on
+    /// the device) into, waiting for its copy (`Device::Awaiting`); false
+    /// when there is no room for it: under Capuchin's budget the prefetch
+    /// is dropped (its op fetches the data, making room first), under the
+    /// limit it is held back until there is room.
+    pub(crate) fn prefetch_buffer(&mut self, e: Event, s: StorageId, now: u64) -> bool {
+        let bytes = self.bytes(s);
+        if (self.options.evict_budget_bytes).is_some_and(|b| self.mem + bytes > b) {
+            return false;
+        }
+        if self.limit.is_some_and(|l| self.mem + bytes > l) {
+            self.deferred_ins.push(e);
+            self.cur.held_back += 1;
+            return false;
+        }
+        self.alloc(s, now);
+        self.slots[s.index()].device = Device::Awaiting;
+        true
     }
 
     /// When a copy fired at `now` starts: its delay after the trigger, or,

@@ -5,7 +5,7 @@ Standard library only. Three subcommands:
 
   seed PROFILE HELDOUT OUT
       Writes to OUT every sample of PROFILE that is not in HELDOUT (the
-      training rows). `tensilectl latency profile --out OUT` then skips
+      training rows). `tensile-latency profile --out OUT` then skips
       them as already done and re-times only the held-out shapes, with the
       same grid, loads and repeats as the shipped profile. The new rows are
       the lines after the seeded ones: `tail -n +N`.

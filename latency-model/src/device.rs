@@ -30,7 +30,7 @@ pub enum DeviceError {
     },
 }
 
-/// A built-in profile (`a6000`, `h100`, `paper`), `cpu` (the CPU the
+/// A built-in profile (`a6000`, `h100`, `h200`, `paper`), `cpu` (the CPU the
 /// shipped latency models were measured on, its roofline calibrated on the
 /// same measurements), or a JSON profile file.
 pub fn device_profile(name: &str) -> Result<DeviceProfile, DeviceError> {
@@ -72,7 +72,7 @@ mod tests {
         let e = device_profile("tpu").expect_err("no such device");
         assert_eq!(
             e.to_string(),
-            "unknown device \"tpu\": not a built-in profile (a6000, h100, paper, cpu) and no such file"
+            "unknown device \"tpu\": not a built-in profile (a6000, h100, h200, paper, cpu) and no such file"
         );
         let dir = tempfile::tempdir().expect("a temporary folder");
         let file = dir.path().join("bad.json");

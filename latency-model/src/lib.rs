@@ -15,7 +15,7 @@
 //! # Layout
 //! - [`profile`]: [`DeviceProfile`] (memory, copy engines, peaks, per-class
 //!   efficiencies), the built-in profiles (`profiles/*.json`: `a6000`,
-//!   `h100`, `paper`) and profile files, validated.
+//!   `h100`, `h200`, `paper`) and profile files, validated.
 //! - [`device`]: a profile by the name a user gives ([`device_profile`]:
 //!   a built-in GPU, `cpu`, or a profile file), the one rule every binary
 //!   and the Python extension follow.

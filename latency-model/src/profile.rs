@@ -141,9 +141,10 @@ pub struct DeviceProfile {
 }
 
 /// The built-in profiles, by name, as embedded JSON.
-const BUILTIN: [(&str, &str); 3] = [
+const BUILTIN: [(&str, &str); 4] = [
     ("a6000", include_str!("../profiles/a6000.json")),
     ("h100", include_str!("../profiles/h100.json")),
+    ("h200", include_str!("../profiles/h200.json")),
     ("paper", include_str!("../profiles/paper.json")),
 ];
 
@@ -176,7 +177,7 @@ pub enum ProfileError {
 const MAX_FILE_BYTES: u64 = 1 << 20;
 
 impl DeviceProfile {
-    /// The names of the built-in profiles: `a6000`, `h100`, `paper`.
+    /// The names of the built-in profiles: `a6000`, `h100`, `h200`, `paper`.
     pub fn builtin_names() -> Vec<&'static str> {
         BUILTIN.iter().map(|(name, _)| *name).collect()
     }

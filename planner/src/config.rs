@@ -169,8 +169,11 @@ impl PlannerConfig {
 /// fill the link, at several times the planning time. For two jobs it
 /// rarely pays: their phases are half a period apart and a longer cycle
 /// costs them little, and on a fast link the gated plans it makes look
-/// cheaper than the free ones but run worse. For three jobs or more, whose
-/// swaps crowd the link, it fits more runs (docs/benchmarks.md).
+/// cheaper than the free ones but run worse (two ResNet-50 b24 on the h100,
+/// seed 1: EOR 0.51 against 0.08 free). For three jobs or more, whose swaps
+/// crowd the link, it fits more runs (three ResNet-50 copies as processes,
+/// simulated a6000, seeds 1 to 16, fractions 0.5 to 1: 18 of 80 runs at
+/// EOR <= 0.05 against 10, mean EOR 0.157 against 0.279).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum RecomputeFirst {
     /// Never: swaps alone, then a longer cycle.

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use serde::Deserialize;
+use tensile_cli::Mb;
 use tensile_latency_model::DeviceProfile;
 use tensile_planner::RecomputeFirst;
 
@@ -46,16 +47,17 @@ pub struct Args {
     /// Allow listening on a non-loopback TCP address without TLS.
     #[arg(long, env = "TENSILE_INSECURE")]
     pub insecure: bool,
-    /// Device profile: a built-in name (a6000, h100, paper), `cpu`, or a
+    /// Device profile: a built-in name (a6000, h100, h200, paper), `cpu`, or a
     /// profile file; its copy link is every GPU's, its memory a simulated
     /// GPU's (a real GPU's is what nvidia-smi reports). Default: a6000 (with
     /// --listen: the first GPU's memory when nvidia-smi sees one).
     #[arg(long, env = "TENSILE_DEVICE")]
     pub device: Option<String>,
-    /// Memory shared by the jobs of each GPU, MB (10^6 bytes). Default:
-    /// each GPU's memory.
-    #[arg(long, env = "TENSILE_BUDGET_MB")]
-    pub budget_mb: Option<u64>,
+    /// Memory shared by the jobs of each GPU, MB (10^6 bytes; decimals
+    /// allowed). Default: each GPU's memory.
+    #[arg(long, env = "TENSILE_BUDGET_MB", value_name = "MB",
+          value_parser = tensile_cli::parse_positive_mb, allow_negative_numbers = true)]
+    pub budget_mb: Option<Mb>,
     /// A file holding the admin token that SetMemoryBudget requires
     /// (TENSILE_ADMIN_TOKEN may hold the token itself).
     #[arg(long, env = "TENSILE_ADMIN_TOKEN_FILE")]
@@ -72,9 +74,11 @@ pub struct Args {
     /// for this long is removed. Default 10.
     #[arg(long, env = "TENSILE_LEASE_S")]
     pub lease_s: Option<f64>,
-    /// Largest graph message accepted, MB. Default 256.
-    #[arg(long, env = "TENSILE_MAX_GRAPH_MB")]
-    pub max_graph_mb: Option<u64>,
+    /// Largest graph message accepted, MB (10^6 bytes), at most 4096.
+    /// Default 256 MiB.
+    #[arg(long, env = "TENSILE_MAX_GRAPH_MB", value_name = "MB",
+          value_parser = tensile_cli::parse_positive_mb, allow_negative_numbers = true)]
+    pub max_graph_mb: Option<Mb>,
     /// Cold-start latency models: auto, roofline, or a model directory.
     #[arg(long, env = "TENSILE_LATENCY_MODELS")]
     pub latency_models: Option<String>,
@@ -106,6 +110,13 @@ pub struct Args {
     #[arg(long, env = "TENSILE_RECOMPUTE_FIRST", value_parser = RecomputeFirst::parse,
           num_args = 0..=1, default_missing_value = "always")]
     pub recompute_first: Option<RecomputeFirst>,
+    /// The mode of the Unix sockets, octal (e.g. 0660: the scheduler's
+    /// group may connect; 0666: every local user), set right after each is
+    /// bound, before gpus.json names it. Connecting needs write
+    /// permission. Default: as created, 0777 less the umask.
+    #[arg(long, env = "TENSILE_SOCKET_MODE", value_name = "OCTAL",
+          value_parser = parse_socket_mode)]
+    pub socket_mode: Option<u32>,
     /// A TOML file with any of the settings above (snake_case keys, e.g.
     /// `budget_mb = 20000`, `gpus = "0,1"` or `gpus = [0, 1]`,
     /// `listen = ["127.0.0.1:50051"]`).
@@ -173,6 +184,29 @@ pub struct FileConfig {
     pub no_gates: Option<bool>,
     pub gate_slack: Option<f64>,
     pub recompute_first: Option<RecomputeFirstValue>,
+    /// Octal, as a string: `socket_mode = "0660"`.
+    pub socket_mode: Option<String>,
+}
+
+/// A Unix socket's mode in octal: `0660`, `660` or `0o660`, at most 0777,
+/// and with read and write for the owner (the scheduler's own clients, and
+/// its check for a live scheduler at start, connect as it).
+pub fn parse_socket_mode(s: &str) -> Result<u32, String> {
+    let t = s.trim();
+    let digits = t.strip_prefix("0o").unwrap_or(t);
+    let mode = (!digits.is_empty() && digits.bytes().all(|b| (b'0'..=b'7').contains(&b)))
+        .then(|| u32::from_str_radix(digits, 8).ok())
+        .flatten()
+        .filter(|m| *m <= 0o777)
+        .ok_or_else(|| {
+            format!("{t:?} is not a file mode: expected octal permission bits such as 0660 (at most 0777)")
+        })?;
+    if mode & 0o600 != 0o600 {
+        return Err(format!(
+            "{t:?} leaves the scheduler's own user unable to connect: give the owner read and write (0600 or more, e.g. 0660)"
+        ));
+    }
+    Ok(mode)
 }
 
 /// `recompute_first` in the TOML file: `"never"`, `"many-jobs"`,
@@ -320,9 +354,11 @@ impl Args {
         };
         notes.push(note);
         let mut config = Config::new(device);
-        let budget = match self.budget_mb.or(file.budget_mb) {
-            Some(0) => return Err("--budget-mb must be positive".into()),
-            Some(mb) => Some(mb.saturating_mul(1_000_000)),
+        let budget = match self.budget_mb.or(file.budget_mb.map(Mb::whole)) {
+            Some(mb) if mb.bytes() == 0 => {
+                return Err("budget_mb must be positive".into());
+            }
+            Some(mb) => Some(mb.bytes()),
             None => None,
         };
         if let Some(b) = budget {
@@ -372,11 +408,13 @@ impl Args {
         if let Some(s) = self.lease_s.or(file.lease_s) {
             config.lease = seconds("lease-s", s)?;
         }
-        if let Some(mb) = self.max_graph_mb.or(file.max_graph_mb) {
-            if mb == 0 || mb > 4096 {
-                return Err(format!("--max-graph-mb must be in 1..=4096, got {mb}"));
+        if let Some(mb) = self.max_graph_mb.or(file.max_graph_mb.map(Mb::whole)) {
+            if mb.bytes() == 0 || mb > Mb::whole(4096) {
+                return Err(format!(
+                    "--max-graph-mb must be above 0 and at most 4096, got {mb}"
+                ));
             }
-            config.limits.max_input_bytes = mb << 20;
+            config.limits.max_input_bytes = mb.bytes();
         }
         if let Some(m) = self.latency_models.clone().or(file.latency_models.clone()) {
             config.models = match m.as_str() {
@@ -408,6 +446,11 @@ impl Args {
             }
             config.gate_slack = s;
         }
+        config.socket_mode = match (self.socket_mode, &file.socket_mode) {
+            (Some(m), _) => Some(m),
+            (None, Some(s)) => Some(parse_socket_mode(s).map_err(|e| format!("socket_mode: {e}"))?),
+            (None, None) => None,
+        };
         config.validate()?;
         Ok(Resolved {
             serve,
@@ -500,7 +543,7 @@ mod tests {
         .unwrap();
         let args = Args {
             config: Some(file.clone()),
-            budget_mb: Some(2000),
+            budget_mb: Some(Mb::whole(2000)),
             ..Args::default()
         };
         let r = args.resolve().unwrap();
@@ -619,7 +662,7 @@ mod tests {
         // --gpus without a GPU: simulated, the budget per GPU.
         let args = Args {
             gpus: Some("0,1".into()),
-            budget_mb: Some(700),
+            budget_mb: Some(Mb::whole(700)),
             ..args
         };
         let Serve::Gpus { gpus, .. } = args.resolve_with(&none).unwrap().serve else {

@@ -94,6 +94,9 @@ pub struct Config {
     /// Which gated jobs are planned recomputing first too
     /// (`PlannerConfig::recompute_first`).
     pub recompute_first: RecomputeFirst,
+    /// The mode set on each Unix socket after it is bound (`None`: as
+    /// created, 0777 less the umask).
+    pub socket_mode: Option<u32>,
 }
 
 impl Config {
@@ -116,6 +119,7 @@ impl Config {
             gates: true,
             recompute_first: RecomputeFirst::default(),
             gate_slack: 0.005,
+            socket_mode: None,
         }
     }
 

@@ -271,7 +271,9 @@ pub async fn run_gpus(
     let mut entries = Vec::new();
     for g in gpus {
         let socket = gpu_socket_name(g.index);
-        let listener = Listener::bind(&ListenAddr::Unix(dir.join(&socket))).await?;
+        let listener =
+            Listener::bind_with_mode(&ListenAddr::Unix(dir.join(&socket)), config.socket_mode)
+                .await?;
         let mut device = config.device.clone();
         device.memory_bytes = g.memory_bytes;
         domains.push(Domain {

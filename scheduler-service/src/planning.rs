@@ -533,18 +533,27 @@ impl Planner {
             .map(|(_, j)| (j.id, j.lower_bound, self.reached.get(&j.id).copied()))
             .collect();
         for (ahead, (id, lb, reached)) in queue.into_iter().enumerate() {
+            // In MB (10^6 bytes), the unit of --budget-mb and of
+            // `tensilectl status`.
+            let mb = tensile_cli::format_mb;
             let need = reached.unwrap_or(0).max(lb);
             let what = match reached {
                 Some(r) if r > lb => format!(
-                    "needs {r} bytes (the peak the planner reached for it; its largest working set plus base is {lb})"
+                    "needs {} (the peak the planner reached for it; its largest working set plus base is {})",
+                    mb(r),
+                    mb(lb)
                 ),
-                _ => format!("needs at least {lb} bytes (its largest working set plus base)"),
+                _ => format!(
+                    "needs at least {} (its largest working set plus base)",
+                    mb(lb)
+                ),
             };
             let mut reason = format!(
-                "{what}; {free} of the budget of {} bytes are free beside {} admitted jobs: {} bytes short",
-                self.budget,
+                "{what}; {} of the {} budget are free beside {} admitted jobs: {} short",
+                mb(free),
+                mb(self.budget),
                 self.admitted.len(),
-                need.saturating_sub(free)
+                mb(need.saturating_sub(free))
             );
             if ahead > 0 {
                 reason += &format!("; {ahead} queued ahead of it");

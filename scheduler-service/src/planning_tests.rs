@@ -548,7 +548,7 @@ async fn admission_counts_a_measured_base_and_a_process_base_shared_by_its_jobs_
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     };
-    assert!(reason.contains("bytes short"), "{reason}");
+    assert!(reason.ends_with(" MB short"), "{reason}");
     // Three reports in a row materially lower bring job 1's base down to
     // the largest of them, and job 4 in.
     for base in [150 * MB, 140 * MB, 145 * MB] {

@@ -61,6 +61,16 @@ impl Listener {
     /// (and set to it when it is the default one); a stale socket file
     /// nobody listens on is replaced, a live one is an error.
     pub async fn bind(addr: &ListenAddr) -> Result<Listener, RunError> {
+        Listener::bind_with_mode(addr, None).await
+    }
+
+    /// [`Listener::bind`], then a Unix socket's mode set to `mode` (octal
+    /// permission bits; `tensile-scheduler --socket-mode`) before anyone is
+    /// told where it is. A TCP address has no mode: `mode` is ignored.
+    pub async fn bind_with_mode(
+        addr: &ListenAddr,
+        mode: Option<u32>,
+    ) -> Result<Listener, RunError> {
         let io = |what: String| move |source| RunError::Io { what, source };
         match addr {
             ListenAddr::Tcp(a) => Ok(Listener::Tcp(
@@ -84,6 +94,10 @@ impl Listener {
                 }
                 let l = UnixListener::bind(path)
                     .map_err(io(format!("listen on {}", path.display())))?;
+                if let Some(mode) = mode {
+                    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+                        .map_err(io(format!("set mode {mode:04o} on {}", path.display())))?;
+                }
                 Ok(Listener::Unix(l, path.clone()))
             }
         }
@@ -377,16 +391,32 @@ async fn start_domain(
     let keepalive = Some(config.lease / 2);
     for listener in domain.listeners {
         let address = listener.address();
-        let reflection = tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(tensile_proto::FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        // Reflection in both versions: v1, and v1alpha, which many
+        // clients still ask for first (grpcurl before 1.9, grpcio-reflection,
+        // Postman).
+        // Each lists both, as both are served.
+        let reflecting = || {
+            tonic_reflection::server::Builder::configure()
+                .include_reflection_service(false)
+                .register_encoded_file_descriptor_set(tensile_proto::FILE_DESCRIPTOR_SET)
+                .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+                .register_encoded_file_descriptor_set(tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET)
+                .register_encoded_file_descriptor_set(
+                    tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET,
+                )
+        };
+        let reflection = reflecting()
             .build_v1()
+            .map_err(|e| RunError::Reflection(e.to_string()))?;
+        let reflection_v1alpha = reflecting()
+            .build_v1alpha()
             .map_err(|e| RunError::Reflection(e.to_string()))?;
         let router = Server::builder()
             .http2_keepalive_interval(keepalive)
             .http2_keepalive_timeout(keepalive)
             .add_service(health_service.clone())
             .add_service(reflection)
+            .add_service(reflection_v1alpha)
             .add_service(
                 MemorySchedulerServer::new(service.clone())
                     .max_decoding_message_size(max)

@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
-"""Latency models for the device: profile its kernels (``tensilectl latency
+"""Latency models for the device: profile its kernels (``tensile-latency
 profile``, resumable: it appends and picks up where it stopped), train the
-per-op models and the calibrated roofline (``latency train``), evaluate
-them on held-out shapes (``latency eval``), and compare the iteration times
+per-op models and the calibrated roofline (``tensile-latency train``), evaluate
+them on held-out shapes (``tensilectl latency eval``), and compare the iteration times
 they predict with the worker's measured ones (the ``worker`` step's rows).
 
     latency.py --results DIR --bin DIR --device cuda --profile h100
 
-On CUDA, ``latency profile`` times each run by the wall clock ending with
+On CUDA, ``tensile-latency profile`` times each run by the wall clock ending with
 a device synchronize (tch has no CUDA events; latency-train/src/measure).
 The models go to ``DIR/latency/models-PROFILE``; ``tensilectl plan
 --latency-models DIR`` and ``tensile-scheduler --latency-models DIR`` use
@@ -63,7 +63,7 @@ def profile(a: argparse.Namespace, data: Path) -> int | None:
     results.need_time(a.min_profile_s + a.reserve_s, "profiling kernels")
     seconds = int(min(a.max_profile_s, results.time_left() - a.reserve_s))
     cmd = [
-        str(a.bin / "tensilectl"), "latency", "profile", "--device", "cuda" if a.device.startswith("cuda") else "cpu",
+        str(a.bin / "tensile-latency"), "profile", "--device", "cuda" if a.device.startswith("cuda") else "cpu",
         "--out", str(data), "--max-seconds", str(seconds), *a.profile_args.split(),
     ]
     log = a.results / "logs" / "latency-profile.log"
@@ -96,7 +96,7 @@ def train(a: argparse.Namespace, data: Path, models: Path) -> None:
     if results.has_row(a.results, STEP, "train"):
         return
     results.need_time(60, "training the latency models")
-    cmd = [str(a.bin / "tensilectl"), "latency", "train", "--data", str(data), "--out", str(models), "--device", a.train_device]
+    cmd = [str(a.bin / "tensile-latency"), "train", "--data", str(data), "--out", str(models), "--device", a.train_device]
     if a.epochs:
         cmd += ["--epochs", str(a.epochs)]
     r = proc.run(cmd, a.results / "logs" / "latency-train.log", proc.tch_env(), margin_s=5)

@@ -463,7 +463,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("what", choices=["solo", "colocate"])
     p.add_argument("--results", type=Path, required=True)
-    p.add_argument("--bin", type=Path, required=True, help="folder of tensile-worker, tensilectl, tensile-scheduler")
+    p.add_argument("--bin", type=Path, required=True, help="folder of tensile-worker, tensilectl, tensile-latency, tensile-scheduler")
     p.add_argument("--device", default="cuda")
     p.add_argument("--profile", default="h100", help="tensilectl's device profile for the plans")
     p.add_argument("--jobs", default="resnet50:32,bert_base:16")

@@ -282,11 +282,11 @@ impl Connection {
 
     fn queued(&self, job_id: u64, reason: &str) {
         let reason = if reason.is_empty() { NO_ROOM } else { reason };
+        // Info: what the job does meanwhile is its caller's to say (the
+        // worker and the hook wait for admission and say so themselves).
         self.say(
-            Level::Warning,
-            &format!(
-                "job {job_id} is queued ({reason}); training goes on with the plan in use, which the scheduler has not admitted"
-            ),
+            Level::Info,
+            &format!("job {job_id} is queued ({reason})"),
         );
     }
 

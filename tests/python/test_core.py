@@ -95,7 +95,7 @@ def test_planning_releases_the_gil(resnet):
 @pytest.mark.parametrize(
     "call, kind, message",
     [
-        (lambda g: _core.plan(g, "tpu"), _core.PlanningError, 'unknown device "tpu": not a built-in profile (a6000, h100, paper, cpu)'),
+        (lambda g: _core.plan(g, "tpu"), _core.PlanningError, 'unknown device "tpu": not a built-in profile (a6000, h100, h200, paper, cpu)'),
         (lambda g: _core.plan("{not json", "a6000"), ValueError, "graph: "),
         (lambda g: _core.plan({**g, "ops": g["ops"][:-1] + [{**g["ops"][-1], "inputs": [10**6]}]}, "a6000"), ValueError,
          "tensor 1000000"),

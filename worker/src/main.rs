@@ -16,6 +16,7 @@ use clap::{ArgGroup, Parser, ValueEnum};
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use serde::Serialize;
 use tch::Device;
+use tensile_cli::Mb;
 use tensile_graph::zoo::{self, ZooConfig};
 use tensile_graph::{Graph, Limits, Liveness, json};
 use tensile_swap_executor::HostConfig;
@@ -26,7 +27,6 @@ use tensile_worker::{
 
 /// The unit of every `-mb` flag: 10^6 bytes, as the scheduler's
 /// `--budget-mb` and the peaks the worker prints.
-const MB: u64 = 1_000_000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum CopyKind {
@@ -90,8 +90,8 @@ struct Args {
     /// iterations (NVML's figure for the process less the storages' peak)
     /// and reports it; the scheduler plans with the measured figure when
     /// it differs materially from this one.
-    #[arg(long, value_name = "MB", value_parser = clap::value_parser!(u64).range(1..))]
-    base_mb: Option<u64>,
+    #[arg(long, value_name = "MB", value_parser = tensile_cli::parse_positive_mb, allow_negative_numbers = true)]
+    base_mb: Option<Mb>,
     /// How long to wait for the scheduler's first plan (queued jobs wait
     /// here), seconds.
     #[arg(long, default_value_t = 600.0)]
@@ -111,8 +111,8 @@ struct Args {
     link_gbps: Option<f64>,
     /// Most host memory the engine's pool holds, MB of 10^6 bytes (unset:
     /// no cap).
-    #[arg(long)]
-    host_pool_mb: Option<u64>,
+    #[arg(long, value_name = "MB", allow_negative_numbers = true)]
+    host_pool_mb: Option<Mb>,
     /// The device memory budget, MB of 10^6 bytes (as the scheduler's
     /// --budget-mb), for the tensors' storages. Under a plan (a file or the
     /// scheduler's) the executor's guard holds it: an allocation past it
@@ -121,8 +121,8 @@ struct Args {
     /// --vanilla an allocation past it fails, as a GPU's out-of-memory
     /// would. With --ledger, the budget of all the workers on the ledger
     /// together.
-    #[arg(long)]
-    memory_mb: Option<u64>,
+    #[arg(long, value_name = "MB", allow_negative_numbers = true)]
+    memory_mb: Option<Mb>,
     /// A memory ledger shared with the other workers of the device: a
     /// directory (created if missing; e.g. /dev/shm/tensile-gpu0) where
     /// each worker publishes the device bytes it holds. --memory-mb (then
@@ -341,7 +341,7 @@ fn host_config(args: &Args) -> Result<HostConfig> {
     }
     Ok(HostConfig {
         bytes_per_s,
-        pool_cap_bytes: args.host_pool_mb.map_or(u64::MAX, |m| m.saturating_mul(MB)),
+        pool_cap_bytes: args.host_pool_mb.map_or(u64::MAX, Mb::bytes),
         fault_delay: Duration::from_secs_f64(args.fault_delay_ms / 1e3),
         fail_every: args.fault_fail_every,
         ..HostConfig::default()
@@ -365,7 +365,7 @@ fn print(r: &IterationReport, copy: JobCopy, json: bool) -> Result<()> {
             copy: number,
             report: r,
         };
-        println!("{}", serde_json::to_string(&line)?);
+        tensile_cli::try_out(&format!("{}\n", serde_json::to_string(&line)?))?;
     } else {
         let prefix = number.map_or_else(String::new, |n| format!("copy {n}: "));
         // The base only once measured (on CUDA, after the first
@@ -373,8 +373,8 @@ fn print(r: &IterationReport, copy: JobCopy, json: bool) -> Result<()> {
         let base = r.base_bytes.map_or_else(String::new, |b| {
             format!(", base outside the storages {:.1} MB", b as f64 / 1e6)
         });
-        println!(
-            "{prefix}iteration {}: {:.1} ms, peak {:.1} MB, stalls {:.1} ms, {} passive swaps, {} late prefetches, {} failed copies, {} recomputed ops, {:.1} MB swapped{base}",
+        tensile_cli::try_out(&format!(
+            "{prefix}iteration {}: {:.1} ms, peak {:.1} MB, stalls {:.1} ms, {} passive swaps, {} late prefetches, {} failed copies, {} recomputed ops, {:.1} MB swapped{base}\n",
             r.iteration,
             r.time_ns as f64 / 1e6,
             r.measured_peak_bytes as f64 / 1e6,
@@ -384,7 +384,7 @@ fn print(r: &IterationReport, copy: JobCopy, json: bool) -> Result<()> {
             r.failed_copies,
             r.recomputed_ops,
             r.swapped_bytes as f64 / 1e6,
-        );
+        ))?;
     }
     Ok(())
 }
@@ -404,7 +404,7 @@ fn start_session(args: &Args, g: &Graph, copy: JobCopy, bars: &MultiProgress) ->
         name: copy.name(args.name.as_deref().unwrap_or(g.name())),
         priority: args.priority,
         allow_recompute: None,
-        base_bytes: args.base_mb.map(|m| copy.base_share(m.saturating_mul(MB))),
+        base_bytes: args.base_mb.map(|m| copy.base_share(m.bytes())),
         max_backoff: Duration::from_secs(2),
         call_timeout: None,
         // Above the progress bars, as everything else the worker says.
@@ -570,7 +570,7 @@ fn run_copy(args: &Args, g: &Graph, live: &Liveness, shared: &Shared, copy: JobC
     let initial = tensile_worker::initial_of(g, &values);
     let config = WorkerConfig {
         iterations: args.iterations,
-        memory_budget_bytes: args.memory_mb.map(|m| m.saturating_mul(MB)),
+        memory_budget_bytes: args.memory_mb.map(Mb::bytes),
         host: shared.host,
         engine: shared.engine,
         // A plan's run holds --memory-mb with the executor's guard;
@@ -625,7 +625,14 @@ fn run_copy(args: &Args, g: &Graph, live: &Liveness, shared: &Shared, copy: JobC
         Some(pushed.plan)
     })?;
     bar.finish_and_clear();
-    printed?;
+    match printed {
+        // Stdout's reader went away (`| head`): the job still trained to
+        // its end, which matters more than its log; nothing failed.
+        Err(e)
+            if e.downcast_ref::<tensile_cli::StdoutError>()
+                .is_some_and(tensile_cli::StdoutError::reader_gone) => {}
+        other => other?,
+    }
     if let Some(path) = &args.save_params {
         let path = copy.path(path);
         let values = worker.persistent_values()?;

@@ -169,6 +169,10 @@ pub struct Worker<'g, K> {
     initial: Vec<Option<Tensor>>,
     /// Persistent storage installed once; inputs installed this iteration.
     installed: Vec<bool>,
+    /// Storages whose initial buffer the engine holds before the executor
+    /// allocates them (see `preinstall`): the only ones it may hold a
+    /// buffer for at their allocation.
+    preinstalled: Vec<bool>,
     iterations: usize,
     /// Bytes held for each storage (0: not on the device).
     resident: Vec<u64>,
@@ -279,6 +283,7 @@ impl<'g, K: Kernels> Worker<'g, K> {
             tensors_of,
             initial: init,
             installed: vec![false; live.storages.len()],
+            preinstalled: vec![false; live.storages.len()],
             iterations: config.iterations,
             resident: vec![0; live.storages.len()],
             measured: vec![None; live.storages.len()],
@@ -338,6 +343,7 @@ impl<'g, K: Kernels> Worker<'g, K> {
             } else {
                 w.measured[i] = Some(flat.byte_len() as u64);
                 w.exec.engine_mut().set_device(s, flat);
+                w.preinstalled[i] = true;
             }
             w.installed[i] = true;
         }
@@ -511,6 +517,23 @@ impl<'g, K: Kernels> Worker<'g, K> {
 
     fn alloc(&mut self, s: StorageId) -> Result<(), WorkerError> {
         let st = &self.live.storages[s.index()];
+        // The engine holds a device buffer only for storage the executor
+        // has on the device, or whose initial values wait for their
+        // allocation: one held for a storage allocated only now came from
+        // a copy that landed in no buffer (the executor once submitted
+        // such prefetches), and is memory nobody counts; a kernel would
+        // then measure its output against it.
+        let preinstalled = std::mem::take(&mut self.preinstalled[s.index()]);
+        if !preinstalled && self.exec.engine().device(s).is_some() {
+            let why = format!(
+                "the copy engine holds a device buffer for storage {} before the executor allocates it, at op {} ({}): {}",
+                s.0,
+                self.at_op.0,
+                self.graph.op(self.at_op).name,
+                self.exec.whereabouts(s)
+            );
+            return Err(self.tensor_error(st.root, why));
+        }
         let bytes = self.measured[s.index()].unwrap_or(st.bytes);
         // Under the guard the executor keeps to its limit (the room, less
         // what measured sizes exceed the graph's): only the whole budget is
@@ -563,6 +586,7 @@ impl<'g, K: Kernels> Worker<'g, K> {
             let flat = self.install_initial(s, !st.persistent)?;
             self.measured[i] = Some(flat.byte_len() as u64);
             self.exec.engine_mut().set_device(s, flat);
+            self.preinstalled[i] = true;
             self.installed[i] = true;
         }
         Ok(())

@@ -58,7 +58,7 @@ fn plan_text(graph: &str, device: &str, opts: &PlanOptions) -> Result<Planned, F
 }
 
 /// Plans `graph` (a `tensile-graph/v1` dict or its JSON text) alone on the
-/// device profile `device` (`a6000`, `h100`, `paper`, `cpu`, or a profile
+/// device profile `device` (`a6000`, `h100`, `h200`, `paper`, `cpu`, or a profile
 /// file), as `tensilectl plan` does.
 ///
 /// `budget_bytes`: the memory the plan should fit (None: no budget);

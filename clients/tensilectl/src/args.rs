@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
+use tensile_cli::Mb;
 use tensile_planner::RecomputeFirst;
 
 /// Client of the TENSILE memory scheduler: model zoo and graph tools.
@@ -26,7 +27,8 @@ pub(crate) enum Command {
     Plan(PlanArgs),
     /// Simulate jobs sharing one GPU under a policy, against vanilla.
     Sim(SimArgs),
-    /// The learned op-latency predictor: profile kernels, train, evaluate.
+    /// The learned op-latency predictor: evaluate models. Profiling kernels
+    /// and training models link libtorch: `tensile-latency profile|train`.
     #[command(subcommand)]
     Latency(LatencyCommand),
     /// Benchmarks that print figures side by side.
@@ -60,10 +62,11 @@ pub(crate) struct DemoArgs {
     /// Training iterations per job.
     #[arg(long, default_value_t = 12)]
     pub(crate) iterations: usize,
-    /// The memory budget the jobs share, MB (default: --budget-fraction of
-    /// the sum of their vanilla peaks).
-    #[arg(long)]
-    pub(crate) budget_mb: Option<u64>,
+    /// The memory budget the jobs share, MB of 10^6 bytes, decimals allowed
+    /// (default: --budget-fraction of the sum of their vanilla peaks).
+    #[arg(long, value_name = "MB", value_parser = tensile_cli::parse_positive_mb,
+          allow_negative_numbers = true)]
+    pub(crate) budget_mb: Option<Mb>,
     #[arg(long, default_value_t = 0.8)]
     pub(crate) budget_fraction: f64,
     /// The host copy engine's bandwidth per direction, GB/s: scaled so that
@@ -115,8 +118,10 @@ pub(crate) struct StatusArgs {
 
 #[derive(Debug, Args)]
 pub(crate) struct BudgetArgs {
-    /// The new budget, MB (10^6 bytes).
-    pub(crate) mb: u64,
+    /// The new budget, MB (10^6 bytes; decimals allowed).
+    #[arg(value_parser = tensile_cli::parse_positive_mb,
+          allow_negative_numbers = true)]
+    pub(crate) mb: Mb,
     /// The scheduler: unix:PATH or HOST:PORT. Default: the one GPU of
     /// gpus.json (with several, name one with --gpu), else the default
     /// socket.
@@ -171,7 +176,8 @@ pub(crate) enum BenchCommand {
 
 #[derive(Debug, Args)]
 pub(crate) struct BenchColocateArgs {
-    /// Device profiles, comma separated (a6000, h100, paper, cpu or files).
+    /// Device profiles, comma separated (a6000, h100, h200, paper, cpu or
+    /// files).
     #[arg(long, default_value = "a6000,h100")]
     pub(crate) device: String,
     /// Cases, comma separated, each MODEL:BATCHxCOPIES[:OPTIMIZER] (the
@@ -250,7 +256,8 @@ pub(crate) struct BenchServiceArgs {
 
 #[derive(Debug, Args)]
 pub(crate) struct BenchPaperArgs {
-    /// Device profiles, comma separated (a6000, h100, paper, cpu or files).
+    /// Device profiles, comma separated (a6000, h100, h200, paper, cpu or
+    /// files).
     #[arg(long, default_value = "a6000,h100,paper")]
     pub(crate) device: String,
     /// Policies besides vanilla, comma separated (ours always runs).
@@ -287,74 +294,8 @@ pub(crate) struct BenchPaperArgs {
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum LatencyCommand {
-    /// Time every zoo op type's real kernel (libtorch) over a grid of shapes
-    /// and background loads; appends to FILE and resumes where it stopped.
-    Profile(ProfileArgs),
-    /// Train one MLP per op type on a profile, export ONNX models to DIR.
-    Train(TrainArgs),
     /// Accuracy on held-out shapes and prediction time per zoo model.
     Eval(EvalArgs),
-}
-
-#[derive(Debug, Args)]
-pub(crate) struct ProfileArgs {
-    /// Where kernels run: cpu or cuda.
-    #[arg(long, default_value = "cpu")]
-    pub(crate) device: String,
-    /// JSON Lines file the samples are appended to.
-    #[arg(long)]
-    pub(crate) out: PathBuf,
-    /// Batch sizes at which the zoo models are built, comma separated.
-    #[arg(long, default_value = "1,2,4")]
-    pub(crate) batches: String,
-    /// Image side / sequence length for those builds (clamped to each
-    /// model's range); 0 for each model's default.
-    #[arg(long, default_value_t = 64)]
-    pub(crate) resolution: u64,
-    /// Extra builds of every zoo model at a random batch and resolution.
-    #[arg(long, default_value_t = 8)]
-    pub(crate) random_builds: usize,
-    /// Small random networks (conv blocks, MLPs) for shapes off the zoo.
-    #[arg(long, default_value_t = 300)]
-    pub(crate) random_nets: usize,
-    /// Background load levels (other threads running kernels), comma separated.
-    #[arg(long, default_value = "0,1")]
-    pub(crate) loads: String,
-    /// Timed runs per kernel (after warm-up); the median is kept.
-    #[arg(long, default_value_t = 5)]
-    pub(crate) repeats: u32,
-    /// Stop after this many seconds (rerun to resume).
-    #[arg(long, default_value_t = 600)]
-    pub(crate) max_seconds: u64,
-    /// libtorch threads for the timed kernels.
-    #[arg(long, default_value_t = 1)]
-    pub(crate) threads: i32,
-    /// Seed of the random builds and tensors.
-    #[arg(long, default_value_t = 1)]
-    pub(crate) seed: u64,
-}
-
-#[derive(Debug, Args)]
-pub(crate) struct TrainArgs {
-    /// A profile (JSON Lines) from `latency profile`.
-    #[arg(long)]
-    pub(crate) data: PathBuf,
-    /// Directory for the ONNX models, manifest and held-out samples.
-    #[arg(long)]
-    pub(crate) out: PathBuf,
-    /// The device profiled: cpu, or the built-in GPU profile whose peaks the
-    /// fallback roofline is calibrated from (a6000, h100).
-    #[arg(long, default_value = "cpu")]
-    pub(crate) device: String,
-    /// Training epochs per op type (full batch, Adam).
-    #[arg(long, default_value_t = 1500)]
-    pub(crate) epochs: u32,
-    /// Hidden width of the MLPs.
-    #[arg(long, default_value_t = 64)]
-    pub(crate) hidden: i64,
-    /// Seed of the weight initialisation.
-    #[arg(long, default_value_t = 1)]
-    pub(crate) seed: u64,
 }
 
 #[derive(Debug, Args)]
@@ -407,13 +348,15 @@ pub(crate) struct PlanArgs {
 
 #[derive(Debug, Args)]
 pub(crate) struct DeviceArgs {
-    /// Device profile: a6000, h100, paper, cpu (the CPU the shipped latency
-    /// models were measured on), or a JSON profile file.
+    /// Device profile: a6000, h100, h200, paper, cpu (the CPU the shipped
+    /// latency models were measured on), or a JSON profile file.
     #[arg(long, default_value = "a6000")]
     pub(crate) device: String,
-    /// Recompute while the jobs' planned peaks add up to more than this (MB).
-    #[arg(long)]
-    pub(crate) budget_mb: Option<u64>,
+    /// Recompute while the jobs' planned peaks add up to more than this
+    /// (MB of 10^6 bytes, decimals allowed).
+    #[arg(long, value_name = "MB", value_parser = tensile_cli::parse_positive_mb,
+          allow_negative_numbers = true)]
+    pub(crate) budget_mb: Option<Mb>,
     /// Stop planning once the jobs' planned peaks fit the budget (save only
     /// what must be saved) instead of swapping all that can be hidden.
     #[arg(long, requires = "budget_mb")]
@@ -427,7 +370,7 @@ pub(crate) struct DeviceArgs {
     /// Where ours takes its cold-start latencies from: `auto` (the learned
     /// models trained for this device, if any: the shipped ones are for
     /// `--device cpu`; else the roofline estimate), `roofline`, or a model
-    /// directory (`tensilectl latency train --out DIR`).
+    /// directory (`tensile-latency train --out DIR`).
     #[arg(long, default_value = "auto")]
     pub(crate) latency_models: String,
 }

@@ -39,7 +39,7 @@ pub(crate) fn run(c: &BenchCommand) -> Result<()> {
         eprintln!("plots written to {}", dir.display());
     }
     if c.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        tensile_cli::outln!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         for d in &report.devices {
             print_device(d, report.iterations);
@@ -74,23 +74,31 @@ fn cell(p: &PolicyOutcome) -> String {
 }
 
 fn print_device(d: &DeviceOutcome, iterations: usize) {
-    println!(
+    tensile_cli::outln!(
         "\n=== device {}: {} iterations per run, {:.0} s ===",
-        d.device, iterations, d.wall_s
+        d.device,
+        iterations,
+        d.wall_s
     );
-    println!(
+    tensile_cli::outln!(
         "msr: against vanilla that frees at last use; ka: against keep-all (the paper's MSR); eor: time / vanilla - 1 (steady iterations); msr max: the saving at the lower bound"
     );
     let by_exp = |e: Experiment| d.workloads.iter().filter(move |w| w.experiment == e);
     for exp in Experiment::ALL {
-        println!("\n{}", title(exp));
-        println!(
+        tensile_cli::outln!("\n{}", title(exp));
+        tensile_cli::outln!(
             "{:<34} {:<18} {:>6} {:>6} {:>7} {:>8} {:>8}  paper msr/eor",
-            "workload", "policy", "msr", "ka", "eor", "cbr", "msr max"
+            "workload",
+            "policy",
+            "msr",
+            "ka",
+            "eor",
+            "cbr",
+            "msr max"
         );
         for w in by_exp(exp) {
             if !w.note.is_empty() {
-                println!("({}: {})", w.workload, w.note);
+                tensile_cli::outln!("({}: {})", w.workload, w.note);
             }
             for p in &w.policies {
                 let cbr = match &p.report {
@@ -104,7 +112,7 @@ fn print_device(d: &DeviceOutcome, iterations: usize) {
                     RunPolicy::Plain(policy) => paper_figure(exp, model(w), policy),
                     RunPolicy::OursAtBudgetOf(_) => None,
                 };
-                println!(
+                tensile_cli::outln!(
                     "{:<34} {:<18} {} {:>8} {:>8.3}  {}",
                     w.workload,
                     p.policy.to_string(),
@@ -114,17 +122,20 @@ fn print_device(d: &DeviceOutcome, iterations: usize) {
                     paper.map_or_else(String::new, |(m, e)| format!("{m:.3} {e:.3}"))
                 );
                 if let Some(e) = &p.error {
-                    println!("{:<34}   error: {e}", "");
+                    tensile_cli::outln!("{:<34}   error: {e}", "");
                 }
             }
         }
     }
-    println!(
+    tensile_cli::outln!(
         "\nTable I: ours, cold start (iteration 1, planned from predicted latencies) vs after updating; capuchin's passive first iteration beside it"
     );
-    println!(
+    tensile_cli::outln!(
         "{:<22} {:>14} {:>14} {:>14}  paper cold / update (msr, eor)",
-        "workload", "ours cold", "ours updated", "capuchin 1st"
+        "workload",
+        "ours cold",
+        "ours updated",
+        "capuchin 1st"
     );
     let pair =
         |x: Option<(f64, f64)>| x.map_or_else(|| "-".into(), |(m, e)| format!("{m:.3} {e:.3}"));
@@ -135,7 +146,7 @@ fn print_device(d: &DeviceOutcome, iterations: usize) {
         let paper = paper_phases(model(w)).map_or_else(String::new, |f| {
             format!("{:.3} {:.3} / {:.3} {:.3}", f[0].0, f[0].1, f[1].0, f[1].1)
         });
-        println!(
+        tensile_cli::outln!(
             "{:<22} {:>14} {:>14} {:>14}  {paper}",
             w.workload,
             pair(ours.and_then(|p| p.first_iteration)),
@@ -143,12 +154,13 @@ fn print_device(d: &DeviceOutcome, iterations: usize) {
             pair(cap.and_then(|p| p.first_iteration)),
         );
     }
-    println!(
+    tensile_cli::outln!(
         "\nPareto: ours (on its own, or at the baseline's peak: rows tensile@B) has at least the MSR at no more EOR (slack {EPS}) in {} of {} (workload, baseline) pairs; where not (ours at their peak minus theirs):",
-        d.dominated, d.compared
+        d.dominated,
+        d.compared
     );
     for l in &d.losses {
-        println!(
+        tensile_cli::outln!(
             "  not dominating {:<18} on {:<34} msr {:+.3}, eor {:+.4}",
             l.baseline.name(),
             l.workload,

@@ -32,7 +32,7 @@ pub(crate) fn run(c: &ColocateCommand) -> Result<()> {
         eprintln!("capacity plot written to {}", path.display());
     }
     if c.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        tensile_cli::outln!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         print_report(&report);
     }
@@ -40,13 +40,13 @@ pub(crate) fn run(c: &ColocateCommand) -> Result<()> {
 }
 
 fn print_report(r: &ColocateReport) {
-    println!(
+    tensile_cli::outln!(
         "budget: one copy's vanilla peak at the reference batch; EOR: steady state (iterations {} to {}) against the same jobs co-located with no memory limit",
         r.warmup + 1,
         r.iterations
     );
     if r.one_process {
-        println!(
+        tensile_cli::outln!(
             "one process: the copies are threads of one process (tensile-worker --copies) and share one base"
         );
     }
@@ -62,12 +62,12 @@ fn print_report(r: &ColocateReport) {
             .iter()
             .filter(|x| x.device == device && x.case == case)
             .collect();
-        println!();
-        println!(
+        tensile_cli::outln!();
+        tensile_cli::outln!(
             "{case} on {device}, budget {}",
             bytes(rows.first().map_or(0, |x| x.budget_bytes))
         );
-        println!(
+        tensile_cli::outln!(
             "{:>8} {:>5} {:>4} {:>10} {:>10} {:>10} {:>10} {:>6} {:>6} {:>7} {:>6} {:>8}  result",
             "fraction",
             "batch",
@@ -89,7 +89,7 @@ fn print_report(r: &ColocateReport) {
                 (None, true) => format!("fits, EOR over {EOR_TARGET}"),
                 (None, false) => format!("OVER the budget by {}", bytes(x.over_bytes)),
             };
-            println!(
+            tensile_cli::outln!(
                 "{:>8.3} {:>5} {:>4} {:>10} {:>10} {:>10} {:>10} {:>6.3} {:>6.3} {:>7.4} {:>6} {:>8.3}  {result}",
                 x.fraction,
                 x.batch,
@@ -110,10 +110,10 @@ fn print_report(r: &ColocateReport) {
             );
         }
     }
-    println!();
-    println!("capacity (the largest fraction every seed fits at EOR <= {EOR_TARGET}):");
+    tensile_cli::outln!();
+    tensile_cli::outln!("capacity (the largest fraction every seed fits at EOR <= {EOR_TARGET}):");
     for s in &r.cases {
-        println!(
+        tensile_cli::outln!(
             "  {:<22} on {:<6} {}{}",
             s.case,
             s.device,
@@ -128,7 +128,7 @@ fn print_report(r: &ColocateReport) {
             }
         );
     }
-    println!(
+    tensile_cli::outln!(
         "msr≤: the saving of the lowest peak any swap plan that adds no time could reach at the same phases (an LP bound)"
     );
 }

@@ -165,13 +165,13 @@ pub(crate) fn run(a: &BenchServiceArgs) -> Result<()> {
         rows.push(row);
     }
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&rows)?);
+        tensile_cli::outln!("{}", serde_json::to_string_pretty(&rows)?);
     }
     Ok(())
 }
 
 fn print_row(r: &Row) {
-    println!(
+    tensile_cli::outln!(
         "{:>3} workers: register->first plan p50 {:.1} ms p99 {:.1} ms{}; re-plan p50 {:.1} ms p99 {:.1} ms ({} re-plans); {} plans in {:.2} s = {:.1} plans/s; {}/{} workers complete; scheduler RSS {} (peak {}){}",
         r.workers,
         r.register_to_first_plan_ms_p50,

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use tensile_baselines::Policy;
+use tensile_cli::Mb;
 use tensile_experiments::{
     BenchConfig, ColdStart, ColocateCase, ColocateConfig, PlanOptions, SimOptions, device_profile,
 };
@@ -253,7 +254,7 @@ fn list(s: &str) -> impl Iterator<Item = &str> {
 }
 
 fn budget_bytes(d: &DeviceArgs) -> Option<u64> {
-    d.budget_mb.map(|mb| mb * 1_000_000)
+    d.budget_mb.map(Mb::bytes)
 }
 
 fn check_activation_budget(b: f64) -> Result<()> {

@@ -12,7 +12,7 @@
 
 use std::fmt::Write as _;
 use std::fs;
-use std::io::{IsTerminal, Write as _};
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -142,7 +142,7 @@ pub(crate) fn run(a: &DemoArgs) -> Result<()> {
     let jobs = jobs(a)?;
     let vanilla_sum: u64 = jobs.iter().map(|j| j.predicted_vanilla).sum();
     let budget = match a.budget_mb {
-        Some(mb) => mb * 1_000_000,
+        Some(mb) => mb.bytes(),
         None => (vanilla_sum as f64 * a.budget_fraction) as u64,
     };
     let dir = std::env::temp_dir().join(format!("tensile-demo-{}", std::process::id()));
@@ -166,13 +166,13 @@ fn demo(
     dir: &Path,
 ) -> Result<()> {
     let vanilla_sum: u64 = jobs.iter().map(|j| j.predicted_vanilla).sum();
-    println!(
+    tensile_cli::outln!(
         "{} jobs share a memory budget of {:.0} MB; their vanilla peaks add up to {:.0} MB (predicted from their graphs).",
         jobs.len(),
         budget as f64 / MB,
         vanilla_sum as f64 / MB,
     );
-    println!(
+    tensile_cli::outln!(
         "Workers run real kernels on the CPU; the host copy engine moves real bytes at {} GB/s per direction.\n",
         a.link_gbps
     );
@@ -193,7 +193,8 @@ fn demo(
             .arg("--device")
             .arg(&profile)
             .arg("--budget-mb")
-            .arg((budget / 1_000_000).max(1).to_string())
+            // Exact: the scheduler takes decimal MB.
+            .arg(format!("{}.{:06}", budget / 1_000_000, budget % 1_000_000))
             .arg("--state")
             .arg(dir.join("state"))
             .arg("--gate-slack")
@@ -221,7 +222,7 @@ fn demo(
         std::thread::sleep(Duration::from_millis(50));
     }
     let server = format!("unix:{}", socket.display());
-    println!("scheduler listening on {server}");
+    tensile_cli::outln!("scheduler listening on {server}");
 
     // 2. The planned pass, with a live table.
     let (planned, planned_wall) = pass(
@@ -248,7 +249,9 @@ fn demo(
 
     // 3. The same jobs without plans: unconstrained, then each under the
     // memory its planned run needed.
-    println!("\nthe same jobs without plans (vanilla: free after last use), unconstrained:");
+    tensile_cli::outln!(
+        "\nthe same jobs without plans (vanilla: free after last use), unconstrained:"
+    );
     let (vanilla, _) = pass(
         a,
         interrupted,
@@ -259,7 +262,9 @@ fn demo(
         &|_| vec!["--vanilla".into()],
         None,
     )?;
-    println!("\nvanilla again, each job under the most device memory its planned run used:");
+    tensile_cli::outln!(
+        "\nvanilla again, each job under the most device memory its planned run used:"
+    );
     let caps: Vec<u64> = planned
         .iter()
         .map(|r| r.max_peak().div_ceil(1_000_000).max(1))
@@ -287,7 +292,9 @@ fn demo(
 
     // 4. What a user without the scheduler would do to stay in the budget:
     // run the jobs one after another, each alone, without plans.
-    println!("\nthe user's alternative: the same jobs one after another, each alone, no plans:");
+    tensile_cli::outln!(
+        "\nthe user's alternative: the same jobs one after another, each alone, no plans:"
+    );
     let mut one_by_one = 0.0;
     for (i, j) in jobs.iter().enumerate() {
         let (_, wall) = pass(
@@ -304,14 +311,10 @@ fn demo(
     }
 
     // 5. Figures and the plot.
-    print!(
-        "{}",
-        summary(jobs, budget, &planned, &vanilla, &capped, &caps)
-    );
-    print!(
-        "{}",
-        together(jobs, budget, &planned, planned_wall, one_by_one)
-    );
+    // Through `try_out`: a closed stdout comes back as an error, so that
+    // the children are stopped (dropped) before the process ends.
+    tensile_cli::try_out(&summary(jobs, budget, &planned, &vanilla, &capped, &caps))?;
+    tensile_cli::try_out(&together(jobs, budget, &planned, planned_wall, one_by_one))?;
     let chart = Chart {
         title: format!(
             "Measured device memory: {} jobs, budget {:.0} MB (solid: planned, dashed: vanilla)",
@@ -325,7 +328,7 @@ fn demo(
     }
     fs::write(&a.plot, render_svg(&chart)?)
         .with_context(|| format!("writing {}", a.plot.display()))?;
-    println!("\nmemory over time: {}", a.plot.display());
+    tensile_cli::outln!("\nmemory over time: {}", a.plot.display());
     let failed: Vec<String> = planned
         .iter()
         .zip(jobs)
@@ -401,10 +404,9 @@ fn pass(
                 .collect();
             let text = live_table(jobs, &runs, &done, started.elapsed(), status);
             if tty && shown_lines > 0 {
-                print!("\x1b[{shown_lines}A\x1b[J");
+                tensile_cli::try_out(&format!("\x1b[{shown_lines}A\x1b[J"))?;
             }
-            print!("{text}");
-            std::io::stdout().flush()?;
+            tensile_cli::try_out(&text)?;
             shown_lines = text.lines().count();
             last_shown = Instant::now();
         }

@@ -1,7 +1,5 @@
 //! `tensilectl graph stats | export | check`.
 
-use std::io::Write;
-
 use anyhow::{Context, Result, bail};
 use tensile_graph::{Limits, json};
 
@@ -17,7 +15,7 @@ pub(crate) fn stats(args: &StatsArgs) -> Result<()> {
     };
     let stats = GraphStats::of(&graph);
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&stats)?);
+        tensile_cli::outln!("{}", serde_json::to_string_pretty(&stats)?);
     } else {
         stats.print_text();
     }
@@ -34,11 +32,7 @@ pub(crate) fn export(args: &ExportArgs) -> Result<()> {
     match &args.output {
         Some(path) => std::fs::write(path, text + "\n")
             .with_context(|| format!("cannot write {}", path.display()))?,
-        None => {
-            let mut out = std::io::stdout().lock();
-            out.write_all(text.as_bytes())?;
-            out.write_all(b"\n")?;
-        }
+        None => tensile_cli::outln!("{text}"),
     }
     Ok(())
 }
@@ -50,7 +44,7 @@ pub(crate) fn check(args: &CheckArgs) -> Result<()> {
     };
     match input::graph_file(&args.file, &limits) {
         Ok(graph) => {
-            println!(
+            tensile_cli::outln!(
                 "ok: {} is a valid graph ({} ops, {} tensors, {} params)",
                 args.file.display(),
                 graph.ops().len(),

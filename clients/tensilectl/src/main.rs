@@ -47,8 +47,6 @@ fn main() -> ExitCode {
             None => config::PlanCommand::from_args(&a).and_then(|c| plan_cmd::run(&c)),
         },
         Command::Sim(a) => config::SimCommand::from_args(&a).and_then(|c| sim_cmd::run(&c)),
-        Command::Latency(LatencyCommand::Profile(a)) => latency_cmd::profile(&a),
-        Command::Latency(LatencyCommand::Train(a)) => latency_cmd::train(&a),
         Command::Latency(LatencyCommand::Eval(a)) => latency_cmd::eval(&a),
         Command::Bench(BenchCommand::Paper(a)) => {
             config::BenchCommand::from_args(&a).and_then(|c| bench_cmd::run(&c))
@@ -64,6 +62,13 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        // `demo` stops its children before it ends on a closed stdout.
+        Err(e)
+            if e.downcast_ref::<tensile_cli::StdoutError>()
+                .is_some_and(tensile_cli::StdoutError::reader_gone) =>
+        {
+            ExitCode::SUCCESS
+        }
         Err(e) => {
             // One line: the chain of causes joined, as a user would read it.
             eprintln!("error: {}", format!("{e:#}").replace('\n', " "));

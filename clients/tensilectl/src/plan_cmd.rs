@@ -21,7 +21,7 @@ pub(crate) fn run(c: &PlanCommand) -> Result<()> {
     }
     let r = PlanReport::new(c.model.clone(), c.batch, &c.profile, &outcome);
     if c.json {
-        println!("{}", serde_json::to_string_pretty(&r)?);
+        tensile_cli::outln!("{}", serde_json::to_string_pretty(&r)?);
     } else {
         print_text(&r);
     }
@@ -30,22 +30,22 @@ pub(crate) fn run(c: &PlanCommand) -> Result<()> {
 
 fn print_text(r: &PlanReport) {
     match r.batch {
-        Some(b) => println!("{} batch {b} on {}", r.model, r.device),
-        None => println!("{} on {}", r.model, r.device),
+        Some(b) => tensile_cli::outln!("{} batch {b} on {}", r.model, r.device),
+        None => tensile_cli::outln!("{} on {}", r.model, r.device),
     }
-    println!(
+    tensile_cli::outln!(
         "  peak      vanilla {}  planned {}  (msr {:.3}; lower bound {})",
         bytes(r.vanilla_peak_bytes),
         bytes(r.planned_peak_bytes),
         r.msr,
         bytes(r.lower_bound_bytes)
     );
-    println!(
+    tensile_cli::outln!(
         "  time      vanilla {:.2} ms  planned {:.2} ms",
         r.vanilla_time_s * 1e3,
         r.planned_time_s * 1e3
     );
-    println!(
+    tensile_cli::outln!(
         "  events    {} swap-outs, {} swap-ins, {} releases, {} recomputed ops; {} swapped",
         r.swap_outs,
         r.swap_ins,
@@ -53,8 +53,8 @@ fn print_text(r: &PlanReport) {
         r.recomputed_ops,
         bytes(r.swapped_bytes)
     );
-    println!("  planned in {:.2} ms", r.plan_ms);
+    tensile_cli::outln!("  planned in {:.2} ms", r.plan_ms);
     for d in &r.diagnostics {
-        println!("  note: {d}");
+        tensile_cli::outln!("  note: {d}");
     }
 }

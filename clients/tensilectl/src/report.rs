@@ -51,17 +51,20 @@ impl GraphStats {
     }
 
     pub(crate) fn print_text(&self) {
-        println!("graph                {}", self.name);
-        println!(
+        tensile_cli::outln!("graph                {}", self.name);
+        tensile_cli::outln!(
             "ops                  {} ({} forward, {} backward, {} optimizer)",
-            self.ops, self.forward_ops, self.backward_ops, self.optimizer_ops
+            self.ops,
+            self.forward_ops,
+            self.backward_ops,
+            self.optimizer_ops
         );
-        println!("tensors              {}", self.tensors);
-        println!("params               {}", self.params);
-        println!("param bytes          {}", bytes(self.param_bytes));
-        println!("persistent bytes     {}", bytes(self.persistent_bytes));
-        println!("resident at start    {}", bytes(self.start_bytes));
-        println!(
+        tensile_cli::outln!("tensors              {}", self.tensors);
+        tensile_cli::outln!("params               {}", self.params);
+        tensile_cli::outln!("param bytes          {}", bytes(self.param_bytes));
+        tensile_cli::outln!("persistent bytes     {}", bytes(self.persistent_bytes));
+        tensile_cli::outln!("resident at start    {}", bytes(self.start_bytes));
+        tensile_cli::outln!(
             "vanilla peak         {}{}",
             bytes(self.vanilla_peak_bytes),
             self.vanilla_peak_op
@@ -69,23 +72,14 @@ impl GraphStats {
                 .map(|o| format!(" (during {o})"))
                 .unwrap_or_default()
         );
-        println!("keep-all peak        {}", bytes(self.keep_all_peak_bytes));
+        tensile_cli::outln!("keep-all peak        {}", bytes(self.keep_all_peak_bytes));
     }
 }
 
-/// Bytes for people: `1.53 GiB`, with the exact count when small.
+/// Bytes for people, in MB (10^6 bytes) as the `--*-mb` flags take them:
+/// `300 MB`, `1.53 MB`.
 pub(crate) fn bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
-    if n < 1024 {
-        return format!("{n} B");
-    }
-    let mut v = n as f64 / 1024.0;
-    let mut unit = 0;
-    while v >= 1024.0 && unit + 1 < UNITS.len() {
-        v /= 1024.0;
-        unit += 1;
-    }
-    format!("{v:.2} {}", UNITS[unit])
+    tensile_cli::format_mb(n)
 }
 
 /// The devices' names, comma separated (what a benchmark runs on).

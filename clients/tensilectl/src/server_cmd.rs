@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
+use tensile_cli::Mb;
 use tensile_proto::endpoint::{GpuEntry, GpusFile};
 use tensile_proto::pb;
 use tensile_proto::pb::memory_scheduler_client::MemorySchedulerClient;
@@ -76,12 +77,41 @@ pub(crate) async fn connect(server: Option<&str>) -> Result<Client> {
         .connect_timeout(Duration::from_secs(5))
         .connect()
         .await
-        .with_context(|| {
-            format!("cannot reach the scheduler at {uri} (is tensile-scheduler running? --server)")
-        })?;
+        .map_err(|e| unreachable(&server, &e))?;
     Ok(MemorySchedulerClient::new(ch)
         .max_decoding_message_size(usize::MAX)
         .max_encoding_message_size(usize::MAX))
+}
+
+/// Why the scheduler at `server` cannot be reached, once, with what to
+/// do. The transport's error repeats its cause at every layer ("No such
+/// file or directory" three times); the innermost says it.
+fn unreachable(server: &str, e: &(dyn std::error::Error + 'static)) -> anyhow::Error {
+    let mut innermost = e;
+    let mut io = None;
+    let mut cause = Some(e);
+    while let Some(c) = cause {
+        innermost = c;
+        if let Some(i) = c.downcast_ref::<std::io::Error>() {
+            io = Some(i);
+        }
+        cause = c.source();
+    }
+    use std::io::ErrorKind;
+    const START: &str =
+        "start tensile-scheduler, or pass --server (TENSILE_SERVER) where it listens";
+    let (why, what_to_do) = match io.map(std::io::Error::kind) {
+        Some(ErrorKind::NotFound) => ("no such socket".to_string(), START),
+        Some(ErrorKind::ConnectionRefused) => {
+            ("nothing listens there (connection refused)".into(), START)
+        }
+        Some(ErrorKind::PermissionDenied) => (
+            "Permission denied: this user may not connect to the socket".into(),
+            "the scheduler's operator opens it to you (tensile-scheduler --socket-mode 0660 and its group, or deploy/tensile-open-sockets)",
+        ),
+        _ => (innermost.to_string(), START),
+    };
+    anyhow::anyhow!("cannot reach the scheduler at {server}: {why}; {what_to_do}")
 }
 
 fn state_name(s: i32) -> &'static str {
@@ -174,7 +204,7 @@ pub(crate) fn status(a: &StatusArgs) -> Result<()> {
         )
     })?;
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        tensile_cli::outln!("{}", serde_json::to_string_pretty(&out)?);
     } else {
         print_status(&out);
     }
@@ -215,22 +245,25 @@ fn status_of_gpus(a: &StatusArgs, dir: &std::path::Path, file: &GpusFile) -> Res
         );
     }
     if a.json {
-        println!(
+        tensile_cli::outln!(
             "{}",
             serde_json::to_string_pretty(&serde_json::json!({ "gpus": sections }))?
         );
     } else {
         for (i, g) in sections.iter().enumerate() {
             if i > 0 {
-                println!();
+                tensile_cli::outln!();
             }
-            println!(
+            tensile_cli::outln!(
                 "GPU {} ({}, {}) on unix:{}",
-                g.index, g.name, g.uuid, g.socket
+                g.index,
+                g.name,
+                g.uuid,
+                g.socket
             );
             match (&g.status, &g.error) {
                 (Some(st), _) => print_status(st),
-                (None, e) => println!("  unreachable: {}", e.as_deref().unwrap_or("")),
+                (None, e) => tensile_cli::outln!("  unreachable: {}", e.as_deref().unwrap_or("")),
             }
         }
     }
@@ -283,7 +316,7 @@ fn status_json(st: pb::GetStatusResponse) -> StatusJson {
 }
 
 fn print_status(out: &StatusJson) {
-    println!(
+    tensile_cli::outln!(
         "{}: budget {} of {}; planned peaks add up to {} (vanilla {}), aligned {}",
         out.device,
         bytes(out.budget_bytes),
@@ -293,9 +326,9 @@ fn print_status(out: &StatusJson) {
         bytes(out.aligned_peak_bytes)
     );
     if out.jobs.is_empty() {
-        println!("no jobs");
+        tensile_cli::outln!("no jobs");
     } else {
-        println!(
+        tensile_cli::outln!(
             "{:>5}  {:<20} {:<9} {:>4} {:>7} {:>6}  {:>10} {:>10} {:>10}  {:>10} {:<10}  latencies",
             "job",
             "name",
@@ -311,7 +344,7 @@ fn print_status(out: &StatusJson) {
         );
     }
     for j in &out.jobs {
-        println!(
+        tensile_cli::outln!(
             "{:>5}  {:<20} {:<9} {:>4} {:>7} {:>6}  {:>10} {:>10} {:>10}  {:>10} {:<10}  {}",
             j.job_id,
             j.name,
@@ -327,11 +360,11 @@ fn print_status(out: &StatusJson) {
             j.latency_source
         );
         if !j.reason.is_empty() {
-            println!("       {}", j.reason);
+            tensile_cli::outln!("       {}", j.reason);
         }
     }
     for d in &out.diagnostics {
-        println!("note: {d}");
+        tensile_cli::outln!("note: {d}");
     }
 }
 
@@ -345,9 +378,6 @@ fn admin_token(a: &BudgetArgs) -> Result<String> {
 }
 
 pub(crate) fn budget(a: &BudgetArgs) -> Result<()> {
-    if a.mb == 0 {
-        bail!("the budget must be positive (MB)");
-    }
     let token = admin_token(a)?;
     let server = match (&a.server, &a.gpu, gpus_file()?) {
         (None, None, Some((dir, file))) if file.gpus.len() > 1 => bail!(
@@ -363,16 +393,16 @@ pub(crate) fn budget(a: &BudgetArgs) -> Result<()> {
         let mut c = connect(Some(&server)).await?;
         let r = c
             .set_memory_budget(pb::SetMemoryBudgetRequest {
-                budget_bytes: a.mb.saturating_mul(1_000_000),
+                budget_bytes: a.mb.bytes(),
                 admin_token: token,
             })
             .await
             .context("SetMemoryBudget")?;
         Ok::<_, anyhow::Error>(r.into_inner())
     })??;
-    println!("budget set to {}", bytes(r.budget_bytes));
+    tensile_cli::outln!("budget set to {}", bytes(r.budget_bytes));
     for j in &r.changed {
-        println!(
+        tensile_cli::outln!(
             "  job {} {:?} is now {}",
             j.job_id,
             j.name,
@@ -426,7 +456,7 @@ async fn watch_stream(c: &mut Client, job: u64, token: &str) -> Result<()> {
         match &u.plan {
             Some(p) => {
                 let pr = p.prediction.clone().unwrap_or_default();
-                println!(
+                tensile_cli::outln!(
                     "job {job} plan v{}: {} events, peak {} (vanilla {}), {:.2} ms per iteration",
                     p.version,
                     p.events.len(),
@@ -435,13 +465,13 @@ async fn watch_stream(c: &mut Client, job: u64, token: &str) -> Result<()> {
                     pr.planned_iteration_s * 1e3
                 );
             }
-            None => println!("job {job} is {}", state_name(u.state)),
+            None => tensile_cli::outln!("job {job} is {}", state_name(u.state)),
         }
         for d in &u.diagnostics {
-            println!("  note: {}", d.message);
+            tensile_cli::outln!("  note: {}", d.message);
         }
     }
-    println!("job {job}: the stream ended");
+    tensile_cli::outln!("job {job}: the stream ended");
     Ok(())
 }
 
@@ -453,7 +483,7 @@ async fn watch_status(c: &mut Client, job: u64) -> Result<()> {
         let st = match c.get_status(pb::GetStatusRequest { job_id: job }).await {
             Ok(r) => r.into_inner(),
             Err(e) if e.code() == tonic::Code::NotFound && last.is_some() => {
-                println!("job {job} is gone");
+                tensile_cli::outln!("job {job} is gone");
                 return Ok(());
             }
             Err(e) => return Err(e).context("GetStatus"),
@@ -462,7 +492,7 @@ async fn watch_status(c: &mut Client, job: u64) -> Result<()> {
             let now = (j.plan_version, j.state);
             if last != Some(now) {
                 let p = j.prediction.clone().unwrap_or_default();
-                println!(
+                tensile_cli::outln!(
                     "job {job} {:?}: {} plan v{}, peak {} (vanilla {})",
                     j.name,
                     state_name(j.state),
@@ -495,7 +525,7 @@ pub(crate) fn plan(a: &PlanArgs, server: &str) -> Result<()> {
             name: a.device.device.clone(),
             ..pb::DeviceProfile::default()
         }),
-        budget_bytes: a.device.budget_mb.map_or(0, |mb| mb * 1_000_000),
+        budget_bytes: a.device.budget_mb.map_or(0, Mb::bytes),
     };
     let r = block_on(async {
         let mut c = connect(Some(server)).await?;
@@ -533,22 +563,22 @@ pub(crate) fn plan(a: &PlanArgs, server: &str) -> Result<()> {
             "latency_source": r.latency_source.first().cloned().unwrap_or_default(),
             "diagnostics": r.diagnostics.iter().map(|d| d.message.clone()).collect::<Vec<_>>(),
         });
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        tensile_cli::outln!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
-    println!("{} planned by the scheduler at {server}", graph.name());
-    println!(
+    tensile_cli::outln!("{} planned by the scheduler at {server}", graph.name());
+    tensile_cli::outln!(
         "  peak      vanilla {}  planned {}",
         bytes(p.vanilla_peak_bytes),
         bytes(p.planned_peak_bytes)
     );
-    println!(
+    tensile_cli::outln!(
         "  time      vanilla {:.2} ms  planned {:.2} ms  (latencies: {})",
         p.vanilla_iteration_s * 1e3,
         p.planned_iteration_s * 1e3,
         r.latency_source.first().map_or("", String::as_str)
     );
-    println!(
+    tensile_cli::outln!(
         "  events    {} swap-outs, {} swap-ins, {} releases, {} recomputed ops; {} swapped",
         count(pb::EventKind::SwapOut),
         count(pb::EventKind::SwapIn),
@@ -556,9 +586,9 @@ pub(crate) fn plan(a: &PlanArgs, server: &str) -> Result<()> {
         p.recomputed_ops,
         bytes(p.swapped_bytes)
     );
-    println!("  planned in {:.2} ms", r.planning_s * 1e3);
+    tensile_cli::outln!("  planned in {:.2} ms", r.planning_s * 1e3);
     for d in &r.diagnostics {
-        println!("  note: {}", d.message);
+        tensile_cli::outln!("  note: {}", d.message);
     }
     Ok(())
 }

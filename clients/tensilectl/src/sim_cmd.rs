@@ -40,7 +40,7 @@ pub(crate) fn run(c: &SimCommand) -> Result<()> {
         eprintln!("memory plot written to {}", path.display());
     }
     if c.json {
-        println!("{}", serde_json::to_string_pretty(report)?);
+        tensile_cli::outln!("{}", serde_json::to_string_pretty(report)?);
     } else {
         print_table(report);
     }
@@ -48,7 +48,7 @@ pub(crate) fn run(c: &SimCommand) -> Result<()> {
 }
 
 fn print_table(r: &SimReport) {
-    println!(
+    tensile_cli::outln!(
         "{} jobs on {}, policy {}, {} iterations (seed {})",
         r.jobs.len(),
         r.device,
@@ -56,7 +56,7 @@ fn print_table(r: &SimReport) {
         r.iterations,
         r.seed
     );
-    println!(
+    tensile_cli::outln!(
         "{:<28} {:>11} {:>11} {:>7} {:>7} {:>7} {:>10} {:>10} {:>8} {:>8} {:>7} {:>7}",
         "job",
         "vanilla pk",
@@ -72,7 +72,7 @@ fn print_table(r: &SimReport) {
         "recomp"
     );
     for m in r.jobs.iter().chain(std::iter::once(&r.system)) {
-        println!(
+        tensile_cli::outln!(
             "{:<28} {:>11} {:>11} {:>7.3} {:>7.3} {:>7.3} {:>9.2}ms {:>8.2}ms {:>8.4} {:>8} {:>7.4} {:>7}",
             m.name,
             bytes(m.peak_vanilla_bytes),
@@ -88,35 +88,41 @@ fn print_table(r: &SimReport) {
             m.recomputed_ops
         );
     }
-    println!(
+    tensile_cli::outln!(
         "planning: {:.2} ms in all; first plan {:.2} ms; {} re-plans, {:.2} ms mean, {:.2} ms worst",
-        r.system.plan_ms, r.first_plan_ms, r.system.replans, r.replan_mean_ms, r.replan_max_ms
+        r.system.plan_ms,
+        r.first_plan_ms,
+        r.system.replans,
+        r.replan_mean_ms,
+        r.replan_max_ms
     );
     let ours = r.policy == Policy::Tensile;
     if ours {
-        println!(
+        tensile_cli::outln!(
             "cold start: {} (error vs the true latencies {:.1}%)",
             r.cold_start_latencies,
             r.cold_start_error * 100.0
         );
     }
     for m in r.jobs.iter().filter(|m| m.over_budget_bytes > 0) {
-        println!(
+        tensile_cli::outln!(
             "note: {} went over its memory budget by up to {} (nothing more could be evicted)",
             m.name,
             bytes(m.over_budget_bytes)
         );
     }
-    println!("msr max: the saving at the lower bound (largest working set of one op + base)");
+    tensile_cli::outln!(
+        "msr max: the saving at the lower bound (largest working set of one op + base)"
+    );
     if let (Some(peak), Some(msr)) = (r.bound_peak_bytes, r.msr_bound) {
-        println!(
+        tensile_cli::outln!(
             "bound: no swap plan that adds no time goes under {} on this link (msr {msr:.3}, ours {:.3})",
             bytes(peak),
             r.system.msr
         );
     }
     if ours {
-        println!(
+        tensile_cli::outln!(
             "predicted global peak: sum of peaks {}, aligned {}",
             bytes(r.predicted_sum_of_peaks_bytes),
             bytes(r.predicted_aligned_peak_bytes)

@@ -43,20 +43,27 @@ pub(crate) fn run(args: &ZooArgs) -> Result<()> {
         });
     }
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&entries)?);
+        tensile_cli::outln!("{}", serde_json::to_string_pretty(&entries)?);
         return Ok(());
     }
-    println!(
+    tensile_cli::outln!(
         "one training iteration per model, batch {}, {} optimizer; peaks free tensors after last use (vanilla) or never (keep-all)\n",
         args.batch,
         optimizer.name()
     );
-    println!(
+    tensile_cli::outln!(
         "{:<13} {:>12} {:>6} {:>6} {:>7} {:>12} {:>12} {:>12}",
-        "model", "params", "input", "ops", "tensors", "persistent", "vanilla peak", "keep-all"
+        "model",
+        "params",
+        "input",
+        "ops",
+        "tensors",
+        "persistent",
+        "vanilla peak",
+        "keep-all"
     );
     for e in &entries {
-        println!(
+        tensile_cli::outln!(
             "{:<13} {:>12} {:>6} {:>6} {:>7} {:>12} {:>12} {:>12}",
             e.model,
             e.stats.params,

@@ -524,35 +524,6 @@ fn latency_eval_without_onnx_runtime_is_a_clear_error() {
     );
 }
 
-#[test]
-fn latency_profile_on_cuda_without_a_gpu_is_a_clear_error() {
-    if std::path::Path::new("/dev/nvidia0").exists() {
-        return; // a GPU host profiles CUDA for real
-    }
-    let out_file = std::env::temp_dir().join(format!("tensile-cuda-{}.jsonl", std::process::id()));
-    let out = tensilectl(&[
-        "latency",
-        "profile",
-        "--device",
-        "cuda",
-        "--out",
-        out_file.to_str().unwrap(),
-        "--batches",
-        "1",
-        "--random-builds",
-        "0",
-        "--random-nets",
-        "0",
-    ]);
-    let _ = std::fs::remove_file(&out_file);
-    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
-    assert!(
-        text(&out.stderr).contains("no CUDA device"),
-        "{}",
-        text(&out.stderr)
-    );
-}
-
 fn json_of(args: &[&str]) -> serde_json::Value {
     let out = tensilectl(args);
     assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
@@ -753,5 +724,239 @@ fn bench_colocate_runs_each_case_with_its_optimizer() {
             "{r}"
         );
         assert_eq!(r["over_bytes"].as_u64(), Some(0), "{r}");
+    }
+}
+
+/// The dynamic section of `bin` as `readelf -d` prints it, or why it
+/// cannot be read here (no binutils).
+fn dynamic_section(bin: &str) -> Result<String, String> {
+    let out = Command::new("readelf")
+        .args(["-d", bin])
+        .output()
+        .map_err(|e| format!("readelf: {e}"))?;
+    assert!(
+        out.status.success(),
+        "readelf -d {bin}: {}",
+        text(&out.stderr)
+    );
+    Ok(text(&out.stdout))
+}
+
+#[test]
+fn tensilectl_links_no_libtorch() {
+    let bin = env!("CARGO_BIN_EXE_tensilectl");
+    let dynamic = match dynamic_section(bin) {
+        Ok(d) => d,
+        Err(why) => {
+            println!("skipped: cannot read {bin}'s dynamic section ({why})");
+            return;
+        }
+    };
+    let needed: Vec<&str> = dynamic.lines().filter(|l| l.contains("(NEEDED)")).collect();
+    // readelf names the C library of any dynamic executable: the section
+    // was read.
+    assert!(
+        needed.iter().any(|l| l.contains("libc.so")),
+        "no NEEDED entries read from {dynamic}"
+    );
+    for l in &needed {
+        for lib in ["libtorch", "libc10", "libtorch_cpu", "libtorch_cuda"] {
+            assert!(!l.contains(lib), "tensilectl needs {lib}: {l}");
+        }
+    }
+    // Nor a search path into a torch installation.
+    for l in dynamic
+        .lines()
+        .filter(|l| l.contains("(RPATH)") || l.contains("(RUNPATH)"))
+    {
+        assert!(!l.contains("torch"), "tensilectl searches torch: {l}");
+    }
+}
+
+#[test]
+fn operator_commands_start_without_torch_libraries() {
+    for args in [
+        &["--help"][..],
+        &["status", "--help"],
+        &["budget", "--help"],
+        &["watch", "--help"],
+        &["plan", "--help"],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_tensilectl"))
+            .args(args)
+            .env_remove("LD_LIBRARY_PATH")
+            .env_remove("LD_PRELOAD")
+            .output()
+            .expect("tensilectl runs");
+        assert!(
+            out.status.success(),
+            "tensilectl {args:?} without LD_LIBRARY_PATH: {}",
+            text(&out.stderr)
+        );
+        assert!(text(&out.stdout).contains("Usage: tensilectl"), "{args:?}");
+    }
+}
+
+#[test]
+fn making_latency_models_is_another_binary() {
+    let out = tensilectl(&["latency", "profile", "--help"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    let help = tensilectl(&["latency", "--help"]);
+    assert!(
+        text(&help.stdout).contains("tensile-latency profile|train"),
+        "{}",
+        text(&help.stdout)
+    );
+}
+
+#[test]
+fn tensilectl_depends_on_neither_tch_nor_torch_sys() {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .args(["tree", "-p", "tensilectl", "-e", "normal,build"])
+        .args(["--prefix", "none", "--offline", "--locked"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "cargo tree: {}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let deps: Vec<&str> = stdout
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    // A listing that names the ONNX Runtime binding was read whole.
+    assert!(deps.contains(&"ort"), "no ort in {deps:?}");
+    for torch in [
+        "tch",
+        "torch-sys",
+        "tensile-latency-train",
+        "tensile-kernels",
+    ] {
+        assert!(!deps.contains(&torch), "tensilectl depends on {torch}");
+    }
+}
+
+/// Runs tensilectl with stdout a pipe whose reader has already gone, so
+/// that its first write fails with a broken pipe.
+fn with_stdout_closed(args: &[&str]) -> Output {
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    Command::new(env!("CARGO_BIN_EXE_tensilectl"))
+        .args(args)
+        .stdout(writer)
+        .stderr(Stdio::piped())
+        .output()
+        .expect("tensilectl runs")
+}
+
+#[test]
+fn a_closed_stdout_ends_quietly() {
+    for args in [
+        &["zoo"][..],
+        &["graph", "export", "--model", "resnet50", "--batch", "2"],
+        &["plan", "--model", "resnet50", "--batch", "2"],
+    ] {
+        let out = with_stdout_closed(args);
+        let err = text(&out.stderr);
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert!(!err.contains("Broken pipe"), "{args:?}: {err}");
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn head_takes_the_first_line_and_tensilectl_ends_quietly() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tensilectl"))
+        .args(["graph", "export", "--model", "vgg16", "--batch", "4"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+        &mut first,
+    )
+    .unwrap();
+    // The reader (and the pipe) dropped after one line of a graph far
+    // larger than a pipe's buffer.
+    assert_eq!(first.trim(), "{");
+    let out = child.wait_with_output().unwrap();
+    let err = text(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(out.status.success(), "{:?}: {err}", out.status);
+}
+
+#[test]
+fn sizes_in_mb_take_decimals_and_name_the_flag_when_wrong() {
+    // Accepted, below the vanilla peak: the plan keeps under it.
+    let v = json_of(&[
+        "plan",
+        "--model",
+        "resnet50",
+        "--batch",
+        "2",
+        "--budget-mb",
+        "900.5",
+        "--json",
+    ]);
+    let planned = v["planned_peak_bytes"].as_u64().unwrap();
+    assert!(
+        v["vanilla_peak_bytes"].as_u64().unwrap() > 900_500_000,
+        "{v}"
+    );
+    assert!(planned <= 900_500_000, "{v}");
+    for (args, flag, why) in [
+        (
+            &["plan", "--model", "resnet50", "--budget-mb", "1.5x"][..],
+            "--budget-mb",
+            "not a size in MB",
+        ),
+        (
+            &["plan", "--model", "resnet50", "--budget-mb", "-1"],
+            "--budget-mb",
+            "is negative",
+        ),
+        (
+            &["plan", "--model", "resnet50", "--budget-mb", "0"],
+            "--budget-mb",
+            "above 0",
+        ),
+        (
+            &["demo", "--budget-mb", "abc"],
+            "--budget-mb",
+            "not a size in MB",
+        ),
+        (&["budget", "-2.5"], "<MB>", "is negative"),
+    ] {
+        let out = tensilectl(args);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(flag) && err.contains(why), "{args:?}: {err}");
+        assert!(!err.contains("invalid digit"), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn an_unreachable_scheduler_is_named_once_with_what_to_do() {
+    let dir = TempDir::new("unreachable");
+    let sock = dir.0.join("none.sock");
+    let server = format!("unix:{}", sock.display());
+    for cmd in [&["status"][..], &["watch", "1"], &["budget", "500"]] {
+        let out = tensilectl(&[cmd, &["--server", &server]].concat());
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(
+            err.contains(&format!(
+                "cannot reach the scheduler at {server}: no such socket"
+            )),
+            "{err}"
+        );
+        assert!(
+            err.contains("start tensile-scheduler") && err.contains("--server"),
+            "{err}"
+        );
+        assert!(!err.contains("os error"), "{err}");
     }
 }

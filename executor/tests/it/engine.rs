@@ -29,6 +29,9 @@ struct Opaque {
     host_runs: HashSet<CopyId>,
     fail_every: Option<u64>,
     submitted: u64,
+    /// The storages of the prefetches submitted since the driver last
+    /// looked, in order.
+    prefetched: Vec<StorageId>,
 }
 
 impl Opaque {
@@ -40,6 +43,7 @@ impl Opaque {
             host_runs: HashSet::new(),
             fail_every,
             submitted: 0,
+            prefetched: Vec::new(),
         }
     }
 
@@ -70,6 +74,9 @@ impl CopyEngine for Opaque {
         };
         self.copies.insert(id, (copy, end));
         self.submitted += 1;
+        if copy.dir == Dir::ToDevice {
+            self.prefetched.push(copy.storage);
+        }
         id
     }
 
@@ -127,7 +134,8 @@ impl CopyEngine for Opaque {
 }
 
 /// Runs `iterations` of `g` under `plan` over `engine` with every op taking
-/// its latency; checks every free against the copies in flight.
+/// its latency; checks every free against the copies in flight, and every
+/// prefetch against the buffers the executor holds.
 fn run(g: &Graph, live: &Liveness, plan: &Plan, engine: Opaque) -> Vec<IterationStats> {
     try_run(g, live, plan, engine).expect("no tensor lost")
 }
@@ -144,8 +152,20 @@ fn try_run(
     let mut now = 0u64;
     // A free is wrong if a copy of the storage that was in flight before
     // the call still runs after it, or if a copy of it runs and the
-    // storage was not allocated again after the free.
+    // storage was not allocated again after the free. A prefetch is wrong
+    // if the executor holds no buffer for its data after the call that
+    // submitted it: a real engine takes what the copy brings for the
+    // storage's buffer, which would then be one the executor does not
+    // count, nor free.
     let check = |ex: &mut Executor<'_, Opaque>, before: &[(CopyId, StorageId)]| {
+        let resident = ex.resident();
+        for s in std::mem::take(&mut ex.engine_mut().prefetched) {
+            assert!(
+                resident.contains(&s),
+                "storage {s:?} prefetched into no buffer: {}",
+                ex.whereabouts(s)
+            );
+        }
         let effects = ex.take_effects();
         let after = ex.engine().in_flight();
         for (i, e) in effects.iter().enumerate() {
@@ -364,4 +384,75 @@ fn a_parameter_written_while_a_release_waits_for_its_swap_out_is_kept() {
     let copy = CopyModel::duplex(4e7, 4e7, 5_000);
     let its = run(&g, &live, &p, Opaque::new(copy, None));
     assert_eq!(its.len(), 3);
+}
+
+#[test]
+fn a_prefetch_due_after_the_swap_out_it_fired_behind_freed_its_buffer_gets_a_new_one() {
+    // An activation is copied out after its forward use and released one
+    // op later, while that copy runs (the release waits for it). Its
+    // prefetch fires at the same op, when the buffer is still there, and
+    // is due 30 us later; the swap-out (15 us) ends first and frees the
+    // buffer. The prefetch must then bring the data into a buffer of its
+    // own, as at any prefetch into a storage not on the device, in time
+    // for the backward pass: not a copy into no buffer, which a real
+    // engine takes for the storage's buffer (one the executor neither
+    // counts nor frees, which the worker once measured a new tensor
+    // against), nor a fetch on demand by the op.
+    let g = mlp(16, 64, 3, Optimizer::sgd());
+    let live = Liveness::analyze(&g);
+    let act = named(&g, "act1");
+    let uses: Vec<OpId> = g
+        .ops()
+        .iter()
+        .filter(|o| o.inputs.contains(&act))
+        .map(|o| o.id)
+        .collect();
+    // Read by fc2 in the forward pass, by the backward pass much later.
+    assert!(uses.len() >= 2 && uses[1].0 > uses[0].0 + 10, "{uses:?}");
+    let (out, release) = (uses[0], OpId(uses[0].0 + 1));
+    let p = vanilla_with(
+        &live,
+        &[
+            (EventKind::SwapOut, out, 0, act),
+            (EventKind::Release, release, 0, act),
+            (EventKind::SwapIn, release, 30_000, act),
+        ],
+    );
+    // 4096 B at 400 MB/s and 5 us: about 15 us a copy.
+    let copy = CopyModel::duplex(4e8, 4e8, 5_000);
+    let its = run(&g, &live, &p, Opaque::new(copy, None));
+    assert_eq!(its.len(), 3);
+    for it in &its {
+        assert_eq!(it.passive_swaps, 0, "the prefetch was lost: {it:?}");
+        assert_eq!(it.swapped_bytes, g.tensor(act).bytes, "{it:?}");
+    }
+}
+
+#[test]
+fn a_prefetch_due_after_its_storage_was_last_used_copies_nothing() {
+    // As above, but the prefetch is due only after the backward pass has
+    // fetched the activation on demand and released it after its last
+    // use: it has nothing left to bring the data for, and copies nothing
+    // (a copy into no buffer would outlive the iteration on a real engine,
+    // which the next iteration's kernel producing the activation anew then
+    // found: "lies outside its storage").
+    let g = mlp(16, 64, 3, Optimizer::sgd());
+    let live = Liveness::analyze(&g);
+    let act = named(&g, "act1");
+    let first = g.ops().iter().find(|o| o.inputs.contains(&act)).unwrap().id;
+    let release = OpId(first.0 + 1);
+    let p = vanilla_with(
+        &live,
+        &[
+            (EventKind::SwapOut, first, 0, act),
+            (EventKind::Release, release, 0, act),
+            (EventKind::SwapIn, release, 1_000_000, act),
+        ],
+    );
+    let copy = CopyModel::duplex(4e8, 4e8, 5_000);
+    let its = run(&g, &live, &p, Opaque::new(copy, None));
+    assert_eq!(its.len(), 3);
+    for it in &its {
+        assert_eq!(it.passive_swaps, 1, "fetched on demand: {it:?}");
+    }
 }

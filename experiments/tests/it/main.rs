@@ -5,6 +5,7 @@
 
 #[cfg(feature = "bound")]
 mod bound;
+mod h200;
 mod steady;
 mod util;
 

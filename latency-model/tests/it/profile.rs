@@ -26,7 +26,10 @@ fn assert_names(result: Result<DeviceProfile, ProfileError>, field: &str) -> Str
 
 #[test]
 fn builtins_parse_and_validate() {
-    assert_eq!(DeviceProfile::builtin_names(), ["a6000", "h100", "paper"]);
+    assert_eq!(
+        DeviceProfile::builtin_names(),
+        ["a6000", "h100", "h200", "paper"]
+    );
     for name in DeviceProfile::builtin_names() {
         let p = DeviceProfile::builtin(name).unwrap();
         assert_eq!(p.name, name);
@@ -52,7 +55,7 @@ fn builtins_parse_and_validate() {
 fn unknown_builtin_lists_the_names() {
     let msg = DeviceProfile::builtin("v100").unwrap_err().to_string();
     assert!(msg.contains("\"v100\""), "{msg}");
-    assert!(msg.contains("a6000, h100, paper"), "{msg}");
+    assert!(msg.contains("a6000, h100, h200, paper"), "{msg}");
 }
 
 #[test]

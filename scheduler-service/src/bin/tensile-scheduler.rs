@@ -3,6 +3,7 @@
 //! SIGINT or SIGTERM; or, `tensile-scheduler endpoint`, print where a
 //! job's scheduler listens.
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use anyhow::Context;
@@ -18,7 +19,7 @@ fn main() -> ExitCode {
     if let Some(Command::Endpoint(e)) = &args.command {
         return match endpoint(e) {
             Ok(text) => {
-                println!("{text}");
+                tensile_cli::outln!("{text}");
                 ExitCode::SUCCESS
             }
             Err(e) => {
@@ -32,6 +33,8 @@ fn main() -> ExitCode {
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        // Colour for a person at a terminal; none in a log file or journal.
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     let resolved = match args.resolve() {
         Ok(r) => r,
@@ -53,7 +56,9 @@ fn main() -> ExitCode {
                     Serve::Listen(addrs) => {
                         let mut listeners = Vec::new();
                         for a in addrs {
-                            listeners.push(Listener::bind(a).await?);
+                            listeners.push(
+                                Listener::bind_with_mode(a, resolved.config.socket_mode).await?,
+                            );
                         }
                         run(listeners, resolved.config, shutdown_signal()).await?;
                     }

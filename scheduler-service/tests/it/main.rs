@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used)] // tests unwrap: a failure is the test failing
 
 mod bad_input;
+mod binary;
 mod deadline;
 mod gpus;
 mod lease;

@@ -175,7 +175,7 @@ async fn a_second_job_replans_the_first_and_admission_queues_what_does_not_fit()
     });
     let b = c.register_job(high).await.unwrap().into_inner();
     assert_eq!(b.state, pb::JobState::Queued as i32);
-    assert!(b.reason.contains("bytes short"), "{}", b.reason);
+    assert!(b.reason.contains(" MB short"), "{}", b.reason);
     let cj = register(&mut c, "c", &g).await;
     let st = c
         .get_status(pb::GetStatusRequest { job_id: cj.job_id })

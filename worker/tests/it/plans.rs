@@ -8,8 +8,8 @@ use std::time::Duration;
 use proptest::prelude::*;
 use tensile_graph::builder::Optimizer;
 use tensile_graph::zoo::{self, ZooConfig};
-use tensile_graph::{Graph, Liveness};
-use tensile_planner::{CopyModel, JobSettings, Plan};
+use tensile_graph::{Graph, Liveness, OpId};
+use tensile_planner::{CopyModel, Event, EventKind, JobSettings, Plan, Trigger};
 use tensile_swap_executor::HostConfig;
 use tensile_worker::{Worker, WorkerConfig};
 
@@ -68,6 +68,63 @@ fn swaps_and_host_copy_reuse_lose_nothing() {
     assert!(p.prediction.swap_outs > 0, "the plan swaps");
     let reports = same_as_vanilla(&g, &p, HostConfig::default());
     assert!(reports.iter().all(|r| r.swapped_bytes > 0));
+}
+
+/// An activation is copied out after its forward use and released one op
+/// later, while that copy runs (the release waits for it); its prefetch
+/// fires at that op, while the buffer is still there, and is due after
+/// the copy out has ended and freed the buffer. The prefetch brings the
+/// data back into a buffer of its own in time for the backward pass: the
+/// executor once submitted it into no buffer, and the engine took what it
+/// brought for the storage's buffer, one nobody counted (the worker then
+/// measured a fresh tensor against it: "lies outside its storage"), while
+/// the op fetched the data again on demand.
+#[test]
+fn a_prefetch_due_after_its_swap_out_freed_the_buffer_lands_in_a_new_one() {
+    let _heavy = crate::heavy();
+    let g = mlp(16, 64, 3, Optimizer::sgd());
+    let act = g
+        .tensors()
+        .iter()
+        .find(|t| t.name == "act1")
+        .expect("act1")
+        .id;
+    let uses: Vec<OpId> = g
+        .ops()
+        .iter()
+        .filter(|o| o.inputs.contains(&act))
+        .map(|o| o.id)
+        .collect();
+    // Ops take 2 ms: the backward pass reads it 30 ms or more later.
+    assert!(uses.len() >= 2 && uses[1].0 >= uses[0].0 + 16, "{uses:?}");
+    let at = |op: OpId, delay_ns: u64, kind: EventKind| Event {
+        trigger: Trigger::After(op),
+        delay_ns,
+        kind,
+        tensor: act,
+    };
+    let release = OpId(uses[0].0 + 1);
+    let mut plan = vanilla(&g);
+    plan.events.extend([
+        at(uses[0], 0, EventKind::SwapOut),
+        at(release, 0, EventKind::Release),
+        at(release, 15_000_000, EventKind::SwapIn),
+    ]);
+    // Its 4096 B take 10 ms each way: the copy out ends 8 ms after the
+    // prefetch fired, 7 ms before it is due.
+    let host = HostConfig {
+        bytes_per_s: Some(409_600.0),
+        ..HostConfig::default()
+    };
+    let floor = Duration::from_millis(2);
+    let (want, _) =
+        run(&g, &vanilla(&g), 3, HostConfig::default(), None, floor).expect("vanilla runs");
+    let (got, reports) = run(&g, &plan, 3, host, None, floor).expect("the plan runs");
+    assert_eq!(bytes(&want), bytes(&got), "the plan changed the values");
+    for r in &reports {
+        assert_eq!(r.passive_swaps, 0, "the op fetched it on demand: {r:?}");
+        assert_eq!(r.swapped_bytes, g.tensor(act).bytes, "{r:?}");
+    }
 }
 
 #[test]

@@ -346,7 +346,7 @@ fn without_a_gpu_the_cuda_engine_is_a_clear_error() {
         "{msg}"
     );
     let out = worker_bin()
-        .args(["--model", "resnet50", "--batch", "1", "--resolution", "32"])
+        .args(["--model", "resnet50", "--batch", "1", "--resolution", "64"])
         .args(["--vanilla", "--device", "cuda"])
         .output()
         .expect("runs");
@@ -628,4 +628,50 @@ fn the_binary_says_what_is_wrong() {
         .expect("runs");
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("no_such_model"));
+}
+
+#[test]
+fn a_closed_stdout_ends_quietly_after_the_job() {
+    let _heavy = crate::heavy();
+    let (reader, writer) = std::io::pipe().expect("pipe");
+    drop(reader);
+    let out = worker_bin()
+        .args(["--model", "resnet50", "--batch", "1", "--resolution", "64"])
+        .args(["--optimizer", "sgd", "--threads", "1", "--vanilla"])
+        .args(["--iterations", "2"])
+        .stdout(writer)
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .expect("runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+}
+
+#[test]
+fn sizes_in_mb_take_decimals_and_name_the_flag_when_wrong() {
+    for (flag, value, says) in [
+        ("--memory-mb", "1.5x", "not a size in MB"),
+        ("--host-pool-mb", "-3", "is negative"),
+        ("--base-mb", "0", "above 0"),
+    ] {
+        let out = worker_bin()
+            .args(["--model", "resnet50", "--vanilla", flag, value])
+            .output()
+            .expect("runs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flag} {value}: {stderr}");
+        assert!(stderr.contains(flag) && stderr.contains(says), "{stderr}");
+    }
+    // A decimal budget is the bytes it says: 0.5 MB holds no ResNet-50, and
+    // the out-of-memory error names the budget.
+    let out = worker_bin()
+        .args(["--model", "resnet50", "--batch", "1", "--resolution", "64"])
+        .args(["--optimizer", "sgd", "--threads", "1", "--vanilla"])
+        .args(["--memory-mb", "0.5"])
+        .output()
+        .expect("runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("500000"), "{stderr}");
 }

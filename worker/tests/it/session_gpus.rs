@@ -63,7 +63,7 @@ fn session_of_a_worker_given_gpu_1_registers_on_gpu1_sock() {
         gpus: Some("0,1".into()),
         socket_dir: Some(dir.clone()),
         device: Some("a6000".into()),
-        budget_mb: Some(2000),
+        budget_mb: Some(tensile_cli::Mb::whole(2000)),
         latency_models: Some("roofline".into()),
         state: Some("none".into()),
         metrics_listen: Some(format!("127.0.0.1:{port}")),

@@ -134,8 +134,8 @@ def plan(
     :func:`tensile.apply` rebuilds recomputed tensors from their saved
     inputs, as checkpointing does.
     ``device_profile`` is a device profile as ``tensilectl --device`` takes
-    it (``a6000``, ``h100``, ``paper``, ``cpu`` or a profile file; default:
-    see :func:`default_profile`). With ``workdir`` the graph and the plan
+    it (``a6000``, ``h100``, ``h200``, ``paper``, ``cpu`` or a profile
+    file; default: see :func:`default_profile`). With ``workdir`` the graph and the plan
     are also written there, as ``NAME.graph.json`` and ``NAME.plan.json``,
     which the returned plan's ``graph_path`` and ``plan_path`` name;
     without one nothing is written and those paths are ``None``.
@@ -252,12 +252,15 @@ def _say_if_over(planned: Plan, budget_mb: int) -> None:
 
 
 def default_profile(device: str) -> str:
-    """The device profile for where the model lives: ``cpu``, ``h100`` on
-    an H100, else ``a6000``."""
+    """The device profile for where the model lives: ``cpu``, ``h200`` on
+    an H200, ``h100`` on an H100, else ``a6000``."""
     if device == "cpu":
         return "cpu"
-    if device == "cuda" and torch.cuda.is_available() and "H100" in torch.cuda.get_device_name():
-        return "h100"
+    if device == "cuda" and torch.cuda.is_available():
+        name = torch.cuda.get_device_name()
+        for gpu, profile in (("H200", "h200"), ("H100", "h100")):
+            if gpu in name:
+                return profile
     return "a6000"
 
 

@@ -70,7 +70,7 @@ fn status_shows_every_gpu_and_budget_and_watch_pick_theirs() {
         gpus: Some("0,1".into()),
         socket_dir: Some(dir.0.clone()),
         device: Some("a6000".into()),
-        budget_mb: Some(800),
+        budget_mb: Some(tensile_cli::Mb::whole(800)),
         latency_models: Some("roofline".into()),
         state: Some("none".into()),
         lease_s: Some(600.0),
@@ -117,7 +117,7 @@ fn status_shows_every_gpu_and_budget_and_watch_pick_theirs() {
         at("on-gpu1"),
     );
     assert!(gpu0 < gpu1 && gpu1 < name, "{stdout}");
-    assert_eq!(stdout.matches("budget 762.94 MiB").count(), 2, "{stdout}");
+    assert_eq!(stdout.matches("budget 800 MB").count(), 2, "{stdout}");
     let v = json(&ctl(&dir, &["status", "--json"]));
     let sections = v["gpus"].as_array().unwrap();
     assert_eq!(sections.len(), 2);
@@ -135,7 +135,7 @@ fn status_shows_every_gpu_and_budget_and_watch_pick_theirs() {
         ),
         (&536_870_912.into(), &"profile".into(), &0.into())
     );
-    assert!(stdout.contains("512.00 MiB profile"), "{stdout}");
+    assert!(stdout.contains("536.87 MB profile"), "{stdout}");
     // One GPU: as a single scheduler's status; one job: its GPU's section.
     let v = json(&ctl(&dir, &["status", "--json", "--gpu", "sim-1"]));
     assert_eq!(v["jobs"][0]["job_id"], job);
@@ -152,10 +152,16 @@ fn status_shows_every_gpu_and_budget_and_watch_pick_theirs() {
         "{}",
         text(&out.stderr)
     );
-    let out = ctl(&dir, &["budget", "600", "--gpu", "0"]);
+    // In decimal MB, as a person types it, and read back in MB.
+    let out = ctl(&dir, &["budget", "600.5", "--gpu", "0"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("budget set to 600.5 MB"),
+        "{}",
+        text(&out.stdout)
+    );
     let v = json(&ctl(&dir, &["status", "--json"]));
-    assert_eq!(v["gpus"][0]["status"]["budget_bytes"], 600_000_000);
+    assert_eq!(v["gpus"][0]["status"]["budget_bytes"], 600_500_000);
     assert_eq!(v["gpus"][1]["status"]["budget_bytes"], 800_000_000);
 
     // A GPU it does not serve is named, with those it does.

@@ -184,6 +184,8 @@ class IterationStats:
     #: Saved tensors (packs) and event batches this step.
     packs: int = 0
     batches: int = 0
+    #: Bytes the copy engine copied this step, both directions.
+    copied_bytes: int = 0
     #: Where a step that differed from the plan's record did (one line).
     diverged: str = ""
     #: The device memory peak the step reports: on CUDA the caching
@@ -793,6 +795,8 @@ class Applier(TorchDispatchMode):
         stats.ops = self.k if stats.mode == CHECKED else self.s.n_ops if stats.mode == FAST else 0
         stats.batches = self.engine.batches - getattr(self, "_batches_before", 0)
         self._batches_before = self.engine.batches
+        stats.copied_bytes = self.engine.copied_bytes - getattr(self, "_copied_before", 0)
+        self._copied_before = self.engine.copied_bytes
         self.in_iter = False
         if self.session is not None:
             self._report_and_switch(self.session)

@@ -164,6 +164,9 @@ class CopyEngine(abc.ABC):
         self.waited = 0
         #: Batches started (one host call each).
         self.batches = 0
+        #: Bytes copied in either direction (not counting hand-overs
+        #: without a copy).
+        self.copied_bytes = 0
 
     @abc.abstractmethod
     def swap_out(self, batch: list[Residence]) -> None:
@@ -226,6 +229,7 @@ class HostEngine(CopyEngine):
 
     def _run(self, dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> Any:
         self.batches += 1
+        self.copied_bytes += sum(t.nbytes for t in srcs)
         if not self.threaded:
             torch._foreach_copy_(dsts, srcs)
             return [self.completes_after] if self.completes_after else None
@@ -322,6 +326,7 @@ class CudaEngine(CopyEngine):
 
     def _batch(self, device: torch.device, dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> Any:
         self.batches += 1
+        self.copied_bytes += sum(t.nbytes for t in srcs)
         compute = torch.cuda.current_stream(device)
         side = self._side(device)
         # Swap-out: the producers' kernels come first. Swap-in: the blocks

@@ -1,6 +1,6 @@
-//! Gives the `tensilectl` binary and its tests an rpath to libtorch (linked
-//! through tensile-latency-train for `latency profile|train`), so they run
-//! without `LD_LIBRARY_PATH`. With `TENSILE_LINK_CUDA=1` (what
+//! Gives the `tensile-latency` binary and its tests an rpath to libtorch
+//! (linked through tensile-latency-train), so they run without
+//! `LD_LIBRARY_PATH`. With `TENSILE_LINK_CUDA=1` (what
 //! `scripts/gpu-pack.sh` sets) it also forces libtorch's CUDA library in,
 //! which nothing names but which must be loaded for libtorch to see a GPU
 //! (CUDA latency profiling).
