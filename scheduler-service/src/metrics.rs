@@ -29,6 +29,10 @@ const PLANNING_CAPPED: (&str, &str) = (
     "planning_capped",
     "Joint plans whose search stopped at the time cap",
 );
+const PLANS_WITHHELD: (&str, &str) = (
+    "plans_withheld",
+    "Plans of a joint plan not published because they would take the plans in force past the budget",
+);
 const REPORTS: (&str, &str) = ("reports", "Latency reports received");
 const STALL_SECONDS: (&str, &str) = (
     "stall_seconds",
@@ -43,11 +47,50 @@ const REPORTED_PEAK_BYTES: (&str, &str) = (
     "Sum of the jobs' last reported peaks",
 );
 const QUEUE_LENGTH: (&str, &str) = ("queue_length", "Jobs waiting for admission");
+const PUBLISHED_BYTES: (&str, &str) = (
+    "published_bytes",
+    "What the plans in force hold: their planned peaks, a gated set's aligned peak",
+);
+const MAX_PUBLISHED_OVER_BUDGET_BYTES: (&str, &str) = (
+    "max_published_over_budget_bytes",
+    "The largest excess of the plans in force over the budget after any publication",
+);
+const JOB_TABLE_WAIT_SECONDS: (&str, &str) = (
+    "job_table_wait_seconds",
+    "Time a handler, the planning task or the lease reaper waited to get at one job in the job table",
+);
+const JOB_TABLE_WALK_WAIT_SECONDS: (&str, &str) = (
+    "job_table_walk_wait_seconds",
+    "Time a walk of the whole job table (status, the reaper's scan, the state counts) waited for it",
+);
 
 type F64Counter = Counter<f64, std::sync::atomic::AtomicU64>;
+type HistogramFamily = Family<Labels, Histogram, fn() -> Histogram>;
 
 fn planning_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.0005, 2.0, 16))
+}
+
+/// Waits for the job table: 100 ns to about 0.4 s.
+pub fn table_wait_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(1e-7, 4.0, 12))
+}
+
+/// Where the job table observes its waits: for one job's entry, and for
+/// walks of the whole table.
+#[derive(Debug, Clone)]
+pub struct TableWaits {
+    pub job: Histogram,
+    pub walk: Histogram,
+}
+
+impl Default for TableWaits {
+    fn default() -> TableWaits {
+        TableWaits {
+            job: table_wait_histogram(),
+            walk: table_wait_histogram(),
+        }
+    }
 }
 
 /// One planning domain's metrics (the single device's, or one GPU's):
@@ -64,6 +107,7 @@ pub struct Metrics {
     pub plans_published: Counter,
     pub planning_seconds: Histogram,
     pub planning_capped: Counter,
+    pub plans_withheld: Counter,
     pub reports: Counter,
     pub stall_seconds: F64Counter,
     pub passive_swaps: Counter,
@@ -72,6 +116,10 @@ pub struct Metrics {
     pub sum_of_peaks_bytes: Gauge,
     pub reported_peak_bytes: Gauge,
     pub queue_length: Gauge,
+    pub published_bytes: Gauge,
+    pub max_published_over_budget_bytes: Gauge,
+    /// Handed to the job table ([`crate::state::Shared::timing_waits`]).
+    pub table_wait_seconds: TableWaits,
 }
 
 impl Default for Metrics {
@@ -100,6 +148,7 @@ impl Metrics {
         let plans_published = plain(r, PLANS_PUBLISHED, Counter::default());
         let planning_seconds = plain(r, PLANNING_SECONDS, planning_histogram());
         let planning_capped = plain(r, PLANNING_CAPPED, Counter::default());
+        let plans_withheld = plain(r, PLANS_WITHHELD, Counter::default());
         let reports = plain(r, REPORTS, Counter::default());
         let stall_seconds = plain(r, STALL_SECONDS, F64Counter::default());
         let passive_swaps = plain(r, PASSIVE_SWAPS, Counter::default());
@@ -108,6 +157,13 @@ impl Metrics {
         let sum_of_peaks_bytes = plain(r, SUM_OF_PEAKS_BYTES, Gauge::default());
         let reported_peak_bytes = plain(r, REPORTED_PEAK_BYTES, Gauge::default());
         let queue_length = plain(r, QUEUE_LENGTH, Gauge::default());
+        let table_wait_seconds = TableWaits {
+            job: plain(r, JOB_TABLE_WAIT_SECONDS, table_wait_histogram()),
+            walk: plain(r, JOB_TABLE_WALK_WAIT_SECONDS, table_wait_histogram()),
+        };
+        let published_bytes = plain(r, PUBLISHED_BYTES, Gauge::default());
+        let max_published_over_budget_bytes =
+            plain(r, MAX_PUBLISHED_OVER_BUDGET_BYTES, Gauge::default());
         Metrics {
             registry: Arc::new(registry),
             base: Labels::new(),
@@ -116,6 +172,7 @@ impl Metrics {
             plans_published,
             planning_seconds,
             planning_capped,
+            plans_withheld,
             reports,
             stall_seconds,
             passive_swaps,
@@ -124,6 +181,9 @@ impl Metrics {
             sum_of_peaks_bytes,
             reported_peak_bytes,
             queue_length,
+            published_bytes,
+            max_published_over_budget_bytes,
+            table_wait_seconds,
         }
     }
 
@@ -164,10 +224,11 @@ pub struct NodeMetrics {
     registry: Arc<Registry>,
     jobs: Family<Labels, Gauge>,
     replans: Family<Labels, Counter>,
-    counters: [Family<Labels, Counter>; 5],
-    gauges: [Family<Labels, Gauge>; 4],
+    counters: [Family<Labels, Counter>; 6],
+    gauges: [Family<Labels, Gauge>; 6],
     stall_seconds: Family<Labels, F64Counter>,
-    planning_seconds: Family<Labels, Histogram, fn() -> Histogram>,
+    planning_seconds: HistogramFamily,
+    table_wait_seconds: [HistogramFamily; 2],
 }
 
 impl Default for NodeMetrics {
@@ -183,22 +244,25 @@ impl NodeMetrics {
         let replans = Family::<Labels, Counter>::default();
         registry.register(JOBS.0, JOBS.1, jobs.clone());
         registry.register(REPLANS.0, REPLANS.1, replans.clone());
-        let counters: [Family<Labels, Counter>; 5] = Default::default();
+        let counters: [Family<Labels, Counter>; 6] = Default::default();
         for (f, (name, help)) in counters.iter().zip([
             PLANS_PUBLISHED,
             PLANNING_CAPPED,
             REPORTS,
             PASSIVE_SWAPS,
             LEASES_LAPSED,
+            PLANS_WITHHELD,
         ]) {
             registry.register(name, help, f.clone());
         }
-        let gauges: [Family<Labels, Gauge>; 4] = Default::default();
+        let gauges: [Family<Labels, Gauge>; 6] = Default::default();
         for (f, (name, help)) in gauges.iter().zip([
             BUDGET_BYTES,
             SUM_OF_PEAKS_BYTES,
             REPORTED_PEAK_BYTES,
             QUEUE_LENGTH,
+            PUBLISHED_BYTES,
+            MAX_PUBLISHED_OVER_BUDGET_BYTES,
         ]) {
             registry.register(name, help, f.clone());
         }
@@ -212,6 +276,12 @@ impl NodeMetrics {
             PLANNING_SECONDS.1,
             planning_seconds.clone(),
         );
+        let table_wait_seconds =
+            [JOB_TABLE_WAIT_SECONDS, JOB_TABLE_WALK_WAIT_SECONDS].map(|(name, help)| {
+                let f = HistogramFamily::new_with_constructor(table_wait_histogram);
+                registry.register(name, help, f.clone());
+                f
+            });
         NodeMetrics {
             registry: Arc::new(registry),
             jobs,
@@ -220,6 +290,7 @@ impl NodeMetrics {
             gauges,
             stall_seconds,
             planning_seconds,
+            table_wait_seconds,
         }
     }
 
@@ -238,12 +309,19 @@ impl NodeMetrics {
             reports: counter(2),
             passive_swaps: counter(3),
             leases_lapsed: counter(4),
+            plans_withheld: counter(5),
             budget_bytes: gauge(0),
             sum_of_peaks_bytes: gauge(1),
             reported_peak_bytes: gauge(2),
             queue_length: gauge(3),
+            published_bytes: gauge(4),
+            max_published_over_budget_bytes: gauge(5),
             stall_seconds: self.stall_seconds.get_or_create(&base).clone(),
             planning_seconds: self.planning_seconds.get_or_create(&base).clone(),
+            table_wait_seconds: TableWaits {
+                job: self.table_wait_seconds[0].get_or_create(&base).clone(),
+                walk: self.table_wait_seconds[1].get_or_create(&base).clone(),
+            },
             base,
         }
     }

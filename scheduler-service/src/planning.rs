@@ -6,15 +6,25 @@
 //! admitted job gets a fast first plan (planned alone, against the memory
 //! the others' published plans leave), published at once; reports,
 //! departures and budget changes wait and are coalesced into the next
-//! joint plan, which supersedes the fast plans. Published plans never add
-//! up past the budget because of a fast plan: a fast plan is published only
-//! if it fits beside the others' published peaks, and of a joint plan made
-//! without a fast-planned job only the plans that fit beside it go out
-//! (those that lower a job's peak first); the next joint plan, which
-//! includes every job, follows at once. (A joint plan that is over the
-//! budget by itself, with an `OverBudget` diagnostic, is published whole
-//! when no fast plan ran meanwhile: admission holds the lower bounds, not what the planner
-//! reaches within its cap.)
+//! joint plan, which supersedes the fast plans.
+//!
+//! The plans in force (published to their jobs) never add up past the
+//! budget. The task keeps them in a ledger (`in_force`: each job's
+//! published peak; a gated set by its aligned peak), checked at every
+//! publication and shown as `published_bytes` and
+//! `max_published_over_budget_bytes`. A fast plan goes out only if it fits
+//! beside the plans in force. A gated joint plan goes out whole or not at
+//! all. Of a joint plan without gates the plans that lower their job's
+//! peak go out first, then, smallest rise first, those that still fit;
+//! the others are withheld (`plans_withheld`): their jobs keep the plans in
+//! force. When the joint plan left out jobs on fast plans, the next one,
+//! of every job, follows at once; when it had every job and still does not
+//! fit (capped, or nothing more to swap), a job left with no plan at all
+//! goes back to the queue, needing the peak the planner reached for it.
+//! Admission holds for each admitted job its lower bound or, once a joint
+//! plan over the budget shows the planner gets it no lower, that peak.
+//! (A budget set below the plans in force leaves them over it until the
+//! re-plan it causes goes out; the ledger counts that excess too.)
 //! Each job's newest plan goes out through its watch channel.
 
 use std::cmp::Reverse;
@@ -24,7 +34,7 @@ use std::time::{Duration, Instant};
 
 use tensile_graph::Graph;
 use tensile_planner::{
-    Diagnostic, DiagnosticKind, Gate, JobId, JobInput, JobSettings, Measurements, MultiPlan, Plan,
+    Diagnostic, DiagnosticKind, Gate, JobId, JobInput, JobSettings, Measurements, MultiPlan,
     PlannerConfig, ReplanError, ReplanReason, Replanner,
 };
 use tokio::sync::{mpsc, oneshot};
@@ -35,7 +45,7 @@ use tracing::{debug, error, info, warn};
 use crate::base::{Base, BaseSource};
 use crate::error::Error;
 use crate::metrics::Metrics;
-use crate::state::{Job, JobState, Shared, Update};
+use crate::state::{Job, JobState, Shared};
 use crate::store::Store;
 
 /// What handlers ask of the planning task.
@@ -59,7 +69,7 @@ pub enum Command {
 }
 
 /// A registered job, for admission and planning.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct NewJob {
     pub id: u64,
     pub graph: Arc<Graph>,
@@ -84,6 +94,16 @@ pub struct ReportOutcome {
 #[derive(Debug)]
 struct Admitted {
     lower_bound: u64,
+    /// What admission holds for it: its lower bound, or, if more, the peak
+    /// the planner reached for it in a joint plan over the budget (its
+    /// share of the aligned peak for gated plans), until a joint plan under
+    /// the budget plans it lower.
+    need: u64,
+    /// What it was admitted as (its latencies and base as then), to queue
+    /// it again if its first plan does not fit.
+    job: NewJob,
+    /// Its place in the queue.
+    seq: u64,
     /// Its lower bound less its base: the largest working set.
     working_set: u64,
     /// The base it is planned with, and the measurements that may replace
@@ -144,6 +164,19 @@ pub struct Planner {
     /// The gate of the last gated plan published (any job's: they share
     /// epoch and period), whose cycle a new joint plan's epoch keeps.
     gate: Option<Gate>,
+    /// The plans in force: the planned peak of each job's published plan.
+    in_force: BTreeMap<u64, u64>,
+    /// The jobs whose gated plans went out together, with their aligned
+    /// peak: while each still runs that plan they hold that much, not the
+    /// sum of their peaks. (One leaving lowers the aligned sum; one given
+    /// a plan without that gate ends it: all then count their peaks.)
+    gated_in_force: Option<(Vec<u64>, u64)>,
+    /// Queued jobs whose plan did not fit: the peak the planner reached for
+    /// them, which admission waits to have room for.
+    reached: BTreeMap<u64, u64>,
+    /// The largest excess of the plans in force over the budget after any
+    /// publication.
+    max_over: u64,
 }
 
 impl Planner {
@@ -183,6 +216,10 @@ impl Planner {
             fresh: Vec::new(),
             slow_joint_plans: None,
             gate: None,
+            in_force: BTreeMap::new(),
+            gated_in_force: None,
+            reached: BTreeMap::new(),
+            max_over: 0,
         }
     }
 
@@ -255,12 +292,15 @@ impl Planner {
                 !self.admit().is_empty()
             }
             Command::Remove(id) => {
+                self.out_of_force(id);
+                self.reached.remove(&id);
                 if self.admitted.contains_key(&id) {
                     self.save_blocking(id);
                     self.admitted.remove(&id);
                     let _ = self.replanner.remove_job(JobId(id));
                     self.metrics.reason("departure");
                     self.admit();
+                    self.note_in_force();
                     true
                 } else {
                     self.queue.retain(|(_, j)| j.id != id);
@@ -301,7 +341,7 @@ impl Planner {
         m: &Measurements,
         base_bytes: u64,
     ) -> (Result<ReportOutcome, Error>, bool) {
-        let version = self.shared.jobs().get(&id).map_or(0, |j| j.version());
+        let version = self.shared.job(id, Job::version).unwrap_or(0);
         let Some(adm) = self.admitted.get_mut(&id) else {
             return (
                 Err(Error::WrongState {
@@ -361,12 +401,18 @@ impl Planner {
             return false;
         }
         adm.lower_bound = adm.working_set.saturating_add(bytes);
+        // What the planner reached for it moves with its base.
+        adm.need = adm
+            .need
+            .saturating_sub(was)
+            .saturating_add(bytes)
+            .max(adm.lower_bound);
         let lower_bound = adm.lower_bound;
-        if let Some(j) = self.shared.jobs().get_mut(&id) {
+        self.shared.job_mut(id, |j| {
             j.base_bytes = bytes;
             j.base_source = BaseSource::Measured;
             j.lower_bound = lower_bound;
-        }
+        });
         info!(
             job = id,
             was,
@@ -375,7 +421,7 @@ impl Planner {
         );
         self.metrics.reason("base");
         self.admit();
-        let held: u64 = self.admitted.values().map(|a| a.lower_bound).sum();
+        let held = self.reserved();
         if held > self.budget {
             warn!(
                 held,
@@ -386,19 +432,60 @@ impl Planner {
         true
     }
 
+    /// What admission holds for the admitted jobs: what the planner
+    /// reaches for each (not only its lower bound), so that a job is
+    /// admitted only when a joint plan can make room for it; the plans in
+    /// force may hold more (planned with room to spare) until the joint
+    /// plan with it lowers them.
+    fn reserved(&self) -> u64 {
+        self.admitted
+            .values()
+            .map(|a| a.need.max(a.lower_bound))
+            .fold(0, u64::saturating_add)
+    }
+
+    /// What the admitted jobs but `except` hold now: the plans in force (a
+    /// gated set by its aligned peak) and, for each job without one, its
+    /// need; each at least its lower bound (a measured base may have raised
+    /// it past its plan's peak). A fast plan gets the rest.
+    fn held(&self, except: Option<u64>) -> u64 {
+        let gated = self.gated_in_force.as_ref();
+        let mut held = gated.map_or(0, |(_, aligned)| *aligned);
+        for (&id, a) in &self.admitted {
+            if Some(id) == except || gated.is_some_and(|(ids, _)| ids.contains(&id)) {
+                continue;
+            }
+            let holds = self.in_force.get(&id).copied().unwrap_or(a.need);
+            held = held.saturating_add(holds.max(a.lower_bound));
+        }
+        held
+    }
+
+    /// What a queued job waits to have room for.
+    fn need(&self, job: &NewJob) -> u64 {
+        self.reached
+            .get(&job.id)
+            .copied()
+            .unwrap_or(0)
+            .max(job.lower_bound)
+    }
+
     /// Admits queued jobs in order (priority, then arrival) while the head
-    /// fits; says why the others wait. Returns the jobs whose state changed.
+    /// fits beside what the admitted jobs hold ([`Planner::held`]); says
+    /// why the others wait. Returns the jobs whose state changed.
     fn admit(&mut self) -> Vec<u64> {
         self.queue
             .sort_by_key(|(seq, j)| (Reverse(j.priority), *seq));
         let mut changed = Vec::new();
-        let mut held: u64 = self.admitted.values().map(|a| a.lower_bound).sum();
+        let mut held = self.reserved();
         while let Some((_, head)) = self.queue.first() {
-            if held.saturating_add(head.lower_bound) > self.budget {
+            let need = self.need(head);
+            if held.saturating_add(need) > self.budget {
                 break;
             }
-            let (_, job) = self.queue.remove(0);
+            let (seq, job) = self.queue.remove(0);
             let id = job.id;
+            self.reached.remove(&id);
             let fresh = Fresh {
                 id,
                 graph: job.graph.clone(),
@@ -408,6 +495,9 @@ impl Planner {
             };
             let admitted = Admitted {
                 lower_bound: job.lower_bound,
+                need,
+                job: job.clone(),
+                seq,
                 working_set: job.lower_bound.saturating_sub(job.base.bytes()),
                 base: job.base.clone(),
                 fingerprint: job.fingerprint.clone(),
@@ -423,7 +513,7 @@ impl Planner {
             };
             match joined {
                 Ok(()) => {
-                    held += fresh.lower_bound;
+                    held = held.saturating_add(need);
                     self.admitted.insert(id, admitted);
                     self.fresh.push(fresh);
                     if self.set_state(id, JobState::Planning) {
@@ -437,22 +527,33 @@ impl Planner {
             }
         }
         let free = self.budget.saturating_sub(held);
-        let queue: Vec<(u64, u64)> = self
+        let queue: Vec<(u64, u64, Option<u64>)> = self
             .queue
             .iter()
-            .map(|(_, j)| (j.id, j.lower_bound))
+            .map(|(_, j)| (j.id, j.lower_bound, self.reached.get(&j.id).copied()))
             .collect();
-        for (ahead, (id, lb)) in queue.into_iter().enumerate() {
+        for (ahead, (id, lb, reached)) in queue.into_iter().enumerate() {
             // In MB (10^6 bytes), the unit of --budget-mb and of
             // `tensilectl status`.
             let mb = tensile_cli::format_mb;
+            let need = reached.unwrap_or(0).max(lb);
+            let what = match reached {
+                Some(r) if r > lb => format!(
+                    "needs {} (the peak the planner reached for it; its largest working set plus base is {})",
+                    mb(r),
+                    mb(lb)
+                ),
+                _ => format!(
+                    "needs at least {} (its largest working set plus base)",
+                    mb(lb)
+                ),
+            };
             let mut reason = format!(
-                "needs at least {} (its largest working set plus base); {} of the {} budget are free beside {} admitted jobs: {} short",
-                mb(lb),
+                "{what}; {} of the {} budget are free beside {} admitted jobs: {} short",
                 mb(free),
                 mb(self.budget),
                 self.admitted.len(),
-                mb(lb.saturating_sub(free))
+                mb(need.saturating_sub(free))
             );
             if ahead > 0 {
                 reason += &format!("; {ahead} queued ahead of it");
@@ -467,33 +568,33 @@ impl Planner {
 
     /// Sets a job's state; true when its kind changed.
     fn set_state(&self, id: u64, state: JobState) -> bool {
-        let jobs = self.shared.jobs();
-        let Some(job) = jobs.get(&id) else {
-            return false;
-        };
-        let mut kind_changed = false;
-        job.updates.send_if_modified(|u| {
-            if u.state == state {
-                return false;
-            }
-            kind_changed = std::mem::discriminant(&u.state) != std::mem::discriminant(&state);
-            u.state = state;
-            true
-        });
-        kind_changed
+        self.shared
+            .job(id, |job| {
+                let mut kind_changed = false;
+                job.updates.send_if_modified(|u| {
+                    if u.state == state {
+                        return false;
+                    }
+                    kind_changed =
+                        std::mem::discriminant(&u.state) != std::mem::discriminant(&state);
+                    u.state = state;
+                    true
+                });
+                kind_changed
+            })
+            .unwrap_or(false)
     }
 
     fn count_states(&self) {
-        let jobs = self.shared.jobs();
         let mut counts: BTreeMap<&str, i64> =
             [("queued", 0), ("planning", 0), ("active", 0)].into();
-        for j in jobs.values() {
-            let k = match j.state() {
-                JobState::Queued(_) => "queued",
-                JobState::Planning => "planning",
-                JobState::Active => "active",
-                JobState::Done(_) => continue,
-            };
+        let states = self.shared.each(|_, j| match j.state() {
+            JobState::Queued(_) => Some("queued"),
+            JobState::Planning => Some("planning"),
+            JobState::Active => Some("active"),
+            JobState::Done(_) => None,
+        });
+        for k in states {
             *counts.entry(k).or_default() += 1;
         }
         for (state, n) in counts {
@@ -590,43 +691,100 @@ impl Planner {
                 "planning stopped at its time cap; the plans hold the moves made until then"
             );
         }
-        // The peaks of the jobs this plan does not cover but that run a
-        // (fast) plan: this plan goes out only if it fits beside them.
-        let beside: u64 = {
-            let jobs = self.shared.jobs();
-            self.admitted
+        // Published plans never add up past the budget: a gated plan goes
+        // out whole if it fits beside the plans in force of the jobs it
+        // does not cover (fast plans made meanwhile), else not at all; of
+        // a plan without gates, the plans that lower their job's peak go
+        // out, then those that still fit ([`Planner::what_fits`]). When
+        // jobs ran fast plans beside it, the next joint plan, of every job,
+        // follows at once; when it covered every job and does not fit by
+        // itself (capped, or nothing more to swap), the jobs keep the plans
+        // in force, and those that have none wait in the queue for the
+        // peak the planner reached for them.
+        let covers_all = self.admitted.keys().all(|id| f.ids.contains(id));
+        let gated = mp.cycle_ns > 0;
+        let order: Vec<usize> = if gated {
+            let beside: u64 = self
+                .admitted
                 .keys()
                 .filter(|id| !f.ids.contains(id))
-                .filter_map(|id| jobs.get(id)?.prediction())
-                .map(|p| p.planned_peak_bytes)
-                .sum()
-        };
-        let gated = mp.cycle_ns > 0;
-        let keep = if gated
-            && beside > 0
-            && mp.aligned_peak_bytes.saturating_add(beside) > self.budget
-        {
-            // Gated plans interleave only together: all or none go out.
-            debug!(
-                jobs = f.ids.len(),
-                aligned = mp.aligned_peak_bytes,
-                beside,
-                "a gated joint plan does not fit beside the fast plans made meanwhile; re-planning"
-            );
-            due = true;
-            vec![false; f.ids.len()]
-        } else if !gated && beside > 0 && mp.sum_of_peaks_bytes.saturating_add(beside) > self.budget
-        {
-            debug!(
-                jobs = f.ids.len(),
-                sum_of_peaks = mp.sum_of_peaks_bytes,
-                beside,
-                "a joint plan does not fit beside the fast plans made meanwhile; publishing what fits, re-planning"
-            );
-            due = true;
-            self.what_fits(&f.ids, &mp)
+                .map(|id| self.in_force.get(id).copied().unwrap_or(0))
+                .sum();
+            if mp.aligned_peak_bytes.saturating_add(beside) > self.budget {
+                debug!(
+                    jobs = f.ids.len(),
+                    aligned = mp.aligned_peak_bytes,
+                    beside,
+                    budget = self.budget,
+                    "a gated joint plan does not fit beside the plans in force; none of it goes out"
+                );
+                Vec::new()
+            } else {
+                (0..f.ids.len()).collect()
+            }
         } else {
-            vec![true; f.ids.len()]
+            self.what_fits(&f.ids, &mp)
+        };
+        if order.len() < f.ids.len() {
+            self.metrics
+                .plans_withheld
+                .inc_by((f.ids.len() - order.len()) as u64);
+            if covers_all {
+                warn!(
+                    jobs = f.ids.len(),
+                    withheld = f.ids.len() - order.len(),
+                    sum_of_peaks = mp.sum_of_peaks_bytes,
+                    aligned = mp.aligned_peak_bytes,
+                    budget = self.budget,
+                    capped = mp.profile.capped,
+                    "a joint plan of every job does not fit the budget; the plans that would go past it are withheld"
+                );
+            } else {
+                debug!(
+                    jobs = f.ids.len(),
+                    withheld = f.ids.len() - order.len(),
+                    "a joint plan does not fit beside the fast plans made meanwhile; publishing what fits, re-planning"
+                );
+                due = true;
+            }
+        }
+        // What admission holds for each job: a joint plan over the budget
+        // says how low the planner got each job (its share of the aligned
+        // peak for gated plans), which admission holds from now on; one
+        // under the budget says each can be planned at its peak at least.
+        let over = if gated {
+            mp.aligned_peak_bytes > self.budget
+        } else {
+            mp.sum_of_peaks_bytes > self.budget
+        };
+        let share = if gated && mp.sum_of_peaks_bytes > 0 {
+            (mp.aligned_peak_bytes as f64 / mp.sum_of_peaks_bytes as f64).min(1.0)
+        } else {
+            1.0
+        };
+        for (id, p) in f.ids.iter().zip(&mp.plans) {
+            if let Some(a) = self.admitted.get_mut(id) {
+                let reached = (p.prediction.planned_peak_bytes as f64 * share) as u64;
+                let need = if over { reached } else { a.need.min(reached) };
+                a.need = need.max(a.lower_bound);
+            }
+        }
+        // Jobs of this plan left with no plan in force, when no joint plan
+        // follows: back to the queue, needing what the planner reached.
+        let requeue: Vec<(u64, u64)> = if covers_all {
+            f.ids
+                .iter()
+                .zip(&mp.plans)
+                .enumerate()
+                .filter(|(k, (id, _))| {
+                    !order.contains(k)
+                        && !self.in_force.contains_key(id)
+                        && self.admitted.contains_key(id)
+                })
+                .map(|(_, (&id, p))| (id, p.prediction.planned_peak_bytes))
+                .collect()
+        } else {
+            Vec::new()
         };
         debug!(
             jobs = f.ids.len(),
@@ -646,43 +804,14 @@ impl Planner {
                 }
             }
         }
-        self.publish(&f.ids, mp, &keep);
-        due
-    }
-
-    /// Which plans of a joint plan can go out beside the plans published
-    /// meanwhile without raising the published peaks past the budget: every
-    /// plan that lowers its job's peak, then, smallest rise first, those
-    /// that still fit.
-    fn what_fits(&self, ids: &[u64], mp: &MultiPlan) -> Vec<bool> {
-        let jobs = self.shared.jobs();
-        let now = |id: &u64| {
-            jobs.get(id)
-                .and_then(Job::prediction)
-                .map_or(0, |p| p.planned_peak_bytes)
-        };
-        let mut total: u64 = self.admitted.keys().map(now).sum();
-        let mut rises: Vec<(i128, usize)> = ids
-            .iter()
-            .zip(&mp.plans)
-            .enumerate()
-            .map(|(k, (id, p))| {
-                (
-                    i128::from(p.prediction.planned_peak_bytes) - i128::from(now(id)),
-                    k,
-                )
-            })
-            .collect();
-        rises.sort();
-        let mut keep = vec![false; ids.len()];
-        for (rise, k) in rises {
-            let next = (i128::from(total) + rise).max(0) as u64;
-            if rise <= 0 || next <= self.budget {
-                keep[k] = true;
-                total = next;
-            }
+        self.publish(&f.ids, mp, &order);
+        for (id, reached) in requeue {
+            self.requeue(id, reached);
         }
-        keep
+        // What the admitted jobs need may have fallen: queued jobs may fit
+        // (and need a joint plan).
+        due |= !self.admit().is_empty();
+        due
     }
 
     /// Fast first plans for the jobs admitted since the last call: each
@@ -700,18 +829,7 @@ impl Planner {
             if !self.admitted.contains_key(&job.id) {
                 continue;
             }
-            let held: u64 = {
-                let jobs = self.shared.jobs();
-                self.admitted
-                    .iter()
-                    .filter(|(id, _)| **id != job.id)
-                    .map(|(id, a)| {
-                        jobs.get(id)
-                            .and_then(Job::prediction)
-                            .map_or(a.lower_bound, |p| p.planned_peak_bytes)
-                    })
-                    .sum()
-            };
+            let held = self.held(Some(job.id));
             let room = self.budget.saturating_sub(held);
             if room < job.lower_bound {
                 continue;
@@ -761,95 +879,12 @@ impl Planner {
                 tensor: None,
                 message: "a fast first plan, made for this job alone in the memory the others leave; the joint plan follows".into(),
             });
-            self.publish_one(job.id, mp.plans.remove(0), mp.diagnostics);
+            self.publish_one(job.id, mp.plans.remove(0), mp.diagnostics, false);
+            self.note_in_force();
             self.count_states();
             // Status shows what runs: the others' plans and this one.
             self.show_sum_of_peaks(held.saturating_add(mp.sum_of_peaks_bytes));
         }
-    }
-
-    /// The sum of the planned peaks of what runs now, for status and the
-    /// metrics.
-    fn show_sum_of_peaks(&self, sum: u64) {
-        self.shared.memory().sum_of_peaks_bytes = sum;
-        self.metrics
-            .sum_of_peaks_bytes
-            .set(i64::try_from(sum).unwrap_or(i64::MAX));
-    }
-
-    fn publish_one(&self, id: u64, mut plan: Plan, diagnostics: Vec<Diagnostic>) {
-        let jobs = self.shared.jobs();
-        if let Some(job) = jobs.get(&id) {
-            plan.version = job.version() + 1;
-            job.updates.send_replace(Update {
-                state: JobState::Active,
-                plan: Some(Arc::new(plan)),
-                diagnostics: Arc::new(diagnostics),
-            });
-            self.metrics.plans_published.inc();
-        }
-    }
-
-    fn publish(&mut self, ids: &[u64], mut mp: MultiPlan, keep: &[bool]) {
-        if keep.iter().all(|k| !k) {
-            return;
-        }
-        // One epoch for the joint plan's gates, on the host's monotonic
-        // clock that the workers share: on the cycle of the gates in use,
-        // or where the job whose measurements asked for the plans stands.
-        if mp.cycle_ns > 0 {
-            mp.set_epoch(self.gate, tensile_proto::clock::monotonic_ns());
-            if let Some(g) = mp.plans.iter().find_map(|p| p.gate) {
-                self.gate = Some(g);
-            }
-        } else {
-            self.gate = None;
-        }
-        let global = |d: &Diagnostic| {
-            matches!(
-                d.kind,
-                DiagnosticKind::OverBudget | DiagnosticKind::PlanningCapped
-            )
-        };
-        for (k, (&id, plan)) in ids.iter().zip(mp.plans).enumerate() {
-            if !keep[k] {
-                continue;
-            }
-            let diags: Vec<Diagnostic> = mp
-                .diagnostics
-                .iter()
-                .filter(|d| d.job == k || global(d))
-                .cloned()
-                .collect();
-            self.publish_one(id, plan, diags);
-            if let (Some(a), Some(est)) = (
-                self.admitted.get_mut(&id),
-                self.replanner.estimates(JobId(id)),
-            ) {
-                a.at_plan = est.iter().map(|&x| x as f64).sum();
-            }
-        }
-        // What runs now: this plan's jobs and any fast plans beside them.
-        let sum_of_peaks: u64 = {
-            let jobs = self.shared.jobs();
-            self.admitted
-                .keys()
-                .filter_map(|id| jobs.get(id)?.prediction())
-                .map(|p| p.planned_peak_bytes)
-                .sum()
-        };
-        let mut mem = self.shared.memory();
-        mem.aligned_peak_bytes = mp.aligned_peak_bytes;
-        mem.vanilla_sum_of_peaks_bytes = mp.vanilla_sum_of_peaks_bytes;
-        mem.diagnostics = mp
-            .diagnostics
-            .iter()
-            .map(|d| (ids.get(d.job).copied().unwrap_or(0), d.clone()))
-            .collect();
-        drop(mem);
-        self.show_sum_of_peaks(sum_of_peaks);
-        self.count_states();
-        info!(jobs = ids.len(), sum_of_peaks, "plans published");
     }
 
     /// Writes the learned latencies of `ids` to the store (blocking
@@ -900,6 +935,9 @@ impl Planner {
         }
     }
 }
+
+#[path = "planning_publish.rs"]
+mod publish;
 
 #[cfg(test)]
 #[path = "planning_tests.rs"]

@@ -2,7 +2,9 @@
 //! registered while one runs gets a fast first plan at once; the published
 //! plans never add up past the budget; every job's versions increase; a
 //! report sent meanwhile waits for the plan and reaches the re-planner it
-//! hands back.
+//! hands back. And the job table under them: the reaper's removal checks
+//! the lease again, and entries updated from many threads while the table
+//! is walked lose nothing.
 
 #![allow(clippy::unwrap_used)]
 
@@ -55,7 +57,7 @@ async fn register_with_base(
         plan: None,
         diagnostics: Arc::default(),
     });
-    shared.jobs().insert(
+    shared.insert(
         id,
         Job {
             name: format!("job{id}"),
@@ -97,14 +99,16 @@ async fn register_with_base(
 
 /// (version, predicted peak) of each job's newest plan.
 fn plans(shared: &Shared, ids: &[u64]) -> Vec<(u64, u64)> {
-    let jobs = shared.jobs();
     ids.iter()
-        .map(|id| {
-            let j = &jobs[id];
-            (
-                j.version(),
-                j.prediction().map_or(0, |p| p.planned_peak_bytes),
-            )
+        .map(|&id| {
+            shared
+                .job(id, |j| {
+                    (
+                        j.version(),
+                        j.prediction().map_or(0, |p| p.planned_peak_bytes),
+                    )
+                })
+                .unwrap()
         })
         .collect()
 }
@@ -121,6 +125,21 @@ fn slow_planning(
     CancellationToken,
     tokio::task::JoinHandle<()>,
 ) {
+    slow_planning_with(shared, config, store, slow, Arc::new(Metrics::new()))
+}
+
+/// [`slow_planning`] with its metrics in `metrics`.
+fn slow_planning_with(
+    shared: &Arc<Shared>,
+    config: PlannerConfig,
+    store: Option<Arc<crate::store::Store>>,
+    slow: Duration,
+    metrics: Arc<Metrics>,
+) -> (
+    mpsc::Sender<Command>,
+    CancellationToken,
+    tokio::task::JoinHandle<()>,
+) {
     let mut planner = Planner::new(
         shared.clone(),
         config,
@@ -129,7 +148,7 @@ fn slow_planning(
         Duration::from_secs(30),
         store,
         "test".into(),
-        Arc::new(Metrics::new()),
+        metrics,
     );
     planner.slow_joint_plans = Some(slow);
     let (tx, rx) = mpsc::channel(64);
@@ -199,7 +218,7 @@ async fn a_job_registered_during_a_slow_joint_plan_gets_a_fast_first_plan() {
         first < slow / 2,
         "job 2's first plan took {first:?}, behind a joint plan of {slow:?}"
     );
-    assert_eq!(shared.jobs()[&2].state(), JobState::Active);
+    assert_eq!(shared.job(2, Job::state).unwrap(), JobState::Active);
     cancel.cancel();
     task.await.unwrap();
 }
@@ -244,6 +263,18 @@ async fn a_joint_plan_that_does_not_fit_beside_a_fast_plan_goes_out_in_part() {
             id,
             Admitted {
                 lower_bound: 10,
+                need: 10,
+                job: NewJob {
+                    id,
+                    graph: g.clone(),
+                    latencies: vec![5_000_000; g.ops().len()],
+                    settings: JobSettings::default(),
+                    priority: 0,
+                    lower_bound: 10,
+                    base: Base::new(0, BaseSource::Profile),
+                    fingerprint: String::new(),
+                },
+                seq: id,
                 working_set: 10,
                 base: Base::new(0, BaseSource::Profile),
                 fingerprint: String::new(),
@@ -255,23 +286,23 @@ async fn a_joint_plan_that_does_not_fit_beside_a_fast_plan_goes_out_in_part() {
     // Job 1 runs a joint plan at 40, job 2 a fast plan at 30; job 3 has
     // none. A joint plan made without job 2 lowers job 1 to 35 and gives
     // job 3 40: 35 + 30 + 40 is past the budget, so only job 1's goes out.
-    planner.publish_one(1, with_peak(0, 40), Vec::new());
-    planner.publish_one(2, with_peak(0, 30), Vec::new());
+    planner.publish_one(1, with_peak(0, 40), Vec::new(), false);
+    planner.publish_one(2, with_peak(0, 30), Vec::new(), false);
     let mp = MultiPlan {
         plans: vec![with_peak(0, 35), with_peak(0, 40)],
         sum_of_peaks_bytes: 75,
         ..MultiPlan::default()
     };
-    assert_eq!(planner.what_fits(&[1, 3], &mp), vec![true, false]);
+    assert_eq!(planner.what_fits(&[1, 3], &mp), vec![0]);
     // With job 3 at 30 both fit (35 + 30 + 30 = 95).
     let mp = MultiPlan {
         plans: vec![with_peak(0, 35), with_peak(0, 30)],
         sum_of_peaks_bytes: 65,
         ..MultiPlan::default()
     };
-    let keep = planner.what_fits(&[1, 3], &mp);
-    assert_eq!(keep, vec![true, true]);
-    planner.publish(&[1, 3], mp, &keep);
+    let order = planner.what_fits(&[1, 3], &mp);
+    assert_eq!(order, vec![0, 1]);
+    planner.publish(&[1, 3], mp, &order);
     let peaks = plans(&shared, &[1, 2, 3]);
     assert_eq!(peaks, vec![(2, 35), (1, 30), (1, 30)]);
     // Status counts what runs: job 2's fast plan too.
@@ -280,9 +311,12 @@ async fn a_joint_plan_that_does_not_fit_beside_a_fast_plan_goes_out_in_part() {
 
 /// The gate of job `id`'s newest plan.
 fn gate_of(shared: &Shared, id: u64) -> Gate {
-    let jobs = shared.jobs();
-    let update = jobs[&id].updates.borrow();
-    update.plan.as_ref().and_then(|p| p.gate).unwrap()
+    shared
+        .job(id, |j| {
+            j.updates.borrow().plan.as_ref().and_then(|p| p.gate)
+        })
+        .flatten()
+        .unwrap()
 }
 
 #[tokio::test]
@@ -314,12 +348,12 @@ async fn gates_keep_the_cycle_in_use_unless_a_job_anchors_the_new_one() {
         ..MultiPlan::default()
     };
     let period = 200_000_000;
-    planner.publish(&[1, 2], gated(period, [0, period / 2], None), &[true; 2]);
+    planner.publish(&[1, 2], gated(period, [0, period / 2], None), &[0, 1]);
     let first = gate_of(&shared, 1);
     assert_eq!(gate_of(&shared, 2).epoch_ns, first.epoch_ns);
     // Without an anchor, new gates keep the cycle in use: their epoch is
     // a whole number of old periods from the first.
-    planner.publish(&[1, 2], gated(period, [0, period / 2], None), &[true; 2]);
+    planner.publish(&[1, 2], gated(period, [0, period / 2], None), &[0, 1]);
     let kept = gate_of(&shared, 1).epoch_ns;
     assert_eq!(kept.abs_diff(first.epoch_ns) % period, 0);
     // Stretched gates anchored on job 2: its next slot is when they went
@@ -329,7 +363,7 @@ async fn gates_keep_the_cycle_in_use_unless_a_job_anchors_the_new_one() {
     planner.publish(
         &[1, 2],
         gated(stretched, [0, stretched / 2], Some(1)),
-        &[true; 2],
+        &[0, 1],
     );
     let after = tensile_proto::clock::monotonic_ns();
     let (a, b) = (gate_of(&shared, 1), gate_of(&shared, 2));
@@ -433,9 +467,9 @@ async fn plan_after(shared: &Shared, id: u64, version: u64) -> (u64, u64) {
 
 /// Job `id`'s (base, where it came from, lower bound) as status shows it.
 fn base_of(shared: &Shared, id: u64) -> (u64, &'static str, u64) {
-    let jobs = shared.jobs();
-    let j = &jobs[&id];
-    (j.base_bytes, j.base_source.name(), j.lower_bound)
+    shared
+        .job(id, |j| (j.base_bytes, j.base_source.name(), j.lower_bound))
+        .unwrap()
 }
 
 const MB: u64 = 1_000_000;
@@ -500,14 +534,14 @@ async fn admission_counts_a_measured_base_and_a_process_base_shared_by_its_jobs_
     }
     register_with_base(&shared, &tx, 3, &g, 100 * MB).await;
     plan_after(&shared, 3, 0).await;
-    assert_eq!(shared.jobs()[&3].state(), JobState::Active);
+    assert_eq!(shared.job(3, Job::state).unwrap(), JobState::Active);
     // Job 1's share rises past what is left: job 4 (a base of 100 MB
     // too) now waits, and says how much it is short.
     report_base(&tx, 1, ops, 800 * MB).await;
     register_with_base(&shared, &tx, 4, &g, 0).await;
     let deadline = Instant::now() + Duration::from_secs(30);
     let reason = loop {
-        match shared.jobs()[&4].state() {
+        match shared.job(4, Job::state).unwrap() {
             JobState::Queued(why) if why != "waiting for admission" => break why,
             JobState::Queued(_) if Instant::now() < deadline => {}
             other => panic!("job 4 is {other:?}"),
@@ -519,7 +553,7 @@ async fn admission_counts_a_measured_base_and_a_process_base_shared_by_its_jobs_
     // the largest of them, and job 4 in.
     for base in [150 * MB, 140 * MB, 145 * MB] {
         assert_eq!(
-            shared.jobs()[&4].state().clone(),
+            shared.job(4, Job::state).unwrap(),
             JobState::Queued(reason.clone())
         );
         report_base(&tx, 1, ops, base).await;
@@ -528,4 +562,156 @@ async fn admission_counts_a_measured_base_and_a_process_base_shared_by_its_jobs_
     plan_after(&shared, 4, 0).await;
     cancel.cancel();
     task.await.unwrap();
+}
+
+/// A report of job `id`'s ops at `scale` times 5 ms (alternate scales
+/// drift past the threshold: each asks for a re-plan); a queued job's is
+/// refused.
+async fn report_scaled(tx: &mpsc::Sender<Command>, id: u64, ops: usize, scale: u64) {
+    let (reply, answer) = tokio::sync::oneshot::channel();
+    tx.send(Command::Report {
+        id,
+        measured: tensile_planner::Measurements {
+            op_ns: vec![5_000_000 * scale; ops],
+            iteration_ns: 5_000_000 * scale * ops as u64,
+            ..tensile_planner::Measurements::default()
+        },
+        base_bytes: 0,
+        reply,
+    })
+    .await
+    .unwrap();
+    let _ = answer.await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn published_plans_never_add_up_past_the_budget_while_jobs_come_and_go() {
+    let g = mlp();
+    let ops = g.ops().len();
+    let lb = Liveness::analyze(&g).largest_working_set(&g);
+    // Room for three and a half lower bounds; plans that may add no time
+    // (max_overhead 0) cannot always get three jobs under it, so joint
+    // plans over the budget by themselves come up.
+    let budget = lb * 7 / 2;
+    let shared = Arc::new(Shared::new(budget));
+    let mut config = PlannerConfig::new(CopyModel::duplex(1e10, 1e10, 1_000));
+    config.budget_bytes = Some(budget);
+    config.max_overhead = 0.0;
+    let metrics = Arc::new(Metrics::new());
+    // Every joint plan takes 30 ms: jobs arrive while one runs (fast
+    // plans, jobs joining late).
+    let (tx, cancel, task) = slow_planning_with(
+        &shared,
+        config,
+        None,
+        Duration::from_millis(30),
+        metrics.clone(),
+    );
+    let mut live: Vec<u64> = Vec::new();
+    for id in 1..=12u64 {
+        register(&shared, &tx, id, &g).await;
+        live.push(id);
+        // Job 1 is paused: it never reports. The others drift.
+        for &j in live.iter().filter(|&&j| j != 1) {
+            report_scaled(&tx, j, ops, 1 + (id + j) % 2).await;
+        }
+        // Every third arrival, the oldest running job but job 1 leaves.
+        if id % 3 == 0 {
+            let gone = live.remove(1);
+            shared.remove(gone, "unregistered");
+            tx.send(Command::Remove(gone)).await.unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Let the last joint plans land.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(metrics.max_published_over_budget_bytes.get(), 0);
+    assert!(
+        metrics.plans_withheld.get() > 0,
+        "no joint plan was over the budget: the case is not exercised"
+    );
+    // The ledger is what the jobs run: the active jobs' plans in the table.
+    let in_table: u64 = shared
+        .each(|_, j| {
+            (j.state() == JobState::Active)
+                .then(|| j.prediction().map_or(0, |p| p.planned_peak_bytes))
+        })
+        .iter()
+        .sum();
+    assert!(in_table <= budget, "{in_table} > {budget}");
+    assert_eq!(metrics.published_bytes.get() as u64, in_table);
+    cancel.cancel();
+    task.await.unwrap();
+}
+
+#[tokio::test]
+async fn the_reaper_keeps_a_job_whose_lease_was_renewed_after_its_scan() {
+    let g = mlp();
+    let shared = Shared::new(u64::MAX);
+    let (tx, _rx) = mpsc::channel(8);
+    register(&shared, &tx, 1, &g).await;
+    register(&shared, &tx, 2, &g).await;
+    // Both leases (60 s) lapse by then; job 2 renews between the scan and
+    // the removal.
+    let now = tokio::time::Instant::now() + Duration::from_secs(120);
+    let mut lapsed = shared.lapsed(now);
+    lapsed.sort();
+    assert_eq!(lapsed, vec![1, 2]);
+    shared.job_mut(2, |j| j.lease_until = now + Duration::from_secs(60));
+    let removed: Vec<u64> = lapsed
+        .into_iter()
+        .filter(|&id| {
+            shared
+                .remove_if(id, |j| j.lease_until <= now, "its lease lapsed")
+                .is_some()
+        })
+        .collect();
+    assert_eq!(removed, vec![1]);
+    assert!(!shared.contains(1) && shared.contains(2));
+}
+
+#[test]
+fn jobs_updated_from_many_threads_while_the_table_is_walked_lose_nothing() {
+    let g = mlp();
+    let shared = Arc::new(Shared::new(u64::MAX));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (tx, _rx) = mpsc::channel(64);
+    for id in 1..=16 {
+        rt.block_on(register(&shared, &tx, id, &g));
+    }
+    let walker = {
+        let shared = shared.clone();
+        std::thread::spawn(move || {
+            for _ in 0..200 {
+                assert_eq!(shared.each(|id, _| Some(id)).len(), 16);
+            }
+        })
+    };
+    let workers: Vec<_> = (1..=16u64)
+        .map(|id| {
+            let shared = shared.clone();
+            std::thread::spawn(move || {
+                for _ in 0..500 {
+                    // Its own entry, and a neighbour's: shards are shared.
+                    shared.job_mut(id, |j| j.iterations += 1).unwrap();
+                    shared
+                        .job_mut(id % 16 + 1, |j| j.reported_peak += 1)
+                        .unwrap();
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+    walker.join().unwrap();
+    for id in 1..=16 {
+        assert_eq!(
+            shared.job(id, |j| (j.iterations, j.reported_peak)),
+            Some((500, 500))
+        );
+    }
 }

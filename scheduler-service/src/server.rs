@@ -341,7 +341,10 @@ async fn start_domain(
         )
     });
     let metrics = Arc::new(domain.metrics);
-    let shared = Arc::new(Shared::sharing_ids(config.budget_bytes, common.ids));
+    let shared = Arc::new(
+        Shared::sharing_ids(config.budget_bytes, common.ids)
+            .timing_waits(metrics.table_wait_seconds.clone()),
+    );
     let cancel = running.cancel.clone();
     let (tx, rx) = mpsc::channel(4096);
     let mut pc = tensile_plan_job::planner_config(&config.device, Some(config.budget_bytes), false);
@@ -461,19 +464,9 @@ async fn reap_leases(
             () = cancel.cancelled() => return,
         }
         let now = Instant::now();
-        let lapsed: Vec<u64> = shared
-            .jobs()
-            .iter()
-            // An open plan stream does not hold the lease: a hung worker
-            // keeps its connection (its kernel answers TCP, and a runtime
-            // thread may still answer HTTP/2 pings) but sends no
-            // heartbeats or reports (the lease is what
-            // sees a hung worker).
-            .filter(|(_, j)| j.lease_until <= now)
-            .map(|(&id, _)| id)
-            .collect();
+        let lapsed = shared.lapsed(now);
         for id in lapsed {
-            if let Some(job) = shared.remove(id, "its lease lapsed") {
+            if let Some(job) = shared.remove_if(id, |j| j.lease_until <= now, "its lease lapsed") {
                 job.span.in_scope(|| warn!("lease lapsed; job removed"));
                 metrics.leases_lapsed.inc();
                 if tx.send(Command::Remove(id)).await.is_err() {

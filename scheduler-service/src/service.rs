@@ -207,10 +207,10 @@ struct SubscriberGuard {
 
 impl Drop for SubscriberGuard {
     fn drop(&mut self) {
-        if let Some(j) = self.shared.jobs().get_mut(&self.job) {
+        self.shared.job_mut(self.job, |j| {
             j.subscribers = j.subscribers.saturating_sub(1);
             j.lease_until = Instant::now() + self.lease;
-        }
+        });
     }
 }
 
@@ -316,7 +316,7 @@ impl pb::memory_scheduler_server::MemoryScheduler for Service {
             diagnostics: Arc::default(),
         });
         let mut states = updates.subscribe();
-        inner.shared.jobs().insert(
+        inner.shared.insert(
             id,
             Job {
                 name: req.name.clone(),
@@ -410,51 +410,58 @@ impl pb::memory_scheduler_server::MemoryScheduler for Service {
         let lease_until = self.lease_until();
         let m = &self.inner.metrics;
         let device_bytes = self.inner.config.device.memory_bytes;
-        let measured = self.inner.shared.with_job(req.job_id, &req.token, |job| {
-            let op_ns = bounds::latencies_ns(&job.graph, &req.op_latency_s, "op_latency_s")?;
-            bounds::stall_s(req.stall_s)?;
-            bounds::measured_base(req.base_bytes, device_bytes)?;
-            let tensors = job.graph.tensors().len();
-            if let Some(&t) = req.late_prefetches.iter().find(|&&t| t as usize >= tensors) {
-                return Err(Error::InvalidArgument(format!(
-                    "late_prefetches names tensor {t}; the graph has {tensors} tensors"
-                )));
-            }
-            // The contract reports one stall for the iteration: each late
-            // prefetch is charged an equal share of it.
-            let n = req.late_prefetches.len().max(1) as f64;
-            let wait = (req.stall_s / n * 1e9).round() as u64;
-            let late_prefetches = req
-                .late_prefetches
-                .iter()
-                .map(|&t| (job.graph.storage_root(TensorId(t)), wait))
-                .collect();
-            job.lease_until = lease_until;
-            job.iterations += 1;
-            job.reported_peak = req.peak_bytes;
-            if req.base_bytes > 0 {
-                job.reported_base = req.base_bytes;
-            }
-            job.latency_source = SOURCE_MEASURED;
-            let switched = job
-                .reported_version
-                .replace(req.plan_version)
-                .is_some_and(|v| v != req.plan_version);
-            // The contract has no iteration time: its ops and its stall
-            // are it, less what it waited for its pace (only an early job
-            // waits for it, and only a late one matters here).
-            let iteration_ns = op_ns
-                .iter()
-                .sum::<u64>()
-                .saturating_add((req.stall_s * 1e9) as u64);
-            Ok(Measurements {
-                op_ns,
-                late_prefetches,
-                switched,
-                iteration_ns,
-                ..Measurements::default()
+        let shared = &self.inner.shared;
+        // The token is checked with the entry locked; the report is checked
+        // against the graph with nothing locked (it is O(ops)); then the
+        // entry is locked again for the counters.
+        let graph = shared.with_job(req.job_id, &req.token, |job| Ok(job.graph.clone()))?;
+        let op_ns = bounds::latencies_ns(&graph, &req.op_latency_s, "op_latency_s")?;
+        bounds::stall_s(req.stall_s)?;
+        bounds::measured_base(req.base_bytes, device_bytes)?;
+        let tensors = graph.tensors().len();
+        if let Some(&t) = req.late_prefetches.iter().find(|&&t| t as usize >= tensors) {
+            return Err(Error::InvalidArgument(format!(
+                "late_prefetches names tensor {t}; the graph has {tensors} tensors"
+            ))
+            .into());
+        }
+        // The contract reports one stall for the iteration: each late
+        // prefetch is charged an equal share of it.
+        let n = req.late_prefetches.len().max(1) as f64;
+        let wait = (req.stall_s / n * 1e9).round() as u64;
+        let late_prefetches = req
+            .late_prefetches
+            .iter()
+            .map(|&t| (graph.storage_root(TensorId(t)), wait))
+            .collect();
+        // The contract has no iteration time: its ops and its stall are
+        // it, less what it waited for its pace (only an early job waits for
+        // it, and only a late one matters here).
+        let iteration_ns = op_ns
+            .iter()
+            .sum::<u64>()
+            .saturating_add((req.stall_s * 1e9) as u64);
+        let switched = shared
+            .job_mut(req.job_id, |job| {
+                job.lease_until = lease_until;
+                job.iterations += 1;
+                job.reported_peak = req.peak_bytes;
+                if req.base_bytes > 0 {
+                    job.reported_base = req.base_bytes;
+                }
+                job.latency_source = SOURCE_MEASURED;
+                job.reported_version
+                    .replace(req.plan_version)
+                    .is_some_and(|v| v != req.plan_version)
             })
-        })?;
+            .ok_or(Error::UnknownJob(req.job_id))?;
+        let measured = Measurements {
+            op_ns,
+            late_prefetches,
+            switched,
+            iteration_ns,
+            ..Measurements::default()
+        };
         m.reports.inc();
         m.stall_seconds.inc_by(req.stall_s);
         m.passive_swaps.inc_by(u64::from(req.passive_swaps));
@@ -511,16 +518,14 @@ impl pb::memory_scheduler_server::MemoryScheduler for Service {
     ) -> Result<Response<pb::GetStatusResponse>, Status> {
         let want = request.into_inner().job_id;
         let shared = &self.inner.shared;
-        let mut jobs: Vec<pb::JobStatus> = {
-            let table = shared.jobs();
-            if want != 0 && !table.contains_key(&want) {
-                return Err(Error::UnknownJob(want).into());
-            }
-            table
-                .iter()
-                .filter(|(id, _)| want == 0 || **id == want)
-                .map(|(&id, j)| job_status(id, j))
-                .collect()
+        let mut jobs: Vec<pb::JobStatus> = if want == 0 {
+            shared.each(|id, j| Some(job_status(id, j)))
+        } else {
+            vec![
+                shared
+                    .job(want, |j| job_status(want, j))
+                    .ok_or(Error::UnknownJob(want))?,
+            ]
         };
         jobs.sort_by_key(|j| j.job_id);
         let mem = shared.memory().clone();
@@ -584,12 +589,12 @@ impl pb::memory_scheduler_server::MemoryScheduler for Service {
                 tracing::warn!("the budget is set, but gpus.json still says the old one: {e}");
             }
         }
-        let table = self.inner.shared.jobs();
+        let shared = &self.inner.shared;
         Ok(Response::new(pb::SetMemoryBudgetResponse {
             budget_bytes: req.budget_bytes,
             changed: changed
                 .iter()
-                .filter_map(|id| table.get(id).map(|j| job_status(*id, j)))
+                .filter_map(|&id| shared.job(id, |j| job_status(id, j)))
                 .collect(),
         }))
     }

@@ -1,12 +1,28 @@
 //! The job table shared by the RPC handlers, the planning task and the
 //! lease reaper: per job its graph, token hash, state, lease and the newest
 //! plan in a `tokio::sync::watch` (a slow subscriber blocks nobody and
-//! always sees the newest). A std `Mutex`: every critical section is short
-//! and none spans an `.await` (mini-redis `db.rs`).
-
-use std::collections::HashMap;
+//! always sees the newest).
+//!
+//! A `DashMap`: a job's entry is locked with its shard alone, so one job's
+//! report, heartbeat, token check or subscription does not wait for
+//! another's, nor for a status read or the planning task walking the table.
+//! The table is reached only through the closures of [`Shared`]'s methods:
+//! no shard guard leaves this module, so none is ever held across an
+//! `.await`, and a closure must not touch the table again (a shard's lock is
+//! not reentrant).
+//!
+//! Nothing needs all jobs at one instant from this table. Admission, the
+//! budget ledger (what each admitted job holds) and the plans in force are
+//! the planning task's own state (planning.rs), and it is the only task
+//! that publishes plans, so its reads of the jobs' plans are consistent
+//! with its own writes. Walks of the whole table (status, the lease
+//! reaper's scan, the state counts) go shard by shard: each job as it is
+//! then, as one status reply always was (plans go out job by job).
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use dashmap::DashMap;
 
 use tensile_graph::Graph;
 use tensile_planner::{Diagnostic, Plan, Prediction};
@@ -15,6 +31,7 @@ use tokio::time::Instant;
 
 use crate::base::BaseSource;
 use crate::error::Error;
+use crate::metrics::TableWaits;
 use crate::token::TokenHash;
 
 /// A job's state, as the contract's `JobState`.
@@ -99,11 +116,13 @@ pub struct Memory {
 
 #[derive(Debug)]
 pub struct Shared {
-    jobs: Mutex<HashMap<u64, Job>>,
+    jobs: DashMap<u64, Job>,
     memory: Mutex<Memory>,
     /// Job ids, shared by the GPUs of one scheduler so that an id names
     /// one job on the node.
     next_id: Arc<AtomicU64>,
+    /// How long each access waited for the table.
+    waits: TableWaits,
 }
 
 impl Shared {
@@ -114,20 +133,81 @@ impl Shared {
     /// A table whose jobs take their ids from `ids` (which starts at 1).
     pub fn sharing_ids(budget_bytes: u64, ids: Arc<AtomicU64>) -> Shared {
         Shared {
-            jobs: Mutex::new(HashMap::new()),
+            jobs: DashMap::new(),
             memory: Mutex::new(Memory {
                 budget_bytes,
                 ..Memory::default()
             }),
             next_id: ids,
+            waits: TableWaits::default(),
         }
     }
 
-    /// The job table. A panic while holding it cannot leave a half-made
-    /// entry (inserts and removals are single calls), so a poisoned lock
-    /// is taken over rather than spreading the panic.
-    pub fn jobs(&self) -> MutexGuard<'_, HashMap<u64, Job>> {
-        self.jobs.lock().unwrap_or_else(|p| p.into_inner())
+    /// This table, observing its waits in `waits` (the metrics').
+    pub fn timing_waits(mut self, waits: TableWaits) -> Shared {
+        self.waits = waits;
+        self
+    }
+
+    /// Job `id`'s entry, locked (its shard: other shards' jobs go on),
+    /// for `f`; the wait is observed.
+    fn entry<T>(&self, id: u64, f: impl FnOnce(&mut Job) -> T) -> Option<T> {
+        let t = std::time::Instant::now();
+        let mut job = self.jobs.get_mut(&id);
+        self.waits.job.observe(t.elapsed().as_secs_f64());
+        job.as_deref_mut().map(f)
+    }
+
+    /// `f` on job `id` (`None`: no such job).
+    pub fn job<T>(&self, id: u64, f: impl FnOnce(&Job) -> T) -> Option<T> {
+        self.entry(id, |j| f(j))
+    }
+
+    /// `f` on job `id`, mutably (`None`: no such job).
+    pub fn job_mut<T>(&self, id: u64, f: impl FnOnce(&mut Job) -> T) -> Option<T> {
+        self.entry(id, f)
+    }
+
+    pub fn contains(&self, id: u64) -> bool {
+        self.job(id, |_| ()).is_some()
+    }
+
+    pub fn insert(&self, id: u64, job: Job) {
+        let t = std::time::Instant::now();
+        // Ids are never reused: nothing is replaced.
+        let old = self.jobs.insert(id, job);
+        self.waits.job.observe(t.elapsed().as_secs_f64());
+        drop(old);
+    }
+
+    /// `f` on every job, shard by shard (each job as it is when its shard
+    /// is read), keeping what it returns; in no particular order. The
+    /// time spent stepping the walk (waits for the shards' locks, and the
+    /// steps themselves) counts as one wait.
+    pub fn each<T>(&self, mut f: impl FnMut(u64, &Job) -> Option<T>) -> Vec<T> {
+        let mut out = Vec::new();
+        let mut waited = Duration::ZERO;
+        let mut it = self.jobs.iter();
+        loop {
+            let t = std::time::Instant::now();
+            let next = it.next();
+            waited += t.elapsed();
+            let Some(r) = next else { break };
+            if let Some(x) = f(*r.key(), r.value()) {
+                out.push(x);
+            }
+        }
+        self.waits.walk.observe(waited.as_secs_f64());
+        out
+    }
+
+    /// The jobs whose lease lapsed by `now`.
+    pub fn lapsed(&self, now: Instant) -> Vec<u64> {
+        // An open plan stream does not hold the lease: a hung worker keeps
+        // its connection (its kernel answers TCP, and a runtime thread may
+        // still answer HTTP/2 pings) but sends no heartbeats or reports
+        // (the lease is what sees a hung worker).
+        self.each(|id, j| (j.lease_until <= now).then_some(id))
     }
 
     pub fn memory(&self) -> MutexGuard<'_, Memory> {
@@ -145,16 +225,26 @@ impl Shared {
         token: &str,
         f: impl FnOnce(&mut Job) -> Result<T, Error>,
     ) -> Result<T, Error> {
-        let mut jobs = self.jobs();
-        let job = jobs.get_mut(&id).ok_or(Error::UnknownJob(id))?;
-        check_token(id, job, token)?;
-        f(job)
+        self.entry(id, |job| {
+            check_token(id, job, token)?;
+            f(job)
+        })
+        .ok_or(Error::UnknownJob(id))?
     }
 
     /// Removes job `id`, telling its subscribers why; its watch closes
     /// when the entry drops, which ends their streams.
     pub fn remove(&self, id: u64, why: &str) -> Option<Job> {
-        let job = self.jobs().remove(&id)?;
+        self.remove_if(id, |_| true, why)
+    }
+
+    /// [`Shared::remove`] if `still(job)` holds when its entry is locked
+    /// (a lease renewed since the reaper's scan keeps the job).
+    pub fn remove_if(&self, id: u64, still: impl FnOnce(&Job) -> bool, why: &str) -> Option<Job> {
+        let t = std::time::Instant::now();
+        let removed = self.jobs.remove_if(&id, |_, j| still(j));
+        self.waits.job.observe(t.elapsed().as_secs_f64());
+        let (_, job) = removed?;
         job.updates
             .send_modify(|u| u.state = JobState::Done(why.to_string()));
         Some(job)

@@ -6,7 +6,12 @@
 //! re-plan latency percentiles, plans pushed per second and the
 //! scheduler's resident memory. Workers that admission queued (their jobs
 //! do not fit beside the others' lower bounds) wait for others to leave:
-//! their first plans are counted apart.
+//! their first plans are counted apart. While they run, the bench polls
+//! the scheduler's status and keeps the largest amount by which the
+//! planned peaks of the plans in force (those of the active jobs) added up
+//! past the budget; at the end it reads the scheduler's metrics: its
+//! planning time, its own exact count of that excess (where it keeps one)
+//! and how long its handlers waited for its job table.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -47,6 +52,33 @@ struct Row {
     /// it was started here.
     planning_s_total: Option<f64>,
     plannings: Option<u64>,
+    /// Plan versions the workers received per iteration they reported.
+    plan_versions_per_job_iteration: f64,
+    /// Status polls while the workers ran.
+    status_polls: usize,
+    /// The largest amount (bytes) by which the planned peaks of the
+    /// active jobs' plans added up past the budget at a poll (0: never).
+    max_published_over_budget_bytes: u64,
+    /// The scheduler's own: the largest excess of the plans in force over
+    /// the budget at any publication (gated plans counted by their aligned
+    /// peak), when it keeps one.
+    scheduler_max_over_budget_bytes: Option<u64>,
+    /// Waits for one job's entry in the scheduler's job table (its
+    /// metrics), and of its walks of the whole table.
+    table_wait_job: Option<Waits>,
+    table_wait_walk: Option<Waits>,
+}
+
+/// A histogram of waits, as the bench reports it.
+#[derive(Debug, Clone, Serialize)]
+struct Waits {
+    count: u64,
+    total_s: f64,
+    mean_us: f64,
+    /// The upper bound of the bucket of the 99th percentile.
+    p99_bucket_us: Option<f64>,
+    /// Waits longer than the bucket bound at about 100 µs (102.4 µs).
+    over_100us: u64,
 }
 
 /// One worker's figures.
@@ -107,22 +139,25 @@ pub(crate) fn run(a: &BenchServiceArgs) -> Result<()> {
             }
         };
         let result = block_on(bench(&server, n, a.iterations, &jobs))?;
-        let (rss, hwm, planning) = match &mut child {
+        let (rss, hwm, scraped) = match &mut child {
             Some((c, metrics)) => {
                 let (rss, hwm) = rss_mb(c.id());
-                let planning = block_on(scrape_planning(*metrics))?.ok().flatten();
+                let scraped = block_on(scrape(*metrics))?.ok().flatten();
                 let _ = Command::new("kill").arg(c.id().to_string()).status();
                 let _ = c.wait();
-                (rss, hwm, planning)
+                (rss, hwm, scraped)
             }
             None => (None, None, None),
         };
         let mut row = result?;
         row.scheduler_rss_mb = rss;
         row.scheduler_peak_rss_mb = hwm;
-        if let Some((sum, count)) = planning {
-            row.planning_s_total = Some(sum);
-            row.plannings = Some(count);
+        if let Some(m) = scraped {
+            row.planning_s_total = m.planning.map(|p| p.0);
+            row.plannings = m.planning.map(|p| p.1);
+            row.scheduler_max_over_budget_bytes = m.max_over_budget;
+            row.table_wait_job = m.table_wait_job;
+            row.table_wait_walk = m.table_wait_walk;
         }
         if !a.json {
             print_row(&row);
@@ -168,6 +203,29 @@ fn print_row(r: &Row) {
             ),
             _ => String::new(),
         }
+    );
+    println!(
+        "     {:.2} plan versions per job per iteration; plans in force over the budget by at most {} bytes over {} status polls{}{}",
+        r.plan_versions_per_job_iteration,
+        r.max_published_over_budget_bytes,
+        r.status_polls,
+        r.scheduler_max_over_budget_bytes
+            .map_or(String::new(), |b| format!(
+                " ({b} bytes by the scheduler's own count)"
+            )),
+        [
+            ("one job", &r.table_wait_job),
+            ("walks", &r.table_wait_walk)
+        ]
+        .iter()
+        .filter_map(|(what, w)| w.as_ref().map(|w| format!(
+            "; job table waits ({what}): {} mean {:.2} us, p99 <= {} us, {} over 100 us",
+            w.count,
+            w.mean_us,
+            w.p99_bucket_us.map_or("?".into(), |p| format!("{p:.1}")),
+            w.over_100us
+        )))
+        .collect::<String>()
     );
 }
 
@@ -234,8 +292,18 @@ fn rss_mb(pid: u32) -> (Option<f64>, Option<f64>) {
     (field("VmRSS:"), field("VmHWM:"))
 }
 
-/// The scheduler's planning time histogram: (sum s, count).
-async fn scrape_planning(port: u16) -> Result<Option<(f64, u64)>> {
+/// What the bench reads of the scheduler's metrics.
+#[derive(Debug, Default)]
+struct Scraped {
+    /// Planning time: (sum s, count).
+    planning: Option<(f64, u64)>,
+    max_over_budget: Option<u64>,
+    table_wait_job: Option<Waits>,
+    table_wait_walk: Option<Waits>,
+}
+
+/// The scheduler's metrics the bench reports.
+async fn scrape(port: u16) -> Result<Option<Scraped>> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let Ok(mut s) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
         return Ok(None);
@@ -250,9 +318,84 @@ async fn scrape_planning(port: u16) -> Result<Option<(f64, u64)>> {
             .and_then(|l| l.split_whitespace().nth(1))
             .and_then(|v| v.parse::<f64>().ok())
     };
-    Ok(value("tensile_scheduler_planning_seconds_sum")
-        .zip(value("tensile_scheduler_planning_seconds_count"))
-        .map(|(s, c)| (s, c as u64)))
+    let histogram = |name: &str| {
+        let sum = value(&format!("{name}_sum"))?;
+        let count = value(&format!("{name}_count"))? as u64;
+        // Cumulative buckets: `NAME_bucket{le="B"} N`.
+        let prefix = format!("{name}_bucket{{le=\"");
+        let buckets: Vec<(f64, f64)> = body
+            .lines()
+            .filter_map(|l| {
+                let rest = l.strip_prefix(&prefix)?;
+                let (le, n) = rest.split_once("\"}")?;
+                let n = n.split_whitespace().next()?.parse::<f64>().ok()?;
+                Some((le.parse::<f64>().ok()?, n))
+            })
+            .collect();
+        Some((sum, count, buckets))
+    };
+    let waits = |name: &str| {
+        let (sum, count, buckets) = histogram(name)?;
+        let p99 = buckets
+            .iter()
+            .find(|&&(_, n)| n >= count as f64 * 0.99)
+            .map(|&(le, _)| le)
+            .filter(|le| le.is_finite());
+        let within_100us = buckets
+            .iter()
+            .filter(|&&(le, _)| le <= 1.1e-4)
+            .map(|&(_, n)| n)
+            .fold(0.0, f64::max);
+        Some(Waits {
+            count,
+            total_s: sum,
+            mean_us: if count > 0 {
+                sum / count as f64 * 1e6
+            } else {
+                0.0
+            },
+            p99_bucket_us: p99.map(|s| s * 1e6),
+            over_100us: count.saturating_sub(within_100us as u64),
+        })
+    };
+    Ok(Some(Scraped {
+        planning: histogram("tensile_scheduler_planning_seconds").map(|(s, c, _)| (s, c)),
+        max_over_budget: value("tensile_scheduler_max_published_over_budget_bytes")
+            .map(|v| v as u64),
+        table_wait_job: waits("tensile_scheduler_job_table_wait_seconds"),
+        table_wait_walk: waits("tensile_scheduler_job_table_walk_wait_seconds"),
+    }))
+}
+
+/// Polls the status every `every` until `stop`: (polls, the largest
+/// excess of the active jobs' planned peaks over the budget).
+async fn poll_over_budget(
+    mut c: Client,
+    every: Duration,
+    mut stop: tokio::sync::oneshot::Receiver<()>,
+) -> Result<(usize, u64)> {
+    let (mut polls, mut worst) = (0, 0u64);
+    loop {
+        let s = c
+            .get_status(pb::GetStatusRequest { job_id: 0 })
+            .await
+            .context("GetStatus")?
+            .into_inner();
+        polls += 1;
+        let budget = s.memory.map_or(u64::MAX, |m| m.budget_bytes);
+        let in_force: u64 = s
+            .jobs
+            .iter()
+            .filter(|j| j.state == pb::JobState::Active as i32)
+            .filter_map(|j| j.prediction.as_ref())
+            .map(|p| p.planned_peak_bytes)
+            .sum();
+        worst = worst.max(in_force.saturating_sub(budget));
+        tokio::select! {
+            _ = &mut stop => return Ok((polls, worst)),
+            () = tokio::time::sleep(every) => {}
+        }
+    }
 }
 
 async fn bench(
@@ -262,6 +405,12 @@ async fn bench(
     jobs: &[(Arc<Graph>, Arc<Vec<f64>>)],
 ) -> Result<Row> {
     let start = Instant::now();
+    let (stop, stopped) = tokio::sync::oneshot::channel();
+    let poller = tokio::spawn(poll_over_budget(
+        connect(Some(server)).await?,
+        Duration::from_millis(20),
+        stopped,
+    ));
     let mut tasks = tokio::task::JoinSet::new();
     for w in 0..n {
         let (g, lat) = jobs[w % jobs.len()].clone();
@@ -273,6 +422,8 @@ async fn bench(
         workers.push(r.context("a worker panicked")??);
     }
     let wall = start.elapsed().as_secs_f64();
+    let _ = stop.send(());
+    let (status_polls, max_over) = poller.await.context("the status poller panicked")??;
     let mut first: Vec<f64> = workers
         .iter()
         .filter(|w| !w.queued)
@@ -305,6 +456,12 @@ async fn bench(
         scheduler_peak_rss_mb: None,
         planning_s_total: None,
         plannings: None,
+        plan_versions_per_job_iteration: plans as f64 / (n * iterations) as f64,
+        status_polls,
+        max_published_over_budget_bytes: max_over,
+        scheduler_max_over_budget_bytes: None,
+        table_wait_job: None,
+        table_wait_walk: None,
     })
 }
 

@@ -1,0 +1,234 @@
+//! The planning task's publication of plans (a child of `planning.rs`):
+//! the ledger of the plans in force, which plans of a joint plan go out and
+//! in what order so that the plans in force never add up past the budget,
+//! the jobs' watch channels, and a job sent back to the queue when its first
+//! plan cannot go out.
+
+use std::sync::Arc;
+
+use tensile_planner::{Diagnostic, DiagnosticKind, JobId, MultiPlan, Plan};
+use tracing::info;
+
+use super::Planner;
+use crate::state::{JobState, Update};
+
+impl Planner {
+    /// Puts admitted job `id`, which has no plan in force, back in the
+    /// queue at its place, needing `reached` bytes (the peak the planner
+    /// reached for it), and admits again.
+    pub(super) fn requeue(&mut self, id: u64, reached: u64) {
+        let Some(a) = self.admitted.remove(&id) else {
+            return;
+        };
+        let _ = self.replanner.remove_job(JobId(id));
+        self.late.retain(|j| j.id != id);
+        self.fresh.retain(|j| j.id != id);
+        let mut job = a.job;
+        if let Some(ns) = self.replanner_estimates_or(id, &job.latencies) {
+            job.latencies = ns;
+        }
+        job.base = a.base;
+        job.settings.base_bytes = job.base.bytes();
+        job.lower_bound = a.lower_bound;
+        info!(
+            job = id,
+            reached,
+            budget = self.budget,
+            "the job's first plan does not fit beside the plans in force; it waits in the queue"
+        );
+        self.reached.insert(id, reached.max(job.lower_bound));
+        self.queue.push((a.seq, job));
+        self.admit();
+    }
+
+    /// The re-planner's learned latencies of job `id`, if it has any other
+    /// than `given`.
+    pub(super) fn replanner_estimates_or(&self, id: u64, given: &[u64]) -> Option<Vec<u64>> {
+        self.replanner
+            .estimates(JobId(id))
+            .filter(|ns| ns.as_slice() != given)
+    }
+
+    /// Which plans of a joint plan without gates go out, in the order
+    /// they go out, so that the plans in force never add up past the
+    /// budget: every plan that lowers its job's peak, then, smallest rise
+    /// first, those that still fit. (A set of gated plans in force counts
+    /// by the sum of their peaks from the first of them replaced.)
+    pub(super) fn what_fits(&self, ids: &[u64], mp: &MultiPlan) -> Vec<usize> {
+        let now = |id: &u64| self.in_force.get(id).copied().unwrap_or(0);
+        let breaks_gates = self
+            .gated_in_force
+            .as_ref()
+            .is_some_and(|(g, _)| g.iter().any(|id| ids.contains(id)));
+        let mut total: u64 = if breaks_gates {
+            self.in_force.values().sum()
+        } else {
+            self.in_force_bytes()
+        };
+        let mut rises: Vec<(i128, usize)> = ids
+            .iter()
+            .zip(&mp.plans)
+            .enumerate()
+            .map(|(k, (id, p))| {
+                (
+                    i128::from(p.prediction.planned_peak_bytes) - i128::from(now(id)),
+                    k,
+                )
+            })
+            .collect();
+        rises.sort();
+        let mut order = Vec::new();
+        for (rise, k) in rises {
+            let next = (i128::from(total) + rise).max(0) as u64;
+            if rise <= 0 || next <= self.budget {
+                order.push(k);
+                total = next;
+            }
+        }
+        order
+    }
+
+    /// The sum of the planned peaks of what runs now, for status and the
+    /// metrics.
+    pub(super) fn show_sum_of_peaks(&self, sum: u64) {
+        self.shared.memory().sum_of_peaks_bytes = sum;
+        self.metrics
+            .sum_of_peaks_bytes
+            .set(i64::try_from(sum).unwrap_or(i64::MAX));
+    }
+
+    /// What the plans in force hold: a gated set by its aligned peak,
+    /// every other plan by its peak.
+    pub(super) fn in_force_bytes(&self) -> u64 {
+        match &self.gated_in_force {
+            Some((gated, aligned)) => self
+                .in_force
+                .iter()
+                .filter(|(id, _)| !gated.contains(id))
+                .map(|(_, &peak)| peak)
+                .fold(*aligned, u64::saturating_add),
+            None => self.in_force.values().copied().fold(0, u64::saturating_add),
+        }
+    }
+
+    /// Job `id` runs no plan any more (it left, or went back to the queue).
+    pub(super) fn out_of_force(&mut self, id: u64) {
+        self.in_force.remove(&id);
+        if let Some((gated, _)) = &mut self.gated_in_force {
+            gated.retain(|&g| g != id);
+            if gated.is_empty() {
+                self.gated_in_force = None;
+            }
+        }
+    }
+
+    /// Records what the plans in force hold now: the metrics' gauge and
+    /// the largest excess over the budget.
+    pub(super) fn note_in_force(&mut self) {
+        let bytes = self.in_force_bytes();
+        self.max_over = self.max_over.max(bytes.saturating_sub(self.budget));
+        self.metrics
+            .published_bytes
+            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+        self.metrics
+            .max_published_over_budget_bytes
+            .set(i64::try_from(self.max_over).unwrap_or(i64::MAX));
+    }
+
+    /// Publishes `plan` to job `id` and records it in force; `gated`: one
+    /// of the gated set in `gated_in_force`.
+    pub(super) fn publish_one(
+        &mut self,
+        id: u64,
+        mut plan: Plan,
+        diagnostics: Vec<Diagnostic>,
+        gated: bool,
+    ) {
+        let peak = plan.prediction.planned_peak_bytes;
+        if !gated
+            && self
+                .gated_in_force
+                .as_ref()
+                .is_some_and(|(g, _)| g.contains(&id))
+        {
+            self.gated_in_force = None;
+        }
+        let sent = self.shared.job(id, |job| {
+            plan.version = job.version() + 1;
+            job.updates.send_replace(Update {
+                state: JobState::Active,
+                plan: Some(Arc::new(plan)),
+                diagnostics: Arc::new(diagnostics),
+            });
+        });
+        if sent.is_some() {
+            self.in_force.insert(id, peak);
+            self.metrics.plans_published.inc();
+        }
+    }
+
+    /// Publishes the plans of `mp` at `order` (indices into `ids`), in
+    /// that order.
+    pub(super) fn publish(&mut self, ids: &[u64], mut mp: MultiPlan, order: &[usize]) {
+        if order.is_empty() {
+            return;
+        }
+        // One epoch for the joint plan's gates, on the host's monotonic
+        // clock that the workers share: on the cycle of the gates in use,
+        // or where the job whose measurements asked for the plans stands.
+        if mp.cycle_ns > 0 {
+            mp.set_epoch(self.gate, tensile_proto::clock::monotonic_ns());
+            if let Some(g) = mp.plans.iter().find_map(|p| p.gate) {
+                self.gate = Some(g);
+            }
+        } else {
+            self.gate = None;
+        }
+        let global = |d: &Diagnostic| {
+            matches!(
+                d.kind,
+                DiagnosticKind::OverBudget | DiagnosticKind::PlanningCapped
+            )
+        };
+        let gated = mp.cycle_ns > 0;
+        if gated {
+            // All of a gated plan goes out: the set holds its aligned peak.
+            self.gated_in_force = Some((ids.to_vec(), mp.aligned_peak_bytes));
+        }
+        let mut plans: Vec<Option<Plan>> = mp.plans.into_iter().map(Some).collect();
+        for &k in order {
+            let (Some(&id), Some(plan)) = (ids.get(k), plans.get_mut(k).and_then(Option::take))
+            else {
+                continue;
+            };
+            let diags: Vec<Diagnostic> = mp
+                .diagnostics
+                .iter()
+                .filter(|d| d.job == k || global(d))
+                .cloned()
+                .collect();
+            self.publish_one(id, plan, diags, gated);
+            self.note_in_force();
+            if let (Some(a), Some(est)) = (
+                self.admitted.get_mut(&id),
+                self.replanner.estimates(JobId(id)),
+            ) {
+                a.at_plan = est.iter().map(|&x| x as f64).sum();
+            }
+        }
+        // What runs now: this plan's jobs and any fast plans beside them.
+        let sum_of_peaks: u64 = self.in_force.values().sum();
+        let mut mem = self.shared.memory();
+        mem.aligned_peak_bytes = mp.aligned_peak_bytes;
+        mem.vanilla_sum_of_peaks_bytes = mp.vanilla_sum_of_peaks_bytes;
+        mem.diagnostics = mp
+            .diagnostics
+            .iter()
+            .map(|d| (ids.get(d.job).copied().unwrap_or(0), d.clone()))
+            .collect();
+        drop(mem);
+        self.show_sum_of_peaks(sum_of_peaks);
+        self.count_states();
+        info!(jobs = ids.len(), sum_of_peaks, "plans published");
+    }
+}
