@@ -371,11 +371,16 @@ pub fn plan_to_proto(plan: &Plan, job_id: u64) -> pb::Plan {
         host_bytes: 0,
         prediction: Some(prediction_to_proto(&plan.prediction)),
         start_on_host: plan.start_on_host.iter().map(|t| t.0).collect(),
-        gate: plan.gate.map(|g| pb::IterationGate {
-            period_ns: g.period_ns,
-            phase_ns: g.phase_ns,
-            epoch_ns: g.epoch_ns,
-        }),
+        gate: plan.gate.map(gate_to_proto),
+    }
+}
+
+/// A plan's gate on the wire.
+pub fn gate_to_proto(g: Gate) -> pb::IterationGate {
+    pb::IterationGate {
+        period_ns: g.period_ns,
+        phase_ns: g.phase_ns,
+        epoch_ns: g.epoch_ns,
     }
 }
 

@@ -14,7 +14,7 @@ use tensile_graph::{Graph, GraphError, Liveness, TensorId};
 use tensile_latency_model::{CopyQueue, DeviceProfile, estimate_latencies};
 use tensile_planner::{JobInput, JobSettings, Measurements, PlannerConfig};
 use tensile_proto::convert::{
-    diagnostic_to_proto, graph_from_proto, plan_to_proto, prediction_to_proto,
+    diagnostic_to_proto, gate_to_proto, graph_from_proto, plan_to_proto, prediction_to_proto,
 };
 use tensile_proto::pb;
 use tokio::sync::{mpsc, oneshot, watch};
@@ -193,6 +193,7 @@ fn job_status(id: u64, j: &Job) -> pb::JobStatus {
         base_bytes: j.base_bytes,
         base_source: j.base_source.name().to_string(),
         reported_base_bytes: j.reported_base,
+        gate: j.gate().map(gate_to_proto),
     }
 }
 

@@ -158,6 +158,12 @@ struct JobJson {
     vanilla_peak_bytes: u64,
     planned_peak_bytes: u64,
     reported_peak_bytes: u64,
+    /// The gate of its newest plan, when coordinated with the other jobs
+    /// (absent: it runs free).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    gate_period_ns: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    gate_phase_ns: Option<u64>,
 }
 
 /// One GPU's section of `status --json` without `--server`.
@@ -308,10 +314,27 @@ fn status_json(st: pb::GetStatusResponse) -> StatusJson {
                     vanilla_peak_bytes: p.vanilla_peak_bytes,
                     planned_peak_bytes: p.planned_peak_bytes,
                     reported_peak_bytes: j.reported_peak_bytes,
+                    gate_period_ns: j.gate.map(|g| g.period_ns),
+                    gate_phase_ns: j.gate.map(|g| g.phase_ns),
                 }
             })
             .collect(),
         diagnostics: st.diagnostics.iter().map(|d| d.message.clone()).collect(),
+    }
+}
+
+/// What each column of `status` measures, printed under the table.
+const STATUS_LEGEND: &str = "\
+vanilla, planned: the job's predicted peak without a plan and with its newest plan, its base included
+measured: the peak of the job's last report (a worker: its storages; the hook: its held tensors on the CPU, the allocator's peak on CUDA)
+base: the device memory outside the job's storages its plans count, and where that figure came from
+gate: period/phase of its iterations when coordinated with the other jobs; free: it runs when it likes";
+
+/// A job's gate as `period/phase ms`, or `free`.
+fn gate_cell(period_ns: Option<u64>, phase_ns: Option<u64>) -> String {
+    match (period_ns, phase_ns) {
+        (Some(p), Some(f)) => format!("{:.1}/{:.1} ms", p as f64 / 1e6, f as f64 / 1e6),
+        _ => "free".to_string(),
     }
 }
 
@@ -329,7 +352,7 @@ fn print_status(out: &StatusJson) {
         tensile_cli::outln!("no jobs");
     } else {
         tensile_cli::outln!(
-            "{:>5}  {:<20} {:<9} {:>4} {:>7} {:>6}  {:>10} {:>10} {:>10}  {:>10} {:<10}  latencies",
+            "{:>5}  {:<20} {:<9} {:>4} {:>7} {:>6}  {:>10} {:>10} {:>10}  {:>10} {:<10}  {:<15}  latencies",
             "job",
             "name",
             "state",
@@ -338,14 +361,15 @@ fn print_status(out: &StatusJson) {
             "iters",
             "vanilla",
             "planned",
-            "reported",
+            "measured",
             "base",
-            "(base of)"
+            "(base of)",
+            "gate"
         );
     }
     for j in &out.jobs {
         tensile_cli::outln!(
-            "{:>5}  {:<20} {:<9} {:>4} {:>7} {:>6}  {:>10} {:>10} {:>10}  {:>10} {:<10}  {}",
+            "{:>5}  {:<20} {:<9} {:>4} {:>7} {:>6}  {:>10} {:>10} {:>10}  {:>10} {:<10}  {:<15}  {}",
             j.job_id,
             j.name,
             j.state,
@@ -357,11 +381,15 @@ fn print_status(out: &StatusJson) {
             bytes(j.reported_peak_bytes),
             bytes(j.base_bytes),
             j.base_source,
+            gate_cell(j.gate_period_ns, j.gate_phase_ns),
             j.latency_source
         );
         if !j.reason.is_empty() {
             tensile_cli::outln!("       {}", j.reason);
         }
+    }
+    if !out.jobs.is_empty() {
+        tensile_cli::outln!("{STATUS_LEGEND}");
     }
     for d in &out.diagnostics {
         tensile_cli::outln!("note: {d}");
@@ -591,4 +619,18 @@ pub(crate) fn plan(a: &PlanArgs, server: &str) -> Result<()> {
         tensile_cli::outln!("  note: {}", d.message);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::gate_cell;
+
+    #[test]
+    fn a_gate_shows_its_period_and_phase_and_no_gate_reads_free() {
+        assert_eq!(
+            gate_cell(Some(839_400_000), Some(367_000_000)),
+            "839.4/367.0 ms"
+        );
+        assert_eq!(gate_cell(None, None), "free");
+    }
 }
