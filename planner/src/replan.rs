@@ -53,6 +53,7 @@ use std::sync::Arc;
 
 use tensile_graph::{Graph, OpId, TensorId};
 
+use control::{InUse, Plans, TrialStretch};
 use late::LateStreak;
 use period::{first_on_pace, first_on_period, on_pace, on_period, ops_as_planned};
 
@@ -291,19 +292,10 @@ pub struct Replanner {
     pub replans: usize,
     /// What the next plan is for, since the last one.
     due: Due,
-    /// The plans in use, as handed out.
-    current: Option<MultiPlan>,
-    /// While the plans in use were taken only to shorten the period: the
-    /// plans before them, which held. Ops measured while the gated jobs
-    /// keep a longer pace run faster than they do once the jobs are packed
-    /// closer (each waits less for the others' kernels), so a shorter
-    /// plan from them may not hold; then these come back.
-    fallback: Option<MultiPlan>,
+    /// The plans in use and how far they are trusted.
+    plans: Plans,
     /// The fallback is to come back with the next plan.
     revert: bool,
-    /// Whether a shorter period is still tried: not after shorter plans
-    /// did not hold, until the jobs or the configuration change.
-    shorten: bool,
     /// The longest first measured iteration of a gated job that ran past
     /// its period within its pace since the last plan, ns (0: none): the
     /// period the plans in use are to be stretched to hold.
@@ -324,39 +316,15 @@ pub struct Replanner {
     /// The longest active time (ops and prefetch waits) of the gated jobs
     /// that asked for a compression, ns (0: none asked for).
     compress_ns: u64,
-    /// Where compressed plans on trial stand.
-    compression: Compression,
     /// The last job whose measurements made a plan due: it just ended the
     /// iteration that asked, and the next gated plans' new cycle begins
     /// where it stands.
     asked: Option<JobId>,
     /// The anchor of the plans `replan_after` last handed out.
     handed_anchor: Option<JobId>,
-    /// The gates' period the plans in use were handed out on before any
-    /// stretch of them (0: not gated): how far [`Replanner::unstretched`]
-    /// may take them back.
-    origin_ns: u64,
-    /// The plans in use are those before them with only their gates moved
-    /// (a stretch, an undone one): a switch to them moves no storage.
-    gates_only: bool,
     /// The longest iteration of the gated jobs that asked for a
     /// compression, ns.
     compress_iter_ns: u64,
-}
-
-/// Where the compressed plans in use stand ([`ReplanReason::Compress`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Compression {
-    /// The plans in use are not compressed ones on trial.
-    Off,
-    /// Compressed plans on trial, not stretched yet.
-    Fresh,
-    /// Compressed plans on trial that missed their pace: the stretch asked
-    /// for stays on trial, with the same plans to come back.
-    StretchDue,
-    /// Compressed plans on trial, stretched once (or whose one stretch
-    /// was refused).
-    Stretched,
 }
 
 /// Why the next plan is wanted, from the least to the most pressing.
@@ -389,20 +357,15 @@ impl Replanner {
             version: 0,
             replans: 0,
             due: Due::Needed,
-            current: None,
-            fallback: None,
+            plans: Plans::Unplanned,
             revert: false,
-            shorten: true,
             stretch_ns: 0,
             held_ns: 0,
             held_void: false,
             held_now: 0,
             compress_ns: 0,
-            compression: Compression::Off,
             asked: None,
             handed_anchor: None,
-            origin_ns: 0,
-            gates_only: false,
             compress_iter_ns: 0,
         }
     }
@@ -423,12 +386,8 @@ impl Replanner {
     fn start_over(&mut self) {
         self.due = Due::Needed;
         self.held_void = true;
-        self.fallback = None;
         self.revert = false;
-        self.shorten = true;
-        if self.compression == Compression::StretchDue {
-            self.compression = Compression::Stretched;
-        }
+        self.plans.start_over();
     }
 
     /// Adds a job whose op latencies are first `predicted` (ns per op).
@@ -612,16 +571,13 @@ impl Replanner {
         let mut underran = false;
         if job.gate.is_some() {
             if m.switched {
-                job.settling = if self.gates_only {
-                    SETTLE_GATES
-                } else {
-                    SETTLE
-                };
+                let gates_only = self.plans.in_use().is_some_and(|u| u.gates_only);
+                job.settling = if gates_only { SETTLE_GATES } else { SETTLE };
             }
             job.last_iteration_ns = m.iteration_ns;
             // Compressed plans that evict, settling or not, ran the jobs
             // into each other: the plans before them come back at once.
-            if self.compression != Compression::Off
+            if matches!(self.plans, Plans::Compressed { .. })
                 && !job.switch_pending
                 && !m.evictions.is_empty()
             {
@@ -638,7 +594,7 @@ impl Replanner {
             // past its pace or with evictions brings the plans before them
             // back.
             let missed_pace = job.gate.is_some_and(|g| !on_pace(g, m));
-            if self.fallback.is_some() && !job.switch_pending && missed_pace {
+            if self.plans.fallback().is_some() && !job.switch_pending && missed_pace {
                 job.fold(&m.op_ns, weight);
                 job.measured = true;
                 job.overruns = 0;
@@ -646,11 +602,17 @@ impl Replanner {
                 // evicted, get one stretch to hold the iteration while
                 // that still beats the plans before them.
                 let slack = crate::gate_slack(&self.config, self.jobs.len());
-                let before = self.fallback.as_ref().and_then(|f| f.plans.first()?.gate);
+                let before = self.plans.fallback().and_then(|f| f.plans.first()?.gate);
                 let held = (m.iteration_ns as f64 * (1.0 + slack)).ceil();
-                let fresh = self.compression == Compression::Fresh;
+                let fresh = matches!(
+                    self.plans,
+                    Plans::Compressed {
+                        stretch: TrialStretch::Fresh,
+                        ..
+                    }
+                );
                 if fresh {
-                    self.compression = Compression::Stretched;
+                    self.plans.set_trial_stretch(TrialStretch::Done);
                 }
                 if fresh
                     && self.enabled
@@ -658,7 +620,7 @@ impl Replanner {
                     && before.is_some_and(|g| held < g.period_ns as f64 * 0.99)
                 {
                     self.stretch_ns = self.stretch_ns.max(m.iteration_ns);
-                    self.compression = Compression::StretchDue;
+                    self.plans.set_trial_stretch(TrialStretch::Due);
                     return Ok(Some(ReplanReason::Stretch));
                 }
                 self.revert = true;
@@ -757,7 +719,6 @@ impl Replanner {
     pub fn plan_all(&mut self) -> Result<MultiPlan, ReplanError> {
         let mut out = self.propose()?;
         self.adopt(&mut out);
-        self.fallback = None;
         Ok(out)
     }
 
@@ -768,26 +729,31 @@ impl Replanner {
     /// the measurements wait in the estimates for the next plan.
     pub fn plan_due(&mut self) -> Result<Option<MultiPlan>, ReplanError> {
         if std::mem::take(&mut self.revert)
-            && let Some(mut out) = self.fallback.take()
+            && let Some(mut out) = self.plans.take_fallback()
         {
-            self.shorten = false;
             self.adopt(&mut out);
             return Ok(Some(out));
         }
         if self.due == Due::Stretch
             && let Some(mut out) = self.stretched()
         {
-            let held = self.fallback.take();
-            let trial = self.compression == Compression::StretchDue;
+            // A stretch asked for on trial stays on trial.
+            let held = match &self.plans {
+                Plans::Compressed {
+                    fallback,
+                    stretch: TrialStretch::Due,
+                    ..
+                } => Some(fallback.clone()),
+                _ => None,
+            };
             self.adopt_regated(&mut out);
-            if trial {
-                self.fallback = held;
-                self.compression = Compression::Stretched;
+            if let Some(fallback) = held {
+                self.plans.compressed(fallback, TrialStretch::Done);
             }
             return Ok(Some(out));
         }
         if self.due == Due::Compress {
-            let held = self.current.clone();
+            let held = self.plans.current().cloned();
             // A stretch undone keeps the cycle in use (no anchor): every
             // job's next slot comes a little earlier than on the longer
             // period, where the asking job's would be at once, up to its
@@ -796,15 +762,13 @@ impl Replanner {
             if let Some(mut out) = self.unstretched() {
                 self.asked = None;
                 self.adopt_regated(&mut out);
-                self.fallback = held;
-                self.compression = Compression::Fresh;
+                self.plans.compressed(held, TrialStretch::Fresh);
                 return Ok(Some(out));
             }
             return Ok(match self.compressed() {
                 Some(mut out) => {
                     self.adopt(&mut out);
-                    self.fallback = held;
-                    self.compression = Compression::Fresh;
+                    self.plans.compressed(held, TrialStretch::Fresh);
                     Some(out)
                 }
                 None => {
@@ -816,7 +780,7 @@ impl Replanner {
                 }
             });
         }
-        if self.due == Due::Shorter && !self.shorten {
+        if self.due == Due::Shorter && !self.plans.shorter() {
             self.due = Due::Nothing;
             self.asked = None;
             return Ok(None);
@@ -836,13 +800,15 @@ impl Replanner {
         if !optional {
             out = self.held_or(out);
         }
-        let held = self.current.take();
+        let held = self.plans.current().cloned();
         if out.cycle_ns == proposed {
             self.adopt(&mut out);
         } else {
             self.adopt_regated(&mut out);
         }
-        self.fallback = if optional { held } else { None };
+        if optional {
+            self.plans.shorter_on_trial(held);
+        }
         Ok(Some(out))
     }
 
@@ -899,10 +865,9 @@ impl Replanner {
     /// moved (a stretch, an undone one): they keep the period they were
     /// handed out on, which [`Replanner::unstretched`] goes back toward.
     fn adopt_regated(&mut self, out: &mut MultiPlan) {
-        let origin = self.origin_ns;
+        let origin = self.plans.in_use().map_or(0, |u| u.origin_ns);
         self.adopt(out);
-        self.origin_ns = origin;
-        self.gates_only = true;
+        self.plans.regated_from(origin);
     }
 
     /// Makes `out` the current plans: a new version, the gates and the
@@ -920,9 +885,6 @@ impl Replanner {
         self.held_void = false;
         self.compress_ns = 0;
         self.compress_iter_ns = 0;
-        self.compression = Compression::Off;
-        self.origin_ns = out.cycle_ns;
-        self.gates_only = false;
         out.anchor_job = self
             .asked
             .take()
@@ -934,9 +896,13 @@ impl Replanner {
         }
         // Kept without its anchor: plans handed out again later (a
         // fallback, a stretch) take the anchor of their own time.
-        self.current = Some(MultiPlan {
-            anchor_job: None,
-            ..out.clone()
+        self.plans.handed_out(InUse {
+            plans: MultiPlan {
+                anchor_job: None,
+                ..out.clone()
+            },
+            origin_ns: out.cycle_ns,
+            gates_only: false,
         });
         for (j, p) in self.jobs.values_mut().zip(&out.plans) {
             j.at_plan = j.estimates.iter().sum();
@@ -972,6 +938,7 @@ impl Replan for Replanner {
     }
 }
 
+mod control;
 mod late;
 mod period;
 #[cfg(test)]

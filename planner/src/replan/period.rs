@@ -46,13 +46,13 @@ impl Replanner {
             .min()
             .unwrap_or(0);
         let gated = self
-            .current
-            .as_ref()
+            .plans
+            .current()
             .is_some_and(|c| c.plans.iter().all(|p| p.gate.is_some()));
         if streak < UNSTRETCH
             || !gated
             || !self.enabled
-            || !self.shorten
+            || !self.plans.shorter()
             || self.due != Due::Nothing
         {
             return None;
@@ -166,11 +166,12 @@ impl Replanner {
     /// and the copies are those handed out on `origin_ns`, so they fit the
     /// link as they did there, and no link rule applies.
     pub(super) fn unstretched(&self) -> Option<MultiPlan> {
-        if self.origin_ns == 0 || self.compress_iter_ns == 0 {
+        let origin_ns = self.plans.in_use().map_or(0, |u| u.origin_ns);
+        if origin_ns == 0 || self.compress_iter_ns == 0 {
             return None;
         }
         let (old, need) = self.period_to_hold(self.compress_iter_ns)?;
-        let new = need.max(self.origin_ns);
+        let new = need.max(origin_ns);
         if new as f64 >= old as f64 * 0.99 {
             return None;
         }
@@ -181,7 +182,7 @@ impl Replanner {
     /// iteration of `iteration_ns` plus the gates' slack; `None` when a
     /// plan in use is not gated.
     fn period_to_hold(&self, iteration_ns: u64) -> Option<(u64, u64)> {
-        let current = self.current.as_ref()?;
+        let current = self.plans.current()?;
         let old = current.plans.first()?.gate?.period_ns;
         if current.plans.iter().any(|p| p.gate.is_none()) {
             return None;
@@ -193,7 +194,7 @@ impl Replanner {
     /// The plans in use with every gate moved from the period `old` onto
     /// `new` ([`rescale_gates`]), nothing else changed.
     fn regated(&self, old: u64, new: u64) -> Option<MultiPlan> {
-        let mut out = self.current.clone()?;
+        let mut out = self.plans.current().cloned()?;
         rescale_gates(&mut out, old, new);
         Some(out)
     }
@@ -205,7 +206,7 @@ impl Replanner {
     /// of the period, as they were planned. `None` when a plan in use is
     /// not gated or the period would shrink by less than 1%.
     pub(super) fn compressed(&self) -> Option<MultiPlan> {
-        let mut out = self.current.clone()?;
+        let mut out = self.plans.current().cloned()?;
         let old = out.plans.first()?.gate?.period_ns;
         let slack = crate::gate_slack(&self.config, out.plans.len());
         let target = self.compress_ns as f64 * (1.0 + slack);

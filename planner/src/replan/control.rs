@@ -1,0 +1,230 @@
+//! The re-planner's controller state: which plans are in use and how far
+//! they are trusted ([`Plans`]). Its transitions are the methods here;
+//! [`Replanner`](super::Replanner) takes them on its events (a plan
+//! handed out, measurements that miss or keep the plans on trial, the jobs
+//! or the configuration changed).
+
+use crate::MultiPlan;
+
+/// The plans in use, as handed out.
+#[derive(Debug, Clone)]
+pub(super) struct InUse {
+    /// The plans, without their anchor: plans handed out again later (a
+    /// fallback, a stretch) take the anchor of their own time.
+    pub(super) plans: MultiPlan,
+    /// The gates' period they were handed out on before any stretch of
+    /// them (0: not gated): how far [`Replanner::unstretched`] may take
+    /// them back.
+    ///
+    /// [`Replanner::unstretched`]: super::Replanner::unstretched
+    pub(super) origin_ns: u64,
+    /// They are those before them with only their gates moved (a stretch,
+    /// an undone one): a switch to them moves no storage.
+    pub(super) gates_only: bool,
+}
+
+/// The plans in use and how far they are trusted.
+///
+/// ```text
+/// Unplanned --plan--> Holding{shorter: true}
+/// Holding --plan taken only because it shortens the period--> ShorterOnTrial
+/// Holding --compression / stretch undone--> Compressed{Fresh}
+/// ShorterOnTrial, Compressed --a settled job past its pace or evicting,
+///                              then a plan--> Holding{shorter: false} (the fallback)
+/// Compressed{Fresh} --past its pace, nothing evicted--> Compressed{Due}
+///                   --the stretch handed out--> Compressed{Done}
+/// any --another plan--> Holding (shorter kept)
+/// any --jobs or configuration changed--> Holding{shorter: true}, or
+///                                       Compressed with no fallback
+/// ```
+#[derive(Debug, Clone)]
+pub(super) enum Plans {
+    /// No plan handed out yet.
+    Unplanned,
+    /// The plans in use are not on trial. `shorter`: whether a shorter
+    /// period is still tried; false once shorter plans did not hold, until
+    /// the jobs or the configuration change.
+    Holding { in_use: InUse, shorter: bool },
+    /// Plans taken only because they shorten the period (asked for while
+    /// every job was gated and on its period): on trial. Ops measured while
+    /// the gated jobs keep a longer pace run faster than they do once the
+    /// jobs are packed closer (each waits less for the others' kernels), so
+    /// a shorter plan from them may not hold; then `fallback`, the plans
+    /// before them, which held, comes back.
+    ShorterOnTrial { in_use: InUse, fallback: MultiPlan },
+    /// The plans in use moved onto a shorter period (compressed, or a
+    /// stretch undone): on trial like [`Plans::ShorterOnTrial`]. `fallback`
+    /// is `None` once the jobs or the configuration changed: a job that
+    /// evicts on them then still asks for a re-plan at once.
+    Compressed {
+        in_use: InUse,
+        fallback: Option<MultiPlan>,
+        stretch: TrialStretch,
+    },
+}
+
+/// Whether compressed plans on trial were stretched
+/// ([`ReplanReason::Stretch`](super::ReplanReason::Stretch)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum TrialStretch {
+    /// Not stretched yet.
+    Fresh,
+    /// They missed their pace with nothing evicted: the stretch asked for
+    /// stays on trial, with the same plans to come back.
+    Due,
+    /// Stretched once (or their one stretch was refused).
+    Done,
+}
+
+impl Plans {
+    /// The plans in use, with what they were made from.
+    pub(super) fn in_use(&self) -> Option<&InUse> {
+        match self {
+            Plans::Unplanned => None,
+            Plans::Holding { in_use, .. }
+            | Plans::ShorterOnTrial { in_use, .. }
+            | Plans::Compressed { in_use, .. } => Some(in_use),
+        }
+    }
+
+    fn in_use_mut(&mut self) -> Option<&mut InUse> {
+        match self {
+            Plans::Unplanned => None,
+            Plans::Holding { in_use, .. }
+            | Plans::ShorterOnTrial { in_use, .. }
+            | Plans::Compressed { in_use, .. } => Some(in_use),
+        }
+    }
+
+    /// The plans just handed out keep the period that those before them
+    /// were handed out on, `origin_ns`: only their gates moved (a stretch,
+    /// an undone one).
+    pub(super) fn regated_from(&mut self, origin_ns: u64) {
+        if let Some(in_use) = self.in_use_mut() {
+            in_use.origin_ns = origin_ns;
+            in_use.gates_only = true;
+        }
+    }
+
+    /// Compressed plans on trial are stretched as `stretch` says.
+    pub(super) fn set_trial_stretch(&mut self, to: TrialStretch) {
+        if let Plans::Compressed { stretch, .. } = self {
+            *stretch = to;
+        }
+    }
+
+    /// The plans in use, as handed out.
+    pub(super) fn current(&self) -> Option<&MultiPlan> {
+        self.in_use().map(|u| &u.plans)
+    }
+
+    /// The plans that come back if those on trial miss.
+    pub(super) fn fallback(&self) -> Option<&MultiPlan> {
+        match self {
+            Plans::ShorterOnTrial { fallback, .. } => Some(fallback),
+            Plans::Compressed { fallback, .. } => fallback.as_ref(),
+            Plans::Unplanned | Plans::Holding { .. } => None,
+        }
+    }
+
+    /// Whether a shorter period is still tried.
+    pub(super) fn shorter(&self) -> bool {
+        !matches!(self, Plans::Holding { shorter: false, .. })
+    }
+
+    /// Plans just handed out (by [`Replanner::adopt`]) are in use, not on
+    /// trial; the caller puts them on trial where they are.
+    ///
+    /// [`Replanner::adopt`]: super::Replanner::adopt
+    pub(super) fn handed_out(&mut self, in_use: InUse) {
+        *self = Plans::Holding {
+            shorter: self.shorter(),
+            in_use,
+        };
+    }
+
+    /// Puts the plans just handed out on trial as compressed ones, with
+    /// `fallback` to come back, stretched as `stretch` says.
+    pub(super) fn compressed(&mut self, fallback: Option<MultiPlan>, stretch: TrialStretch) {
+        if let Some(in_use) = self.take().into_in_use() {
+            *self = Plans::Compressed {
+                in_use,
+                fallback,
+                stretch,
+            };
+        }
+    }
+
+    /// Puts the plans just handed out on trial as shorter ones, with
+    /// `fallback` to come back (none: they are simply in use).
+    pub(super) fn shorter_on_trial(&mut self, fallback: Option<MultiPlan>) {
+        let Some(fallback) = fallback else {
+            return;
+        };
+        if let Some(in_use) = self.take().into_in_use() {
+            *self = Plans::ShorterOnTrial { in_use, fallback };
+        }
+    }
+
+    /// The plans before those on trial come back: taken out, and no shorter
+    /// period is tried with the plans to be handed out next.
+    pub(super) fn take_fallback(&mut self) -> Option<MultiPlan> {
+        let (in_use, fallback) = match self.take() {
+            Plans::ShorterOnTrial { in_use, fallback } => (in_use, fallback),
+            Plans::Compressed {
+                in_use,
+                fallback: Some(fallback),
+                ..
+            } => (in_use, fallback),
+            other => {
+                *self = other;
+                return None;
+            }
+        };
+        *self = Plans::Holding {
+            in_use,
+            shorter: false,
+        };
+        Some(fallback)
+    }
+
+    /// The jobs or the configuration changed: no plans come back (those
+    /// before were for other jobs or another configuration), a stretch
+    /// asked for on trial is taken as any, and a shorter period is worth
+    /// trying again.
+    pub(super) fn start_over(&mut self) {
+        *self = match self.take() {
+            Plans::Unplanned => Plans::Unplanned,
+            Plans::Compressed {
+                in_use, stretch, ..
+            } => Plans::Compressed {
+                in_use,
+                fallback: None,
+                stretch: match stretch {
+                    TrialStretch::Due => TrialStretch::Done,
+                    s => s,
+                },
+            },
+            Plans::Holding { in_use, .. } | Plans::ShorterOnTrial { in_use, .. } => {
+                Plans::Holding {
+                    in_use,
+                    shorter: true,
+                }
+            }
+        };
+    }
+
+    /// The state, taken out ([`Plans::Unplanned`] left in its place).
+    fn take(&mut self) -> Plans {
+        std::mem::replace(self, Plans::Unplanned)
+    }
+
+    fn into_in_use(self) -> Option<InUse> {
+        match self {
+            Plans::Unplanned => None,
+            Plans::Holding { in_use, .. }
+            | Plans::ShorterOnTrial { in_use, .. }
+            | Plans::Compressed { in_use, .. } => Some(in_use),
+        }
+    }
+}
