@@ -53,7 +53,7 @@ use std::sync::Arc;
 
 use tensile_graph::{Graph, OpId, TensorId};
 
-use control::{InUse, Plans, TrialStretch};
+use control::{Due, Held, InUse, Plans, TrialStretch};
 use late::LateStreak;
 use period::{first_on_pace, first_on_period, on_pace, on_period, ops_as_planned};
 
@@ -290,60 +290,18 @@ pub struct Replanner {
     version: u64,
     /// Re-plans made because one was due (not counting the first plan).
     pub replans: usize,
-    /// What the next plan is for, since the last one.
+    /// What the measurements since the last plan ask of the next one.
     due: Due,
+    /// Whether the re-plan due may lose to a stretch of the plans in use.
+    held: Held,
     /// The plans in use and how far they are trusted.
     plans: Plans,
-    /// The fallback is to come back with the next plan.
-    revert: bool,
-    /// The longest first measured iteration of a gated job that ran past
-    /// its period within its pace since the last plan, ns (0: none): the
-    /// period the plans in use are to be stretched to hold.
-    stretch_ns: u64,
-    /// The longest iteration past its gate's pace, with nothing evicted,
-    /// that made a re-plan due since the last plan (a job's first measured
-    /// one, or the longest of a streak of overruns), ns (0: none): the
-    /// plans in use held their memory and only ran long, so the re-plan is
-    /// taken only where its period is shorter than theirs stretched to
-    /// hold that iteration ([`Replanner::plan_due`]).
-    held_ns: u64,
-    /// Something else made a plan due since the last plan (an iteration
-    /// that evicted, drifting latencies, the jobs or the configuration
-    /// changed): the next one is a re-plan whatever `held_ns` says.
-    held_void: bool,
-    /// What the measurements being folded in leave for `held_ns`.
-    held_now: u64,
-    /// The longest active time (ops and prefetch waits) of the gated jobs
-    /// that asked for a compression, ns (0: none asked for).
-    compress_ns: u64,
     /// The last job whose measurements made a plan due: it just ended the
     /// iteration that asked, and the next gated plans' new cycle begins
     /// where it stands.
     asked: Option<JobId>,
     /// The anchor of the plans `replan_after` last handed out.
     handed_anchor: Option<JobId>,
-    /// The longest iteration of the gated jobs that asked for a
-    /// compression, ns.
-    compress_iter_ns: u64,
-}
-
-/// Why the next plan is wanted, from the least to the most pressing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-enum Due {
-    /// Nothing asked for one.
-    Nothing,
-    /// Only jobs that are all gated and on their period ([`ON_PERIOD`]):
-    /// worth taking if it shortens the common period.
-    Shorter,
-    /// Every gated job kept its period with room to spare: the plans in
-    /// use on a shorter period, on trial ([`ReplanReason::Compress`]).
-    Compress,
-    /// Gated jobs' first iterations ran past the period within their pace:
-    /// the plans in use with a longer period ([`ReplanReason::Stretch`]).
-    Stretch,
-    /// A job was added or removed, the configuration changed, a job
-    /// overran, evicted or is not gated: whatever the plan is.
-    Needed,
 }
 
 impl Replanner {
@@ -356,17 +314,11 @@ impl Replanner {
             enabled: true,
             version: 0,
             replans: 0,
-            due: Due::Needed,
+            due: Due::Needed { stretch_ns: 0 },
+            held: Held::Nothing,
             plans: Plans::Unplanned,
-            revert: false,
-            stretch_ns: 0,
-            held_ns: 0,
-            held_void: false,
-            held_now: 0,
-            compress_ns: 0,
             asked: None,
             handed_anchor: None,
-            compress_iter_ns: 0,
         }
     }
 
@@ -384,9 +336,8 @@ impl Replanner {
     /// A new plan is needed whatever it is, and a shorter period is worth
     /// trying again.
     fn start_over(&mut self) {
-        self.due = Due::Needed;
-        self.held_void = true;
-        self.revert = false;
+        self.due.start_over();
+        self.held = Held::Void;
         self.plans.start_over();
     }
 
@@ -495,39 +446,32 @@ impl Replanner {
         id: JobId,
         m: &Measurements,
     ) -> Result<Option<ReplanReason>, ReplanError> {
-        let reason = self.fold_in(id, m)?;
-        let held = std::mem::take(&mut self.held_now);
+        let (reason, ran_ns) = self.fold_in(id, m)?;
         if reason.is_some() {
             self.asked = Some(id);
         }
-        if !matches!(
-            reason,
-            None | Some(ReplanReason::Stretch | ReplanReason::Compress)
-        ) {
-            if held > 0 {
-                self.held_ns = self.held_ns.max(held);
-            } else {
-                self.held_void = true;
+        match reason {
+            // `fold_in` raised what is due with the stretch or the
+            // compression asked for.
+            None | Some(ReplanReason::Stretch | ReplanReason::Compress) => {}
+            Some(r) => {
+                self.held.asked(ran_ns);
+                // Every job gated, and its last iteration on the current
+                // plan (this one's included) within its period: a plan with
+                // a longer period would only cost time.
+                let on_period = self
+                    .jobs
+                    .values()
+                    .all(|j| j.gate.is_some_and(|g| on_period(g, j.last_iteration_ns)));
+                self.due.raise(if on_period && m.evictions.is_empty() {
+                    Due::Shorter
+                } else {
+                    Due::Needed { stretch_ns: 0 }
+                });
+                if r == ReplanReason::ShorterMissed {
+                    self.due.raise(Due::Revert { stretch_ns: 0 });
+                }
             }
-        }
-        if reason == Some(ReplanReason::Stretch) {
-            self.due = self.due.max(Due::Stretch);
-        } else if reason == Some(ReplanReason::Compress) {
-            self.due = self.due.max(Due::Compress);
-        } else if reason.is_some() {
-            // Every job gated, and its last iteration on the current plan
-            // (this one's included) within its period: a plan with a longer
-            // period would only cost time.
-            let on_period = self
-                .jobs
-                .values()
-                .all(|j| j.gate.is_some_and(|g| on_period(g, j.last_iteration_ns)));
-            let due = if on_period && m.evictions.is_empty() {
-                Due::Shorter
-            } else {
-                Due::Needed
-            };
-            self.due = self.due.max(due);
         }
         Ok(reason)
     }
@@ -536,7 +480,7 @@ impl Replanner {
         &mut self,
         id: JobId,
         m: &Measurements,
-    ) -> Result<Option<ReplanReason>, ReplanError> {
+    ) -> Result<(Option<ReplanReason>, u64), ReplanError> {
         let weight = self.weight;
         let threshold = self.threshold;
         let budget = self.config.budget_bytes.is_some() && self.config.coordinate;
@@ -569,6 +513,9 @@ impl Replanner {
         // iterations in a row: a re-plan is due whatever the drift
         // threshold says.
         let mut underran = false;
+        // The iteration that asks for a re-plan ran past its pace with its
+        // memory held (0: not such an iteration).
+        let mut ran_ns = 0;
         if job.gate.is_some() {
             if m.switched {
                 let gates_only = self.plans.in_use().is_some_and(|u| u.gates_only);
@@ -582,13 +529,12 @@ impl Replanner {
                 && !m.evictions.is_empty()
             {
                 job.overruns = 0;
-                self.revert = true;
-                return Ok(Some(ReplanReason::ShorterMissed));
+                return Ok((Some(ReplanReason::ShorterMissed), 0));
             }
             if job.settling > 0 {
                 job.settling -= 1;
                 job.overruns = 0;
-                return Ok(None);
+                return Ok((None, 0));
             }
             // On plans taken only to shorten the period, one iteration
             // past its pace or with evictions brings the plans before them
@@ -619,12 +565,13 @@ impl Replanner {
                     && m.evictions.is_empty()
                     && before.is_some_and(|g| held < g.period_ns as f64 * 0.99)
                 {
-                    self.stretch_ns = self.stretch_ns.max(m.iteration_ns);
+                    self.due.raise(Due::Stretch {
+                        iteration_ns: m.iteration_ns,
+                    });
                     self.plans.set_trial_stretch(TrialStretch::Due);
-                    return Ok(Some(ReplanReason::Stretch));
+                    return Ok((Some(ReplanReason::Stretch), 0));
                 }
-                self.revert = true;
-                return Ok(Some(ReplanReason::ShorterMissed));
+                return Ok((Some(ReplanReason::ShorterMissed), 0));
             }
             // A job whose first measured iteration ended on its period
             // (ops not clearly faster than planned, nothing evicted) keeps
@@ -636,7 +583,7 @@ impl Replanner {
             if !job.measured && first_on_period(job, m) {
                 job.fold(&m.op_ns, weight);
                 job.measured = true;
-                return Ok(None);
+                return Ok((None, 0));
             }
             // One that ended past its period but within its pace (late
             // prefetches, ops a little slower than planned) keeps its plan
@@ -649,13 +596,15 @@ impl Replanner {
             if !job.measured && self.enabled && first_on_pace(job, m) {
                 job.fold(&m.op_ns, weight);
                 job.measured = true;
-                self.stretch_ns = self.stretch_ns.max(m.iteration_ns);
-                return Ok(Some(ReplanReason::Stretch));
+                self.due.raise(Due::Stretch {
+                    iteration_ns: m.iteration_ns,
+                });
+                return Ok((Some(ReplanReason::Stretch), 0));
             }
             // Past its pace too, but with its memory held: the re-plan due
             // may yet lose to a stretch.
             if !job.measured && m.evictions.is_empty() && ops_as_planned(job, m) {
-                self.held_now = m.iteration_ns;
+                ran_ns = m.iteration_ns;
             }
             // Otherwise its first measurements replace the predictions the
             // plan came from, and ops that run well under their estimates
@@ -669,7 +618,10 @@ impl Replanner {
                     job.underruns = 0;
                 }
                 if job.underruns < OVERRUNS {
-                    return Ok(self.keep_pace(id, m).or_else(|| self.room(id, m)));
+                    if let Some((reason, ran_ns)) = self.keep_pace(id, m) {
+                        return Ok((Some(reason), ran_ns));
+                    }
+                    return Ok((self.room(id, m), 0));
                 }
                 underran = true;
             }
@@ -699,9 +651,9 @@ impl Replanner {
         let late = job.late.due(late_ns);
         let drift = underran || (now - base).abs() / base > threshold;
         if !self.enabled {
-            return Ok(None);
+            return Ok((None, 0));
         }
-        Ok(if first {
+        let reason = if first {
             Some(ReplanReason::FirstMeasurements)
         } else if drift {
             Some(ReplanReason::Drift)
@@ -711,7 +663,8 @@ impl Replanner {
             Some(ReplanReason::FreeMissed)
         } else {
             None
-        })
+        };
+        Ok((reason, ran_ns))
     }
 
     /// Plans every job from the current estimates; the plans carry a new
@@ -728,13 +681,13 @@ impl Replanner {
     /// not shorten that period: then `None`, the current plans stay, and
     /// the measurements wait in the estimates for the next plan.
     pub fn plan_due(&mut self) -> Result<Option<MultiPlan>, ReplanError> {
-        if std::mem::take(&mut self.revert)
+        if matches!(self.due, Due::Revert { .. })
             && let Some(mut out) = self.plans.take_fallback()
         {
             self.adopt(&mut out);
             return Ok(Some(out));
         }
-        if self.due == Due::Stretch
+        if matches!(self.due, Due::Stretch { .. })
             && let Some(mut out) = self.stretched()
         {
             // A stretch asked for on trial stays on trial.
@@ -752,20 +705,24 @@ impl Replanner {
             }
             return Ok(Some(out));
         }
-        if self.due == Due::Compress {
+        if let Due::Compress {
+            active_ns,
+            iteration_ns,
+        } = self.due
+        {
             let held = self.plans.current().cloned();
             // A stretch undone keeps the cycle in use (no anchor): every
             // job's next slot comes a little earlier than on the longer
             // period, where the asking job's would be at once, up to its
             // wait at the gate earlier, into the memory of the job before
             // it.
-            if let Some(mut out) = self.unstretched() {
+            if let Some(mut out) = self.unstretched(iteration_ns) {
                 self.asked = None;
                 self.adopt_regated(&mut out);
                 self.plans.compressed(held, TrialStretch::Fresh);
                 return Ok(Some(out));
             }
-            return Ok(match self.compressed() {
+            return Ok(match self.compressed(active_ns) {
                 Some(mut out) => {
                     self.adopt(&mut out);
                     self.plans.compressed(held, TrialStretch::Fresh);
@@ -774,8 +731,6 @@ impl Replanner {
                 None => {
                     self.due = Due::Nothing;
                     self.asked = None;
-                    self.compress_ns = 0;
-                    self.compress_iter_ns = 0;
                     None
                 }
             });
@@ -880,11 +835,7 @@ impl Replanner {
     /// others' phases by as much as it was late) or most of a period away.
     fn adopt(&mut self, out: &mut MultiPlan) {
         self.due = Due::Nothing;
-        self.stretch_ns = 0;
-        self.held_ns = 0;
-        self.held_void = false;
-        self.compress_ns = 0;
-        self.compress_iter_ns = 0;
+        self.held = Held::Nothing;
         out.anchor_job = self
             .asked
             .take()

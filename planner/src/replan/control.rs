@@ -228,3 +228,115 @@ impl Plans {
         }
     }
 }
+
+/// What the measurements since the last plan ask of the next one, from
+/// the least to the most pressing, with what each needs. Requests only
+/// raise it ([`Due::raise`]); a plan handed out sets it back to
+/// [`Due::Nothing`], and so does a request for a shorter or compressed
+/// plan that finds none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Due {
+    /// Nothing asked for one.
+    Nothing,
+    /// Only jobs that are all gated and on their period
+    /// ([`ON_PERIOD`](super::ON_PERIOD)): worth taking if it shortens the
+    /// common period.
+    Shorter,
+    /// Every gated job kept its period with room to spare: the plans in
+    /// use on a shorter period, on trial
+    /// ([`ReplanReason::Compress`](super::ReplanReason::Compress)), toward
+    /// the longest active time (ops and prefetch waits) of the streak that
+    /// asked, `active_ns`, or, undoing a stretch, to hold its longest
+    /// iteration, `iteration_ns`.
+    Compress { active_ns: u64, iteration_ns: u64 },
+    /// Gated jobs' first iterations ran past the period within their pace:
+    /// the plans in use on a period that holds the longest of them,
+    /// `iteration_ns` ([`ReplanReason::Stretch`](super::ReplanReason::Stretch)).
+    Stretch { iteration_ns: u64 },
+    /// A job was added or removed, the configuration changed, a job
+    /// overran, evicted or is not gated: whatever the plan is. A stretch
+    /// asked for meanwhile (`stretch_ns`, 0: none) may still win over it
+    /// ([`Replanner::held_or`](super::Replanner::held_or)).
+    Needed { stretch_ns: u64 },
+    /// Plans on trial missed
+    /// ([`ReplanReason::ShorterMissed`](super::ReplanReason::ShorterMissed)):
+    /// the plans before them come back; where none are kept, as
+    /// [`Due::Needed`].
+    Revert { stretch_ns: u64 },
+}
+
+impl Due {
+    fn rank(self) -> u8 {
+        match self {
+            Due::Nothing => 0,
+            Due::Shorter => 1,
+            Due::Compress { .. } => 2,
+            Due::Stretch { .. } => 3,
+            Due::Needed { .. } => 4,
+            Due::Revert { .. } => 5,
+        }
+    }
+
+    /// The longest iteration a stretch was asked for, ns (0: none).
+    pub(super) fn stretch_ns(self) -> u64 {
+        match self {
+            Due::Stretch { iteration_ns: ns }
+            | Due::Needed { stretch_ns: ns }
+            | Due::Revert { stretch_ns: ns } => ns,
+            Due::Nothing | Due::Shorter | Due::Compress { .. } => 0,
+        }
+    }
+
+    /// Another request: the more pressing of the two, keeping the longest
+    /// stretch either asked for.
+    pub(super) fn raise(&mut self, to: Due) {
+        let ns = self.stretch_ns().max(to.stretch_ns());
+        let mut next = if to.rank() > self.rank() { to } else { *self };
+        if let Due::Stretch { iteration_ns: s }
+        | Due::Needed { stretch_ns: s }
+        | Due::Revert { stretch_ns: s } = &mut next
+        {
+            *s = ns;
+        }
+        *self = next;
+    }
+
+    /// The jobs or the configuration changed: a plan is needed whatever
+    /// it is, and no plans come back.
+    pub(super) fn start_over(&mut self) {
+        *self = Due::Needed {
+            stretch_ns: self.stretch_ns(),
+        };
+    }
+}
+
+/// Whether a re-plan made due by iterations past their pace may lose to a
+/// stretch of the plans in use ([`Replanner::held_or`](super::Replanner::held_or)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Held {
+    /// No re-plan asked for since the last plan.
+    Nothing,
+    /// Every re-plan asked for since the last plan was made due by an
+    /// iteration past its gate's pace with nothing evicted (a job's first
+    /// measured one, or the longest of a streak of overruns): the plans in
+    /// use held their memory and only ran long, the longest of those
+    /// iterations this long, ns.
+    Ran(u64),
+    /// Something else made a plan due since the last plan (an iteration
+    /// that evicted, drifting latencies, the jobs or the configuration
+    /// changed): the next one is a re-plan whatever a stretch would give.
+    Void,
+}
+
+impl Held {
+    /// A re-plan asked for by an iteration that held its memory and ran
+    /// `ran_ns` (0: asked for by anything else).
+    pub(super) fn asked(&mut self, ran_ns: u64) {
+        *self = match *self {
+            Held::Void => Held::Void,
+            _ if ran_ns == 0 => Held::Void,
+            Held::Nothing => Held::Ran(ran_ns),
+            Held::Ran(ns) => Held::Ran(ns.max(ran_ns)),
+        };
+    }
+}

@@ -360,7 +360,7 @@ fn a_plan_on_trial_keeps_its_fallback_until_it_misses_or_is_replaced() {
         "the trial ended without a miss"
     );
     // A miss: `before` comes back under a new version.
-    r.revert = true;
+    r.due = Due::Revert { stretch_ns: 0 };
     let version = r.next_version();
     let back = r.plan_due().unwrap().unwrap();
     assert_eq!(back.plans[0].version, version);
@@ -368,7 +368,7 @@ fn a_plan_on_trial_keeps_its_fallback_until_it_misses_or_is_replaced() {
     assert!(r.plans.fallback().is_none() && !r.plans.shorter());
     // A plan needed for another reason ends the trial too.
     r.plans.shorter_on_trial(Some(before));
-    r.due = Due::Needed;
+    r.due = Due::Needed { stretch_ns: 0 };
     assert!(r.plan_due().unwrap().is_some());
     assert!(r.plans.fallback().is_none());
 }
@@ -778,7 +778,7 @@ fn a_first_iteration_past_its_pace_that_held_its_memory_is_stretched_for_unless_
         r.observe(id, &overran).unwrap(),
         Some(ReplanReason::FirstMeasurements)
     );
-    assert_eq!(r.held_ns, overran.iteration_ns);
+    assert_eq!(r.held, Held::Ran(overran.iteration_ns));
     let stretched = (overran.iteration_ns as f64 * (1.0 + r.config.gate_slack)).ceil() as u64;
     // A re-plan on twice the period loses to the plans in use stretched.
     let out = r.held_or(proposal(&current, 2 * period));
@@ -802,11 +802,11 @@ fn a_first_iteration_past_its_pace_that_held_its_memory_is_stretched_for_unless_
     // The whole way: the stretch is handed out, and the next plan
     // compares afresh.
     r.due = Due::Nothing;
-    r.held_ns = 0;
+    r.held = Held::Nothing;
     r.jobs.get_mut(&id).unwrap().measured = false;
     let handed = r.replan_after(id, &overran, Replanner::plan_due).unwrap();
     assert_eq!(handed.len(), 1);
-    assert_eq!(r.held_ns, 0);
+    assert_eq!(r.held, Held::Nothing);
 
     // An iteration that evicted did not hold its memory: no stretch.
     let (mut r, id, _, period) = gated_replanner();
@@ -820,7 +820,7 @@ fn a_first_iteration_past_its_pace_that_held_its_memory_is_stretched_for_unless_
         r.observe(id, &evicted).unwrap(),
         Some(ReplanReason::FirstMeasurements)
     );
-    assert_eq!(r.held_ns, 0);
+    assert!(!matches!(r.held, Held::Ran(_)), "{:?}", r.held);
     let long = proposal(&current, 2 * period);
     assert_eq!(r.held_or(long.clone()), long);
 }
@@ -853,9 +853,9 @@ fn overruns_that_held_their_memory_leave_the_longest_for_a_stretch() {
         r.observe(id, &over(106, false)).unwrap(),
         Some(ReplanReason::Drift)
     );
-    assert_eq!(r.held_ns, period * 108 / 100);
+    assert_eq!(r.held, Held::Ran(period * 108 / 100));
     // A streak with an eviction in it leaves nothing.
-    r.held_ns = 0;
+    r.held = Held::Nothing;
     r.due = Due::Nothing;
     assert_eq!(r.observe(id, &over(105, false)).unwrap(), None);
     assert_eq!(r.observe(id, &over(108, true)).unwrap(), None);
@@ -863,9 +863,12 @@ fn overruns_that_held_their_memory_leave_the_longest_for_a_stretch() {
         r.observe(id, &over(106, false)).unwrap(),
         Some(ReplanReason::Drift)
     );
-    assert_eq!(r.held_ns, 0);
-    assert!(r.held_void, "a re-plan that evictions asked for is taken");
-    r.held_void = false;
+    assert_eq!(
+        r.held,
+        Held::Void,
+        "a re-plan that evictions asked for is taken"
+    );
+    r.held = Held::Nothing;
     // A streak broken by an iteration on pace starts afresh.
     assert_eq!(r.observe(id, &over(120, false)).unwrap(), None);
     assert_eq!(r.observe(id, &on).unwrap(), None);
@@ -875,5 +878,5 @@ fn overruns_that_held_their_memory_leave_the_longest_for_a_stretch() {
         r.observe(id, &over(104, false)).unwrap(),
         Some(ReplanReason::Drift)
     );
-    assert_eq!(r.held_ns, period * 105 / 100);
+    assert_eq!(r.held, Held::Ran(period * 105 / 100));
 }
