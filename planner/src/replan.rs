@@ -53,6 +53,7 @@ use std::sync::Arc;
 
 use tensile_graph::{Graph, OpId, TensorId};
 
+use control::{Due, Held, InUse, Plans, TrialStretch};
 use late::LateStreak;
 use period::{first_on_pace, first_on_period, on_pace, on_period, ops_as_planned};
 
@@ -238,12 +239,17 @@ impl ReplanJob {
 /// jobs take their new phases and move persistent storage.
 const SETTLE: usize = 2;
 /// [`SETTLE`] after a switch that moved only the gates: persistent
-/// storage stays where it is; the jobs only take their new phases.
+/// storage stays where it is; the jobs only take their new phases. With
+/// one roomy iteration undoing a stretch it took three ResNet-50 copies as processes
+/// (a6000, seeds 1-32, five fractions) from 86 to 90 runs of 160 that fit
+/// (`dba98cb`).
 const SETTLE_GATES: usize = 1;
-/// Overruns in a row that re-plan a coordinated job.
+/// Overruns in a row that re-plan a coordinated job (no dated trial: it
+/// came with the colocation bench, `4388ba3`, where it was 2 before).
 const OVERRUNS: usize = 3;
 /// How much longer than its gate's period a coordinated job's iteration
-/// may run and still keep its pace.
+/// may run and still keep its pace (`4388ba3`; no dated trial). The gates'
+/// slack is sized under it ([`crate::gate_slack`]).
 const PACE: f64 = 1.03;
 /// The most one overrun re-plan scales a coordinated job's estimates by.
 /// An overrun is mostly stalls (prefetches late, waits for the memory of a
@@ -253,25 +259,38 @@ const PACE: f64 = 1.03;
 const DRIFT_STEP: f64 = 1.1;
 /// How much longer than its gate's period a coordinated job's iteration
 /// may run and still count as on it: a re-plan that would lengthen the
-/// period is taken when some job runs past it by more.
+/// period is taken when some job runs past it by more. Three ResNet-50
+/// b16 copies (a6000, seed 1) ran their first gated plan on its 157 ms
+/// period, prefetches late but absorbed; the re-plan that asked for
+/// needed 173 ms, 11% more for every job (`bf8b5f4`: 30 -> 37 of 64
+/// runs at EOR <= 0.05 over 16 seeds).
 const ON_PERIOD: f64 = 1.005;
 /// What share of its estimated op time a coordinated job's ops may take,
 /// [`OVERRUNS`] iterations in a row, before its measurements replace the
 /// estimates: ops run a little faster while the other jobs wait at their
-/// gates, so only a clear gap counts.
+/// gates, so only a clear gap counts. Without it a gated job never
+/// learned estimates that were too slow: two ResNet-50 copies on the CPU
+/// demo's profile ran 993 ms iterations against 472 ms vanilla, EOR 1.17;
+/// with it 510-600 ms (`ff815e1`).
 const UNDERRUN: f64 = 0.8;
 /// What share of the period a gated job's ops and prefetch waits may take,
 /// [`OVERRUNS`] iterations in a row for every job, for the plans in use to
-/// be tried on a shorter period ([`ReplanReason::Compress`]).
+/// be tried on a shorter period ([`ReplanReason::Compress`]). Two
+/// ResNet-50 b32 copies in one process (seed 10) had ops and waits of
+/// 178 ms in a 205 ms period, EOR 0.061; compressing plans whose jobs
+/// fill 90-97% of the period ran them into each other's memory more
+/// often than it saved (`1de5654`).
 const ROOM: f64 = 0.9;
 /// How much of the gap between the period and the longest active time
 /// (ops and prefetch waits) a compression closes. Ops measured while the
 /// jobs wait for their pace and gates ran faster than they will once the
 /// jobs are packed closer (each waits less for the others' kernels), so
-/// the period moves only part of the way, and again once that holds.
+/// the period moves only part of the way, and again once that holds:
+/// half the gap collided more often than it saved (`1de5654`).
 const COMPRESS_SHARE: f64 = 0.25;
 /// The most of a compressed period the plans' copies may take on the
-/// link (in one direction): copies take as long on a shorter period.
+/// link (in one direction): copies take as long on a shorter period
+/// (`1de5654`; no dated trial of the share itself).
 const LINK_SHARE: f64 = 0.7;
 
 /// Our re-planner: EWMA latencies, feedback of late prefetches, all jobs
@@ -289,93 +308,18 @@ pub struct Replanner {
     version: u64,
     /// Re-plans made because one was due (not counting the first plan).
     pub replans: usize,
-    /// What the next plan is for, since the last one.
+    /// What the measurements since the last plan ask of the next one.
     due: Due,
-    /// The plans in use, as handed out.
-    current: Option<MultiPlan>,
-    /// While the plans in use were taken only to shorten the period: the
-    /// plans before them, which held. Ops measured while the gated jobs
-    /// keep a longer pace run faster than they do once the jobs are packed
-    /// closer (each waits less for the others' kernels), so a shorter
-    /// plan from them may not hold; then these come back.
-    fallback: Option<MultiPlan>,
-    /// The fallback is to come back with the next plan.
-    revert: bool,
-    /// Whether a shorter period is still tried: not after shorter plans
-    /// did not hold, until the jobs or the configuration change.
-    shorten: bool,
-    /// The longest first measured iteration of a gated job that ran past
-    /// its period within its pace since the last plan, ns (0: none): the
-    /// period the plans in use are to be stretched to hold.
-    stretch_ns: u64,
-    /// The longest iteration past its gate's pace, with nothing evicted,
-    /// that made a re-plan due since the last plan (a job's first measured
-    /// one, or the longest of a streak of overruns), ns (0: none): the
-    /// plans in use held their memory and only ran long, so the re-plan is
-    /// taken only where its period is shorter than theirs stretched to
-    /// hold that iteration ([`Replanner::plan_due`]).
-    held_ns: u64,
-    /// Something else made a plan due since the last plan (an iteration
-    /// that evicted, drifting latencies, the jobs or the configuration
-    /// changed): the next one is a re-plan whatever `held_ns` says.
-    held_void: bool,
-    /// What the measurements being folded in leave for `held_ns`.
-    held_now: u64,
-    /// The longest active time (ops and prefetch waits) of the gated jobs
-    /// that asked for a compression, ns (0: none asked for).
-    compress_ns: u64,
-    /// Where compressed plans on trial stand.
-    compression: Compression,
+    /// Whether the re-plan due may lose to a stretch of the plans in use.
+    held: Held,
+    /// The plans in use and how far they are trusted.
+    plans: Plans,
     /// The last job whose measurements made a plan due: it just ended the
     /// iteration that asked, and the next gated plans' new cycle begins
     /// where it stands.
     asked: Option<JobId>,
     /// The anchor of the plans `replan_after` last handed out.
     handed_anchor: Option<JobId>,
-    /// The gates' period the plans in use were handed out on before any
-    /// stretch of them (0: not gated): how far [`Replanner::unstretched`]
-    /// may take them back.
-    origin_ns: u64,
-    /// The plans in use are those before them with only their gates moved
-    /// (a stretch, an undone one): a switch to them moves no storage.
-    gates_only: bool,
-    /// The longest iteration of the gated jobs that asked for a
-    /// compression, ns.
-    compress_iter_ns: u64,
-}
-
-/// Where the compressed plans in use stand ([`ReplanReason::Compress`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Compression {
-    /// The plans in use are not compressed ones on trial.
-    Off,
-    /// Compressed plans on trial, not stretched yet.
-    Fresh,
-    /// Compressed plans on trial that missed their pace: the stretch asked
-    /// for stays on trial, with the same plans to come back.
-    StretchDue,
-    /// Compressed plans on trial, stretched once (or whose one stretch
-    /// was refused).
-    Stretched,
-}
-
-/// Why the next plan is wanted, from the least to the most pressing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-enum Due {
-    /// Nothing asked for one.
-    Nothing,
-    /// Only jobs that are all gated and on their period ([`ON_PERIOD`]):
-    /// worth taking if it shortens the common period.
-    Shorter,
-    /// Every gated job kept its period with room to spare: the plans in
-    /// use on a shorter period, on trial ([`ReplanReason::Compress`]).
-    Compress,
-    /// Gated jobs' first iterations ran past the period within their pace:
-    /// the plans in use with a longer period ([`ReplanReason::Stretch`]).
-    Stretch,
-    /// A job was added or removed, the configuration changed, a job
-    /// overran, evicted or is not gated: whatever the plan is.
-    Needed,
 }
 
 impl Replanner {
@@ -388,22 +332,11 @@ impl Replanner {
             enabled: true,
             version: 0,
             replans: 0,
-            due: Due::Needed,
-            current: None,
-            fallback: None,
-            revert: false,
-            shorten: true,
-            stretch_ns: 0,
-            held_ns: 0,
-            held_void: false,
-            held_now: 0,
-            compress_ns: 0,
-            compression: Compression::Off,
+            due: Due::Needed { stretch_ns: 0 },
+            held: Held::Nothing,
+            plans: Plans::Unplanned,
             asked: None,
             handed_anchor: None,
-            origin_ns: 0,
-            gates_only: false,
-            compress_iter_ns: 0,
         }
     }
 
@@ -421,14 +354,9 @@ impl Replanner {
     /// A new plan is needed whatever it is, and a shorter period is worth
     /// trying again.
     fn start_over(&mut self) {
-        self.due = Due::Needed;
-        self.held_void = true;
-        self.fallback = None;
-        self.revert = false;
-        self.shorten = true;
-        if self.compression == Compression::StretchDue {
-            self.compression = Compression::Stretched;
-        }
+        self.due.start_over();
+        self.held = Held::Void;
+        self.plans.start_over();
     }
 
     /// Adds a job whose op latencies are first `predicted` (ns per op).
@@ -536,39 +464,32 @@ impl Replanner {
         id: JobId,
         m: &Measurements,
     ) -> Result<Option<ReplanReason>, ReplanError> {
-        let reason = self.fold_in(id, m)?;
-        let held = std::mem::take(&mut self.held_now);
+        let (reason, ran_ns) = self.fold_in(id, m)?;
         if reason.is_some() {
             self.asked = Some(id);
         }
-        if !matches!(
-            reason,
-            None | Some(ReplanReason::Stretch | ReplanReason::Compress)
-        ) {
-            if held > 0 {
-                self.held_ns = self.held_ns.max(held);
-            } else {
-                self.held_void = true;
+        match reason {
+            // `fold_in` raised what is due with the stretch or the
+            // compression asked for.
+            None | Some(ReplanReason::Stretch | ReplanReason::Compress) => {}
+            Some(r) => {
+                self.held.asked(ran_ns);
+                // Every job gated, and its last iteration on the current
+                // plan (this one's included) within its period: a plan with
+                // a longer period would only cost time.
+                let on_period = self
+                    .jobs
+                    .values()
+                    .all(|j| j.gate.is_some_and(|g| on_period(g, j.last_iteration_ns)));
+                self.due.raise(if on_period && m.evictions.is_empty() {
+                    Due::Shorter
+                } else {
+                    Due::Needed { stretch_ns: 0 }
+                });
+                if r == ReplanReason::ShorterMissed {
+                    self.due.raise(Due::Revert { stretch_ns: 0 });
+                }
             }
-        }
-        if reason == Some(ReplanReason::Stretch) {
-            self.due = self.due.max(Due::Stretch);
-        } else if reason == Some(ReplanReason::Compress) {
-            self.due = self.due.max(Due::Compress);
-        } else if reason.is_some() {
-            // Every job gated, and its last iteration on the current plan
-            // (this one's included) within its period: a plan with a longer
-            // period would only cost time.
-            let on_period = self
-                .jobs
-                .values()
-                .all(|j| j.gate.is_some_and(|g| on_period(g, j.last_iteration_ns)));
-            let due = if on_period && m.evictions.is_empty() {
-                Due::Shorter
-            } else {
-                Due::Needed
-            };
-            self.due = self.due.max(due);
         }
         Ok(reason)
     }
@@ -577,7 +498,7 @@ impl Replanner {
         &mut self,
         id: JobId,
         m: &Measurements,
-    ) -> Result<Option<ReplanReason>, ReplanError> {
+    ) -> Result<(Option<ReplanReason>, u64), ReplanError> {
         let weight = self.weight;
         let threshold = self.threshold;
         let budget = self.config.budget_bytes.is_some() && self.config.coordinate;
@@ -610,35 +531,34 @@ impl Replanner {
         // iterations in a row: a re-plan is due whatever the drift
         // threshold says.
         let mut underran = false;
+        // The iteration that asks for a re-plan ran past its pace with its
+        // memory held (0: not such an iteration).
+        let mut ran_ns = 0;
         if job.gate.is_some() {
             if m.switched {
-                job.settling = if self.gates_only {
-                    SETTLE_GATES
-                } else {
-                    SETTLE
-                };
+                let gates_only = self.plans.in_use().is_some_and(|u| u.gates_only);
+                job.settling = if gates_only { SETTLE_GATES } else { SETTLE };
             }
             job.last_iteration_ns = m.iteration_ns;
             // Compressed plans that evict, settling or not, ran the jobs
             // into each other: the plans before them come back at once.
-            if self.compression != Compression::Off
+            if matches!(self.plans, Plans::Compressed { .. })
                 && !job.switch_pending
                 && !m.evictions.is_empty()
             {
                 job.overruns = 0;
-                self.revert = true;
-                return Ok(Some(ReplanReason::ShorterMissed));
+                return Ok((Some(ReplanReason::ShorterMissed), 0));
             }
             if job.settling > 0 {
                 job.settling -= 1;
                 job.overruns = 0;
-                return Ok(None);
+                return Ok((None, 0));
             }
             // On plans taken only to shorten the period, one iteration
             // past its pace or with evictions brings the plans before them
             // back.
             let missed_pace = job.gate.is_some_and(|g| !on_pace(g, m));
-            if self.fallback.is_some() && !job.switch_pending && missed_pace {
+            if self.plans.fallback().is_some() && !job.switch_pending && missed_pace {
                 job.fold(&m.op_ns, weight);
                 job.measured = true;
                 job.overruns = 0;
@@ -646,23 +566,30 @@ impl Replanner {
                 // evicted, get one stretch to hold the iteration while
                 // that still beats the plans before them.
                 let slack = crate::gate_slack(&self.config, self.jobs.len());
-                let before = self.fallback.as_ref().and_then(|f| f.plans.first()?.gate);
+                let before = self.plans.fallback().and_then(|f| f.plans.first()?.gate);
                 let held = (m.iteration_ns as f64 * (1.0 + slack)).ceil();
-                let fresh = self.compression == Compression::Fresh;
+                let fresh = matches!(
+                    self.plans,
+                    Plans::Compressed {
+                        stretch: TrialStretch::Fresh,
+                        ..
+                    }
+                );
                 if fresh {
-                    self.compression = Compression::Stretched;
+                    self.plans.set_trial_stretch(TrialStretch::Done);
                 }
                 if fresh
                     && self.enabled
                     && m.evictions.is_empty()
                     && before.is_some_and(|g| held < g.period_ns as f64 * 0.99)
                 {
-                    self.stretch_ns = self.stretch_ns.max(m.iteration_ns);
-                    self.compression = Compression::StretchDue;
-                    return Ok(Some(ReplanReason::Stretch));
+                    self.due.raise(Due::Stretch {
+                        iteration_ns: m.iteration_ns,
+                    });
+                    self.plans.set_trial_stretch(TrialStretch::Due);
+                    return Ok((Some(ReplanReason::Stretch), 0));
                 }
-                self.revert = true;
-                return Ok(Some(ReplanReason::ShorterMissed));
+                return Ok((Some(ReplanReason::ShorterMissed), 0));
             }
             // A job whose first measured iteration ended on its period
             // (ops not clearly faster than planned, nothing evicted) keeps
@@ -674,7 +601,7 @@ impl Replanner {
             if !job.measured && first_on_period(job, m) {
                 job.fold(&m.op_ns, weight);
                 job.measured = true;
-                return Ok(None);
+                return Ok((None, 0));
             }
             // One that ended past its period but within its pace (late
             // prefetches, ops a little slower than planned) keeps its plan
@@ -687,13 +614,15 @@ impl Replanner {
             if !job.measured && self.enabled && first_on_pace(job, m) {
                 job.fold(&m.op_ns, weight);
                 job.measured = true;
-                self.stretch_ns = self.stretch_ns.max(m.iteration_ns);
-                return Ok(Some(ReplanReason::Stretch));
+                self.due.raise(Due::Stretch {
+                    iteration_ns: m.iteration_ns,
+                });
+                return Ok((Some(ReplanReason::Stretch), 0));
             }
             // Past its pace too, but with its memory held: the re-plan due
             // may yet lose to a stretch.
             if !job.measured && m.evictions.is_empty() && ops_as_planned(job, m) {
-                self.held_now = m.iteration_ns;
+                ran_ns = m.iteration_ns;
             }
             // Otherwise its first measurements replace the predictions the
             // plan came from, and ops that run well under their estimates
@@ -707,7 +636,10 @@ impl Replanner {
                     job.underruns = 0;
                 }
                 if job.underruns < OVERRUNS {
-                    return Ok(self.keep_pace(id, m).or_else(|| self.room(id, m)));
+                    if let Some((reason, ran_ns)) = self.keep_pace(id, m) {
+                        return Ok((Some(reason), ran_ns));
+                    }
+                    return Ok((self.room(id, m), 0));
                 }
                 underran = true;
             }
@@ -737,9 +669,9 @@ impl Replanner {
         let late = job.late.due(late_ns);
         let drift = underran || (now - base).abs() / base > threshold;
         if !self.enabled {
-            return Ok(None);
+            return Ok((None, 0));
         }
-        Ok(if first {
+        let reason = if first {
             Some(ReplanReason::FirstMeasurements)
         } else if drift {
             Some(ReplanReason::Drift)
@@ -749,7 +681,8 @@ impl Replanner {
             Some(ReplanReason::FreeMissed)
         } else {
             None
-        })
+        };
+        Ok((reason, ran_ns))
     }
 
     /// Plans every job from the current estimates; the plans carry a new
@@ -757,7 +690,6 @@ impl Replanner {
     pub fn plan_all(&mut self) -> Result<MultiPlan, ReplanError> {
         let mut out = self.propose()?;
         self.adopt(&mut out);
-        self.fallback = None;
         Ok(out)
     }
 
@@ -767,56 +699,61 @@ impl Replanner {
     /// not shorten that period: then `None`, the current plans stay, and
     /// the measurements wait in the estimates for the next plan.
     pub fn plan_due(&mut self) -> Result<Option<MultiPlan>, ReplanError> {
-        if std::mem::take(&mut self.revert)
-            && let Some(mut out) = self.fallback.take()
+        if matches!(self.due, Due::Revert { .. })
+            && let Some(mut out) = self.plans.take_fallback()
         {
-            self.shorten = false;
             self.adopt(&mut out);
             return Ok(Some(out));
         }
-        if self.due == Due::Stretch
+        if matches!(self.due, Due::Stretch { .. })
             && let Some(mut out) = self.stretched()
         {
-            let held = self.fallback.take();
-            let trial = self.compression == Compression::StretchDue;
+            // A stretch asked for on trial stays on trial.
+            let held = match &self.plans {
+                Plans::Compressed {
+                    fallback,
+                    stretch: TrialStretch::Due,
+                    ..
+                } => Some(fallback.clone()),
+                _ => None,
+            };
             self.adopt_regated(&mut out);
-            if trial {
-                self.fallback = held;
-                self.compression = Compression::Stretched;
+            if let Some(fallback) = held {
+                self.plans.compressed(fallback, TrialStretch::Done);
             }
             return Ok(Some(out));
         }
-        if self.due == Due::Compress {
-            let held = self.current.clone();
+        if let Due::Compress {
+            active_ns,
+            iteration_ns,
+        } = self.due
+        {
+            let held = self.plans.current().cloned();
             // A stretch undone keeps the cycle in use (no anchor): every
             // job's next slot comes a little earlier than on the longer
             // period, where the asking job's would be at once, up to its
             // wait at the gate earlier, into the memory of the job before
             // it.
-            if let Some(mut out) = self.unstretched() {
+            if let Some(mut out) = self.unstretched(iteration_ns) {
                 self.asked = None;
                 self.adopt_regated(&mut out);
-                self.fallback = held;
-                self.compression = Compression::Fresh;
+                self.plans.compressed(held, TrialStretch::Fresh);
                 return Ok(Some(out));
             }
-            return Ok(match self.compressed() {
+            return Ok(match self.compressed(active_ns) {
                 Some(mut out) => {
                     self.adopt(&mut out);
-                    self.fallback = held;
-                    self.compression = Compression::Fresh;
+                    self.plans.compressed(held, TrialStretch::Fresh);
                     Some(out)
                 }
                 None => {
                     self.due = Due::Nothing;
                     self.asked = None;
-                    self.compress_ns = 0;
-                    self.compress_iter_ns = 0;
                     None
                 }
             });
         }
-        if self.due == Due::Shorter && !self.shorten {
+        if self.due == Due::Shorter && !self.plans.shorter() {
             self.due = Due::Nothing;
             self.asked = None;
             return Ok(None);
@@ -836,13 +773,15 @@ impl Replanner {
         if !optional {
             out = self.held_or(out);
         }
-        let held = self.current.take();
+        let held = self.plans.current().cloned();
         if out.cycle_ns == proposed {
             self.adopt(&mut out);
         } else {
             self.adopt_regated(&mut out);
         }
-        self.fallback = if optional { held } else { None };
+        if optional {
+            self.plans.shorter_on_trial(held);
+        }
         Ok(Some(out))
     }
 
@@ -899,10 +838,9 @@ impl Replanner {
     /// moved (a stretch, an undone one): they keep the period they were
     /// handed out on, which [`Replanner::unstretched`] goes back toward.
     fn adopt_regated(&mut self, out: &mut MultiPlan) {
-        let origin = self.origin_ns;
+        let origin = self.plans.in_use().map_or(0, |u| u.origin_ns);
         self.adopt(out);
-        self.origin_ns = origin;
-        self.gates_only = true;
+        self.plans.regated_from(origin);
     }
 
     /// Makes `out` the current plans: a new version, the gates and the
@@ -915,14 +853,7 @@ impl Replanner {
     /// others' phases by as much as it was late) or most of a period away.
     fn adopt(&mut self, out: &mut MultiPlan) {
         self.due = Due::Nothing;
-        self.stretch_ns = 0;
-        self.held_ns = 0;
-        self.held_void = false;
-        self.compress_ns = 0;
-        self.compress_iter_ns = 0;
-        self.compression = Compression::Off;
-        self.origin_ns = out.cycle_ns;
-        self.gates_only = false;
+        self.held = Held::Nothing;
         out.anchor_job = self
             .asked
             .take()
@@ -934,9 +865,13 @@ impl Replanner {
         }
         // Kept without its anchor: plans handed out again later (a
         // fallback, a stretch) take the anchor of their own time.
-        self.current = Some(MultiPlan {
-            anchor_job: None,
-            ..out.clone()
+        self.plans.handed_out(InUse {
+            plans: MultiPlan {
+                anchor_job: None,
+                ..out.clone()
+            },
+            origin_ns: out.cycle_ns,
+            gates_only: false,
         });
         for (j, p) in self.jobs.values_mut().zip(&out.plans) {
             j.at_plan = j.estimates.iter().sum();
@@ -972,6 +907,7 @@ impl Replan for Replanner {
     }
 }
 
+mod control;
 mod late;
 mod period;
 #[cfg(test)]

@@ -6,8 +6,8 @@
 //! overruns of its period make a re-plan due.
 
 use super::{
-    COMPRESS_SHARE, DRIFT_STEP, Due, Gate, JobId, LINK_SHARE, Measurements, MultiPlan, ON_PERIOD,
-    OVERRUNS, PACE, ROOM, ReplanJob, ReplanReason, Replanner, UNDERRUN,
+    COMPRESS_SHARE, DRIFT_STEP, Due, Gate, Held, JobId, LINK_SHARE, Measurements, MultiPlan,
+    ON_PERIOD, OVERRUNS, PACE, ROOM, ReplanJob, ReplanReason, Replanner, UNDERRUN,
 };
 
 impl Replanner {
@@ -46,27 +46,25 @@ impl Replanner {
             .min()
             .unwrap_or(0);
         let gated = self
-            .current
-            .as_ref()
+            .plans
+            .current()
             .is_some_and(|c| c.plans.iter().all(|p| p.gate.is_some()));
         if streak < UNSTRETCH
             || !gated
             || !self.enabled
-            || !self.shorten
+            || !self.plans.shorter()
             || self.due != Due::Nothing
         {
             return None;
         }
-        self.compress_ns = self.jobs.values().map(|j| j.active_ns).max().unwrap_or(0);
-        self.compress_iter_ns = self
+        let active_ns = self.jobs.values().map(|j| j.active_ns).max().unwrap_or(0);
+        let iteration_ns = self
             .jobs
             .values()
             .map(|j| j.spare_iter_ns)
             .max()
             .unwrap_or(0);
-        if streak < OVERRUNS && self.unstretched().is_none() {
-            self.compress_ns = 0;
-            self.compress_iter_ns = 0;
+        if streak < OVERRUNS && self.unstretched(iteration_ns).is_none() {
             return None;
         }
         for j in self.jobs.values_mut() {
@@ -74,6 +72,10 @@ impl Replanner {
             j.active_ns = 0;
             j.spare_iter_ns = 0;
         }
+        self.due.raise(Due::Compress {
+            active_ns,
+            iteration_ns,
+        });
         Some(ReplanReason::Compress)
     }
 
@@ -86,7 +88,7 @@ impl Replanner {
     /// and a plan made from them would put the job behind its pace. A job
     /// that keeps its pace keeps its plan (its phase, its copies): a re-plan
     /// moves every job.
-    pub(super) fn keep_pace(&mut self, id: JobId, m: &Measurements) -> Option<ReplanReason> {
+    pub(super) fn keep_pace(&mut self, id: JobId, m: &Measurements) -> Option<(ReplanReason, u64)> {
         let enabled = self.enabled;
         let job = self.jobs.get_mut(&id)?;
         let period = job.gate?.period_ns as f64;
@@ -107,13 +109,13 @@ impl Replanner {
             return None;
         }
         job.overruns = 0;
-        self.held_now = std::mem::take(&mut job.overrun_ns);
+        let ran_ns = std::mem::take(&mut job.overrun_ns);
         let ratio = ratio.min(DRIFT_STEP);
         for e in &mut job.estimates {
             *e *= ratio;
         }
         job.measured = true;
-        Some(ReplanReason::Drift)
+        Some((ReplanReason::Drift, ran_ns))
     }
 
     /// `proposed`, a re-plan made due by iterations that ran past their
@@ -125,10 +127,13 @@ impl Replanner {
     /// the plans in use held on 217.2 ms). Only gated proposals compare,
     /// and only when nothing else made the re-plan due.
     pub(super) fn held_or(&self, proposed: MultiPlan) -> MultiPlan {
-        if self.held_ns == 0 || self.held_void || proposed.cycle_ns == 0 {
+        let Held::Ran(held_ns) = self.held else {
+            return proposed;
+        };
+        if proposed.cycle_ns == 0 {
             return proposed;
         }
-        match self.stretched_to(self.stretch_ns.max(self.held_ns)) {
+        match self.stretched_to(self.due.stretch_ns().max(held_ns)) {
             Some(st) if st.cycle_ns < proposed.cycle_ns => st,
             _ => proposed,
         }
@@ -141,7 +146,7 @@ impl Replanner {
     /// not gated or the period already holds it. The plans keep their
     /// predictions (the aligned peak at the old phases).
     pub(super) fn stretched(&self) -> Option<MultiPlan> {
-        self.stretched_to(self.stretch_ns)
+        self.stretched_to(self.due.stretch_ns())
     }
 
     /// [`Replanner::stretched`] to hold an iteration of `iteration_ns`.
@@ -165,12 +170,13 @@ impl Replanner {
     /// then ran 232 ms). Only the gates change, as in a stretch: the pace
     /// and the copies are those handed out on `origin_ns`, so they fit the
     /// link as they did there, and no link rule applies.
-    pub(super) fn unstretched(&self) -> Option<MultiPlan> {
-        if self.origin_ns == 0 || self.compress_iter_ns == 0 {
+    pub(super) fn unstretched(&self, iteration_ns: u64) -> Option<MultiPlan> {
+        let origin_ns = self.plans.in_use().map_or(0, |u| u.origin_ns);
+        if origin_ns == 0 || iteration_ns == 0 {
             return None;
         }
-        let (old, need) = self.period_to_hold(self.compress_iter_ns)?;
-        let new = need.max(self.origin_ns);
+        let (old, need) = self.period_to_hold(iteration_ns)?;
+        let new = need.max(origin_ns);
         if new as f64 >= old as f64 * 0.99 {
             return None;
         }
@@ -181,7 +187,7 @@ impl Replanner {
     /// iteration of `iteration_ns` plus the gates' slack; `None` when a
     /// plan in use is not gated.
     fn period_to_hold(&self, iteration_ns: u64) -> Option<(u64, u64)> {
-        let current = self.current.as_ref()?;
+        let current = self.plans.current()?;
         let old = current.plans.first()?.gate?.period_ns;
         if current.plans.iter().any(|p| p.gate.is_none()) {
             return None;
@@ -193,7 +199,7 @@ impl Replanner {
     /// The plans in use with every gate moved from the period `old` onto
     /// `new` ([`rescale_gates`]), nothing else changed.
     fn regated(&self, old: u64, new: u64) -> Option<MultiPlan> {
-        let mut out = self.current.clone()?;
+        let mut out = self.plans.current().cloned()?;
         rescale_gates(&mut out, old, new);
         Some(out)
     }
@@ -204,11 +210,11 @@ impl Replanner {
     /// delay scaled with it, so that the jobs stay as far apart, in shares
     /// of the period, as they were planned. `None` when a plan in use is
     /// not gated or the period would shrink by less than 1%.
-    pub(super) fn compressed(&self) -> Option<MultiPlan> {
-        let mut out = self.current.clone()?;
+    pub(super) fn compressed(&self, active_ns: u64) -> Option<MultiPlan> {
+        let mut out = self.plans.current().cloned()?;
         let old = out.plans.first()?.gate?.period_ns;
         let slack = crate::gate_slack(&self.config, out.plans.len());
-        let target = self.compress_ns as f64 * (1.0 + slack);
+        let target = active_ns as f64 * (1.0 + slack);
         let new = (old as f64 - (old as f64 - target) * COMPRESS_SHARE).ceil();
         let copies: u64 = out.plans.iter().map(|p| p.prediction.swapped_bytes).sum();
         let link = self

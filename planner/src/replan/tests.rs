@@ -267,8 +267,14 @@ fn gated_plan_in_use(r: &mut Replanner, id: JobId, gate: Gate) -> MultiPlan {
     let mut current = r.plan_all().unwrap();
     current.plans[0].gate = Some(gate);
     current.cycle_ns = gate.period_ns;
-    r.current = Some(current.clone());
-    r.origin_ns = gate.period_ns;
+    r.plans = Plans::Holding {
+        in_use: InUse {
+            plans: current.clone(),
+            origin_ns: gate.period_ns,
+            gates_only: false,
+        },
+        shorter: true,
+    };
     r.jobs.get_mut(&id).unwrap().gate = Some(gate);
     current
 }
@@ -286,7 +292,8 @@ fn settle_on_new_plans(r: &mut Replanner, id: JobId, m: &Measurements) {
             .is_empty()
     );
     // A switch that moved only the gates moves no storage: one fewer.
-    let settle = if r.gates_only { SETTLE_GATES } else { SETTLE };
+    let gates_only = r.plans.in_use().is_some_and(|u| u.gates_only);
+    let settle = if gates_only { SETTLE_GATES } else { SETTLE };
     for _ in 1..settle {
         assert!(
             r.replan_after(id, m, Replanner::plan_due)
@@ -344,23 +351,26 @@ fn a_plan_on_trial_keeps_its_fallback_until_it_misses_or_is_replaced() {
     let before = r.plan_all().unwrap();
     r.jobs.get_mut(&id).unwrap().gate = Some(gate_on(period, 0));
     // As if a shorter plan had been taken over `before`.
-    r.fallback = Some(before.clone());
+    r.plans.shorter_on_trial(Some(before.clone()));
     // A request for a shorter plan that finds none leaves the trial on.
     r.due = Due::Shorter;
     assert!(r.plan_due().unwrap().is_none());
-    assert!(r.fallback.is_some(), "the trial ended without a miss");
+    assert!(
+        r.plans.fallback().is_some(),
+        "the trial ended without a miss"
+    );
     // A miss: `before` comes back under a new version.
-    r.revert = true;
+    r.due = Due::Revert { stretch_ns: 0 };
     let version = r.next_version();
     let back = r.plan_due().unwrap().unwrap();
     assert_eq!(back.plans[0].version, version);
     assert_eq!(back.plans[0].events, before.plans[0].events);
-    assert!(r.fallback.is_none() && !r.shorten);
+    assert!(r.plans.fallback().is_none() && !r.plans.shorter());
     // A plan needed for another reason ends the trial too.
-    r.fallback = Some(before);
-    r.due = Due::Needed;
+    r.plans.shorter_on_trial(Some(before));
+    r.due = Due::Needed { stretch_ns: 0 };
     assert!(r.plan_due().unwrap().is_some());
-    assert!(r.fallback.is_none());
+    assert!(r.plans.fallback().is_none());
 }
 
 #[test]
@@ -488,7 +498,7 @@ fn a_first_iteration_past_its_period_within_its_pace_stretches_the_period() {
     assert_eq!(r.replans, 1);
     // The new cycle begins where the job that asked stands.
     assert_eq!(r.anchor_job(), Some(id));
-    assert_eq!(r.current.as_ref().unwrap().anchor_job, None);
+    assert_eq!(r.plans.current().unwrap().anchor_job, None);
     // On it, iterations that long keep the plan (ops that fill them: ops
     // with room to spare would compress it).
     let full = Measurements {
@@ -533,7 +543,7 @@ fn gated_plans_made_due_by_a_jobs_measurements_begin_their_cycle_where_it_stands
     let mut out = gated.clone();
     r.adopt(&mut out);
     assert_eq!(out.anchor_job, Some(0));
-    assert_eq!(r.current.as_ref().unwrap().anchor_job, None);
+    assert_eq!(r.plans.current().unwrap().anchor_job, None);
     // Taken once: plans adopted later that no measurements asked for
     // keep the cycle in use.
     let mut again = gated.clone();
@@ -578,7 +588,10 @@ fn gated_plans_with_room_to_spare_are_compressed_on_trial_and_stretched_once() {
     assert_eq!(g.phase_ns, period / 3 * short / period);
     assert_eq!(plan.events.len(), current.plans[0].events.len());
     assert_eq!(r.anchor_job(), Some(id));
-    assert!(r.fallback.is_some(), "a compressed plan is on trial");
+    assert!(
+        r.plans.fallback().is_some(),
+        "a compressed plan is on trial"
+    );
     // Its first iteration and the settling ones do not count; then one past
     // its pace, nothing evicted, stretches it to hold that iteration, still
     // on trial.
@@ -595,7 +608,10 @@ fn gated_plans_with_room_to_spare_are_compressed_on_trial_and_stretched_once() {
     let g = handed[0].1.gate.unwrap();
     let held = (over.iteration_ns as f64 * (1.0 + r.config.gate_slack)).ceil() as u64;
     assert_eq!(g.period_ns, held);
-    assert!(r.fallback.is_some(), "the stretched plan stays on trial");
+    assert!(
+        r.plans.fallback().is_some(),
+        "the stretched plan stays on trial"
+    );
     // Missed again: the plans before the compression come back, and no
     // shorter period is tried again.
     settle_on_new_plans(&mut r, id, &roomy);
@@ -606,7 +622,7 @@ fn gated_plans_with_room_to_spare_are_compressed_on_trial_and_stretched_once() {
     let back = r.replan_after(id, &way_over, Replanner::plan_due).unwrap();
     assert_eq!(back[0].1.gate.unwrap().period_ns, period);
     assert_eq!(back[0].1.events, current.plans[0].events);
-    assert!(r.fallback.is_none() && !r.shorten);
+    assert!(r.plans.fallback().is_none() && !r.plans.shorter());
     for _ in 0..SETTLE + 2 * OVERRUNS {
         let more = r.replan_after(id, &roomy, Replanner::plan_due).unwrap();
         assert!(more.is_empty(), "{more:?}");
@@ -668,7 +684,10 @@ fn a_stretch_the_jobs_no_longer_need_is_undone_as_far_as_their_iterations_allow(
     assert_eq!(plan.events, current.plans[0].events);
     // The cycle in use is kept: no job's slot jumps to now.
     assert_eq!(r.anchor_job(), None);
-    assert!(r.fallback.is_some(), "an undone stretch is on trial");
+    assert!(
+        r.plans.fallback().is_some(),
+        "an undone stretch is on trial"
+    );
     // Never below the period the plans were handed out on: iterations
     // at 90% of it undo the whole stretch and no more.
     let (mut r, id, lat, period) = gated_replanner();
@@ -759,7 +778,7 @@ fn a_first_iteration_past_its_pace_that_held_its_memory_is_stretched_for_unless_
         r.observe(id, &overran).unwrap(),
         Some(ReplanReason::FirstMeasurements)
     );
-    assert_eq!(r.held_ns, overran.iteration_ns);
+    assert_eq!(r.held, Held::Ran(overran.iteration_ns));
     let stretched = (overran.iteration_ns as f64 * (1.0 + r.config.gate_slack)).ceil() as u64;
     // A re-plan on twice the period loses to the plans in use stretched.
     let out = r.held_or(proposal(&current, 2 * period));
@@ -783,11 +802,11 @@ fn a_first_iteration_past_its_pace_that_held_its_memory_is_stretched_for_unless_
     // The whole way: the stretch is handed out, and the next plan
     // compares afresh.
     r.due = Due::Nothing;
-    r.held_ns = 0;
+    r.held = Held::Nothing;
     r.jobs.get_mut(&id).unwrap().measured = false;
     let handed = r.replan_after(id, &overran, Replanner::plan_due).unwrap();
     assert_eq!(handed.len(), 1);
-    assert_eq!(r.held_ns, 0);
+    assert_eq!(r.held, Held::Nothing);
 
     // An iteration that evicted did not hold its memory: no stretch.
     let (mut r, id, _, period) = gated_replanner();
@@ -801,7 +820,7 @@ fn a_first_iteration_past_its_pace_that_held_its_memory_is_stretched_for_unless_
         r.observe(id, &evicted).unwrap(),
         Some(ReplanReason::FirstMeasurements)
     );
-    assert_eq!(r.held_ns, 0);
+    assert!(!matches!(r.held, Held::Ran(_)), "{:?}", r.held);
     let long = proposal(&current, 2 * period);
     assert_eq!(r.held_or(long.clone()), long);
 }
@@ -834,9 +853,9 @@ fn overruns_that_held_their_memory_leave_the_longest_for_a_stretch() {
         r.observe(id, &over(106, false)).unwrap(),
         Some(ReplanReason::Drift)
     );
-    assert_eq!(r.held_ns, period * 108 / 100);
+    assert_eq!(r.held, Held::Ran(period * 108 / 100));
     // A streak with an eviction in it leaves nothing.
-    r.held_ns = 0;
+    r.held = Held::Nothing;
     r.due = Due::Nothing;
     assert_eq!(r.observe(id, &over(105, false)).unwrap(), None);
     assert_eq!(r.observe(id, &over(108, true)).unwrap(), None);
@@ -844,9 +863,12 @@ fn overruns_that_held_their_memory_leave_the_longest_for_a_stretch() {
         r.observe(id, &over(106, false)).unwrap(),
         Some(ReplanReason::Drift)
     );
-    assert_eq!(r.held_ns, 0);
-    assert!(r.held_void, "a re-plan that evictions asked for is taken");
-    r.held_void = false;
+    assert_eq!(
+        r.held,
+        Held::Void,
+        "a re-plan that evictions asked for is taken"
+    );
+    r.held = Held::Nothing;
     // A streak broken by an iteration on pace starts afresh.
     assert_eq!(r.observe(id, &over(120, false)).unwrap(), None);
     assert_eq!(r.observe(id, &on).unwrap(), None);
@@ -856,5 +878,5 @@ fn overruns_that_held_their_memory_leave_the_longest_for_a_stretch() {
         r.observe(id, &over(104, false)).unwrap(),
         Some(ReplanReason::Drift)
     );
-    assert_eq!(r.held_ns, period * 105 / 100);
+    assert_eq!(r.held, Held::Ran(period * 105 / 100));
 }
