@@ -96,10 +96,10 @@ mod tests {
     use super::bytes;
 
     #[test]
-    fn bytes_are_readable() {
-        assert_eq!(bytes(0), "0 B");
-        assert_eq!(bytes(1023), "1023 B");
-        assert_eq!(bytes(1536), "1.50 KiB");
-        assert_eq!(bytes(3 << 30), "3.00 GiB");
+    fn bytes_read_in_the_unit_of_the_mb_flags() {
+        assert_eq!(bytes(0), "0 MB");
+        assert_eq!(bytes(1_500_000), "1.5 MB");
+        assert_eq!(bytes(250_000), "0.25 MB");
+        assert_eq!(bytes(3_000_000_000), "3000 MB");
     }
 }
