@@ -345,8 +345,9 @@ pub fn options(
     }
 }
 
-/// One copy's vanilla peak at the reference batch, alone on the device.
-fn one_copy_peak(case: &ColocateCase, device: &DeviceProfile) -> Result<u64, ExperimentError> {
+/// One copy's vanilla peak at the reference batch, alone on the device:
+/// the budget of the case's rows.
+pub fn one_copy_peak(case: &ColocateCase, device: &DeviceProfile) -> Result<u64, ExperimentError> {
     let g = graphs(
         &ColocateCase {
             copies: 1,

@@ -285,12 +285,122 @@ pub(crate) fn search(
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use tensile_graph::builder::{Builder, Optimizer};
+    use tensile_graph::{DType, Graph};
+
     use super::layout;
+    use crate::{CopyModel, JobInput, JobSettings, Layout, MultiPlan, PlannerConfig, Turns, plan};
 
     #[test]
     fn turns_follow_one_another_round_the_cycle() {
         let c = layout(&[30, 50, 20]);
         assert_eq!(c.cycle, 100);
         assert_eq!(c.phases, vec![0, 30, 80]);
+    }
+
+    fn mlp() -> Graph {
+        let mut b = Builder::new("mlp");
+        let x = b.input("x", vec![1024, 512], DType::F32);
+        let y = b.input("y", vec![1024], DType::I64);
+        let h = b.linear("fc1", x, 1024, false);
+        let h = b.relu("act1", h);
+        let h = b.linear("fc2", h, 1024, false);
+        let h = b.relu("act2", h);
+        let logits = b.linear("head", h, 10, false);
+        let loss = b.cross_entropy("loss", logits, y);
+        b.finish(loss, Optimizer::adam()).unwrap()
+    }
+
+    /// Two copies of `g` at 100 us an op (`turns`: measured alone, else
+    /// beside each other), under a budget that binds nothing, on a device
+    /// where sharing slows each job by `1 + slowdown`.
+    fn two(g: &Graph, slowdown: f64, turns: Turns, op_ns: u64, alone: bool) -> MultiPlan {
+        let mut config = PlannerConfig::new(CopyModel::duplex(1e10, 1e10, 1_000));
+        config.coordinate = true;
+        config.budget_bytes = Some(1 << 40);
+        config.sharing_slowdown = slowdown;
+        config.turns = turns;
+        let lat = vec![op_ns; g.ops().len()];
+        let input = JobInput {
+            turns: alone,
+            ..JobInput::new(g, lat, JobSettings::default())
+        };
+        plan(&[input.clone(), input], &config).unwrap()
+    }
+
+    /// Whether each job's planned iteration ends before the next job's
+    /// turn begins, round the cycle.
+    fn one_at_a_time(mp: &MultiPlan) -> bool {
+        let gates: Vec<_> = mp.plans.iter().map(|p| p.gate.unwrap()).collect();
+        let period = gates[0].period_ns;
+        let mut turns: Vec<(u64, u64)> = mp
+            .plans
+            .iter()
+            .zip(&gates)
+            .map(|(p, g)| (g.phase_ns, p.prediction.planned_time_ns))
+            .collect();
+        turns.sort();
+        gates.iter().all(|g| g.period_ns == period)
+            && turns
+                .iter()
+                .zip(turns.iter().cycle().skip(1))
+                .all(|(a, b)| (b.0 + period - a.0) % period >= a.1 || turns.len() == 1)
+    }
+
+    #[test]
+    fn turns_replace_a_share_slower_than_the_jobs_alone_one_after_another() {
+        let g = mlp();
+        let op = 100_000;
+        let alone: u64 = op * g.ops().len() as u64;
+        // Sharing slows each job 2.5 times: one iteration each beside the
+        // other takes longer than both alone one after another.
+        let mp = two(&g, 1.5, Turns::WhenFaster, op, false);
+        assert_eq!(mp.layout, Layout::Turns, "{}", mp.layout_note);
+        assert!(
+            mp.shared_cycle_ns > 2 * alone * 10 / 25,
+            "{}",
+            mp.layout_note
+        );
+        assert_eq!(mp.cycle_ns, mp.turns_cycle_ns);
+        assert!(mp.turns_cycle_ns < mp.shared_cycle_ns);
+        // Each job's turn is its iteration alone (the latencies given
+        // beside the other, over 2.5) with the gates' pad and slack.
+        assert!(mp.turns_cycle_ns >= 2 * alone * 10 / 25);
+        assert!(mp.turns_cycle_ns <= 2 * alone * 10 / 25 * 110 / 100);
+        assert!(
+            one_at_a_time(&mp),
+            "{:?}",
+            mp.plans.iter().map(|p| p.gate).collect::<Vec<_>>()
+        );
+        assert!(mp.layout_note.starts_with("turns:"), "{}", mp.layout_note);
+        // Re-planned from latencies measured alone (taking turns), the
+        // jobs keep the same turns.
+        let again = two(&g, 1.5, Turns::WhenFaster, op * 10 / 25, true);
+        assert_eq!(again.layout, Layout::Turns);
+        let near = |a: u64, b: u64| a.abs_diff(b) <= b / 100;
+        assert!(near(again.turns_cycle_ns, mp.turns_cycle_ns));
+        assert!(near(again.shared_cycle_ns, mp.shared_cycle_ns));
+    }
+
+    #[test]
+    fn sharing_that_beats_the_turns_is_kept() {
+        let g = mlp();
+        // Sharing slows each job 1.2 times: both beside each other beat
+        // both one after another, which is not even planned.
+        let mp = two(&g, 0.2, Turns::WhenFaster, 100_000, false);
+        assert_eq!(mp.layout, Layout::Free, "{}", mp.layout_note);
+        assert!(mp.plans.iter().all(|p| p.gate.is_none()));
+        assert_eq!(mp.turns_cycle_ns, 0);
+        assert!(mp.shared_cycle_ns > 0);
+        // Made to, the jobs take turns, on a longer cycle.
+        let turns = two(&g, 0.2, Turns::Always, 100_000, false);
+        assert_eq!(turns.layout, Layout::Turns);
+        assert!(turns.turns_cycle_ns > mp.shared_cycle_ns);
+        assert!(one_at_a_time(&turns));
+        // Never: no turns even where they would win.
+        let never = two(&g, 1.5, Turns::Never, 100_000, false);
+        assert_ne!(never.layout, Layout::Turns);
     }
 }
