@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use tensile_graph::Graph;
 use tensile_planner::{
-    JobId, JobSettings, Measurements, MultiPlan, Plan, PlannerConfig, Replan, ReplanError,
+    JobId, JobSettings, Layout, Measurements, MultiPlan, Plan, PlannerConfig, Replan, ReplanError,
     Replanner,
 };
 
@@ -34,6 +34,9 @@ pub struct TimedReplanner {
     pub inner: Replanner,
     /// Wall time of every planning run, ns.
     pub plan_ns: Vec<u64>,
+    /// The layout of every plan handed out, in order: how the jobs shared
+    /// the device as the run went on.
+    pub layouts: Vec<Layout>,
 }
 
 impl TimedReplanner {
@@ -52,6 +55,7 @@ impl TimedReplanner {
         Ok(TimedReplanner {
             inner,
             plan_ns: Vec::new(),
+            layouts: Vec::new(),
         })
     }
 
@@ -60,6 +64,9 @@ impl TimedReplanner {
         let t = Instant::now();
         let out = self.inner.plan_all();
         self.plan_ns.push(t.elapsed().as_nanos() as u64);
+        if let Ok(mp) = &out {
+            self.layouts.push(mp.layout);
+        }
         out
     }
 }
@@ -71,10 +78,14 @@ impl Replan for TimedReplanner {
         measured: &Measurements,
     ) -> Result<Vec<(JobId, Plan)>, ReplanError> {
         let plan_ns = &mut self.plan_ns;
+        let layouts = &mut self.layouts;
         self.inner.replan_after(job, measured, |r| {
             let t = Instant::now();
             let out = r.plan_due();
             plan_ns.push(t.elapsed().as_nanos() as u64);
+            if let Ok(Some(mp)) = &out {
+                layouts.push(mp.layout);
+            }
             out
         })
     }

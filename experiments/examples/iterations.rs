@@ -8,7 +8,7 @@
 //!
 //! ```text
 //! cargo run --release -p tensile-experiments --example iterations -- \
-//!     MODEL[:OPTIMIZER] BATCH COPIES BUDGET_BYTES [SEED] [ITERATIONS] [DEVICE] [--one-process]
+//!     MODEL[:OPTIMIZER] BATCH COPIES BUDGET_BYTES [SEED] [ITERATIONS] [DEVICE] [--one-process] [--turns=MODE]
 //! ```
 //!
 //! `BUDGET_BYTES` is the budget `bench colocate` prints in its JSON
@@ -23,12 +23,12 @@ use tensile_experiments::colocate::{self, ColocateCase};
 use tensile_experiments::device::one_process;
 use tensile_experiments::{device_profile, run_policy};
 use tensile_graph::Liveness;
-use tensile_planner::RecomputeFirst;
+use tensile_planner::{RecomputeFirst, Turns};
 
 #[path = "common/mod.rs"]
 mod common;
 
-const USAGE: &str = "usage: iterations MODEL[:OPTIMIZER] BATCH COPIES BUDGET_BYTES [SEED] [ITERATIONS] [DEVICE] [--one-process]";
+const USAGE: &str = "usage: iterations MODEL[:OPTIMIZER] BATCH COPIES BUDGET_BYTES [SEED] [ITERATIONS] [DEVICE] [--one-process] [--turns=never|when-faster|always]";
 
 fn main() -> ExitCode {
     common::exit("iterations", run)
@@ -37,7 +37,14 @@ fn main() -> ExitCode {
 fn run() -> Result<(), String> {
     let all: Vec<String> = std::env::args().skip(1).collect();
     let shared = all.iter().any(|a| a == "--one-process");
-    let args: Vec<String> = all.into_iter().filter(|a| a != "--one-process").collect();
+    let turns = match all.iter().find_map(|a| a.strip_prefix("--turns=")) {
+        Some(t) => Turns::parse(t)?,
+        None => Turns::default(),
+    };
+    let args: Vec<String> = all
+        .into_iter()
+        .filter(|a| a != "--one-process" && !a.starts_with("--turns="))
+        .collect();
     let p = common::Positional {
         args: &args,
         usage: USAGE,
@@ -66,7 +73,13 @@ fn run() -> Result<(), String> {
     };
     let graphs = colocate::graphs(&case, batch).map_err(|e| e.to_string())?;
     let lives: Vec<Liveness> = graphs.iter().map(Liveness::analyze).collect();
-    let opts = colocate::options(iterations, seed, Some(budget), RecomputeFirst::default());
+    let opts = colocate::options(
+        iterations,
+        seed,
+        Some(budget),
+        RecomputeFirst::default(),
+        turns,
+    );
     let run = run_policy(&graphs, &lives, Policy::Tensile, &profile, &opts, None)
         .map_err(|e| e.to_string())?;
     let ms = |ns: u64| ns as f64 / 1e6;
@@ -102,6 +115,11 @@ fn run() -> Result<(), String> {
         }
     }
     println!("*: the first iteration on a new plan");
+    let layouts: Vec<&str> = run.layouts.iter().map(|l| l.name()).collect();
+    println!("layouts, plan by plan: {}", layouts.join(" "));
+    if !run.layout_note.is_empty() {
+        println!("first plan: {}", run.layout_note);
+    }
     println!(
         "peak of all copies together {:.0} MiB of a {:.0} MiB budget; {} re-plans",
         run.result.peak_bytes as f64 / (1u64 << 20) as f64,

@@ -20,7 +20,7 @@ use tensile_baselines::Policy;
 use tensile_graph::Liveness;
 use tensile_graph::builder::{Optimizer, Step};
 use tensile_latency_model::DeviceProfile;
-use tensile_planner::RecomputeFirst;
+use tensile_planner::{RecomputeFirst, Turns};
 
 use crate::metrics::{SimReport, phase_metrics, report};
 use crate::pareto::{Loss, dominance};
@@ -151,6 +151,7 @@ pub fn run_bench(
         cold_start: ColdStart::Auto,
         coordinate: true,
         recompute_first: RecomputeFirst::default(),
+        turns: Turns::default(),
     };
     let work = config.workloads();
     let pool = rayon::ThreadPoolBuilder::new()

@@ -13,6 +13,15 @@
 //! start, the phases taking hold) say little of its throughput. Every row
 //! also has the lowest peak any time-free swap plan could reach at the
 //! same phases ([`crate::bound`]).
+//!
+//! Every row also runs the same jobs planned to take turns under the same
+//! budget (`Turns::Always`), and says which layout ours ran in steady
+//! state: sharing (free or gated) or turns, which the planner takes when
+//! they fit with a shorter predicted cycle. Taking turns is not free on
+//! this EOR: the reference co-locates the jobs with no limit, and two jobs
+//! side by side get `2 / (1 + sharing_slowdown)` of one job's throughput
+//! alone, so turns score about `(1 - s) / (1 + s)` for two equal jobs
+//! (0.11 on the h100, 0.05 on the a6000, 0.67 on the h200).
 
 use rayon::prelude::*;
 use serde::Serialize;
@@ -22,7 +31,7 @@ use tensile_graph::builder::Optimizer;
 use tensile_graph::zoo::{self, ZooConfig};
 use tensile_graph::{Graph, Liveness};
 use tensile_latency_model::DeviceProfile;
-use tensile_planner::RecomputeFirst;
+use tensile_planner::{Layout, RecomputeFirst, Turns};
 
 use crate::bound::bound_peak;
 use crate::run::{SimOptions, run_policy};
@@ -144,6 +153,19 @@ pub struct ColocateRow {
     pub eor: f64,
     pub gated: bool,
     pub cycle_ms: f64,
+    /// The layout ours ran in at the end of the run (`free`, `gated`,
+    /// `turns`), and at its first plan.
+    pub layout: String,
+    pub first_layout: String,
+    /// Ours' first plan's predicted cycle sharing the device and taking
+    /// turns (0: not predicted), and why it took its layout.
+    pub shared_cycle_ms: f64,
+    pub turns_cycle_ms: f64,
+    pub layout_note: String,
+    /// The same jobs made to take turns under the same budget: their EOR
+    /// (infinite: they could not run) and measured peak.
+    pub turns_eor: f64,
+    pub turns_peak_bytes: u64,
     pub stall_s: f64,
     pub memory_wait_s: f64,
     pub guard_evictions: usize,
@@ -166,7 +188,21 @@ pub struct CaseSummary {
     pub capacity: Option<f64>,
     /// Rows whose measured peak went over the budget (none expected).
     pub over: usize,
+    /// The worst EOR of ours over the rows, and of the same jobs taking
+    /// turns.
+    pub worst_eor: f64,
+    pub worst_turns_eor: f64,
+    /// Rows in which ours ran its jobs in turns at the end.
+    pub turns_rows: usize,
+    /// Rows in which ours was slower than the same jobs taking turns (by
+    /// more than [`TURNS_TOLERANCE`] of their throughput).
+    pub slower_than_turns: usize,
 }
+
+/// How much lower than turns' throughput ours' may be before a row counts
+/// as slower than taking turns: runs of the same plans differ by about
+/// this much with the phases they start on.
+pub const TURNS_TOLERANCE: f64 = 0.02;
 
 /// Everything `bench colocate` measured (`--json`).
 #[derive(Debug, Clone, Serialize)]
@@ -253,13 +289,25 @@ fn summarize(device: &str, case: &str, rows: &[&ColocateRow]) -> CaseSummary {
             .filter(|r| r.fraction == f)
             .all(|r| r.fits && r.eor <= EOR_TARGET)
     });
+    let worst = |f: fn(&ColocateRow) -> f64| rows.iter().map(|r| f(r)).fold(0.0, f64::max);
     CaseSummary {
         device: device.to_string(),
         case: case.to_string(),
         budget_bytes: rows.first().map_or(0, |r| r.budget_bytes),
         capacity,
         over: rows.iter().filter(|r| r.over_bytes > 0).count(),
+        worst_eor: worst(|r| r.eor),
+        worst_turns_eor: worst(|r| r.turns_eor),
+        turns_rows: rows.iter().filter(|r| r.layout == "turns").count(),
+        slower_than_turns: rows.iter().filter(|r| slower_than_turns(r)).count(),
     }
+}
+
+/// Whether ours' throughput in `row` is below the same jobs' taking turns
+/// by more than [`TURNS_TOLERANCE`] (EOR is vanilla's throughput over
+/// ours, minus one).
+pub fn slower_than_turns(row: &ColocateRow) -> bool {
+    row.turns_eor.is_finite() && (1.0 + row.eor) > (1.0 + row.turns_eor) * (1.0 + TURNS_TOLERANCE)
 }
 
 /// A case's copies at `batch`: the zoo model with the case's optimizer,
@@ -279,6 +327,7 @@ pub fn options(
     seed: u64,
     budget: Option<u64>,
     recompute_first: RecomputeFirst,
+    turns: Turns,
 ) -> SimOptions {
     SimOptions {
         iterations,
@@ -292,11 +341,13 @@ pub fn options(
         cold_start: ColdStart::Roofline,
         coordinate: true,
         recompute_first,
+        turns,
     }
 }
 
-/// One copy's vanilla peak at the reference batch, alone on the device.
-fn one_copy_peak(case: &ColocateCase, device: &DeviceProfile) -> Result<u64, ExperimentError> {
+/// One copy's vanilla peak at the reference batch, alone on the device:
+/// the budget of the case's rows.
+pub fn one_copy_peak(case: &ColocateCase, device: &DeviceProfile) -> Result<u64, ExperimentError> {
     let g = graphs(
         &ColocateCase {
             copies: 1,
@@ -310,7 +361,7 @@ fn one_copy_peak(case: &ColocateCase, device: &DeviceProfile) -> Result<u64, Exp
         &lives,
         Policy::Vanilla,
         device,
-        &options(1, 1, None, RecomputeFirst::Never),
+        &options(1, 1, None, RecomputeFirst::Never, Turns::Never),
         None,
     )?;
     Ok(run.result.peak_bytes)
@@ -340,17 +391,21 @@ fn run_row(
         &lives,
         Policy::Vanilla,
         device,
-        &options(n, seed, None, RecomputeFirst::Never),
+        &options(n, seed, None, RecomputeFirst::Never, Turns::Never),
         None,
     )?;
-    let ours = run_policy(
-        &graphs,
-        &lives,
-        Policy::Tensile,
-        device,
-        &options(n, seed, Some(budget), config.recompute_first),
-        None,
-    );
+    let ours_with = |turns| {
+        run_policy(
+            &graphs,
+            &lives,
+            Policy::Tensile,
+            device,
+            &options(n, seed, Some(budget), config.recompute_first, turns),
+            None,
+        )
+    };
+    let ours = ours_with(Turns::WhenFaster);
+    let turns = ours_with(Turns::Always).ok();
     let bound = bound_peak(&graphs, device, seed, ours.as_ref().ok());
     let vpeak = vanilla.result.peak_bytes;
     let mut row = ColocateRow {
@@ -369,6 +424,15 @@ fn run_row(
         eor: f64::INFINITY,
         gated: false,
         cycle_ms: 0.0,
+        layout: String::new(),
+        first_layout: String::new(),
+        shared_cycle_ms: 0.0,
+        turns_cycle_ms: 0.0,
+        layout_note: String::new(),
+        turns_eor: turns.as_ref().map_or(f64::INFINITY, |t| {
+            steady_eor(&vanilla.result, &t.result, config.warmup)
+        }),
+        turns_peak_bytes: turns.as_ref().map_or(0, |t| t.result.peak_bytes),
         stall_s: 0.0,
         memory_wait_s: 0.0,
         guard_evictions: 0,
@@ -383,6 +447,12 @@ fn run_row(
             let gate = run.gates.iter().flatten().next();
             row.gated = gate.is_some();
             row.cycle_ms = gate.map_or(0.0, |g| g.period_ns as f64 / 1e6);
+            let name = |l: Option<&Layout>| l.map_or("", |l| l.name()).to_string();
+            row.layout = name(run.layouts.last());
+            row.first_layout = name(run.layouts.first());
+            row.shared_cycle_ms = run.shared_cycle_ns as f64 / 1e6;
+            row.turns_cycle_ms = run.turns_cycle_ns as f64 / 1e6;
+            row.layout_note = run.layout_note.clone();
             row.predicted_peak_bytes = if row.gated {
                 run.predicted.1
             } else {

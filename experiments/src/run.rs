@@ -12,7 +12,7 @@ use tensile_executor::replan::TimedReplanner;
 use tensile_executor::sim::{FixedPlans, SimConfig, SimJob, SimResult, simulate};
 use tensile_graph::{Graph, Liveness};
 use tensile_latency_model::{DeviceProfile, estimate_latencies, true_latencies};
-use tensile_planner::{JobSettings, PlannerConfig, RecomputeFirst};
+use tensile_planner::{JobSettings, Layout, PlannerConfig, RecomputeFirst, Turns};
 
 use crate::ExperimentError;
 use crate::cold_start::{ColdStart, cold_start_latencies, relative_error};
@@ -45,6 +45,9 @@ pub struct SimOptions {
     /// Ours plans coordinated jobs that swaps alone leave over the budget
     /// again recomputing first (`PlannerConfig::recompute_first`).
     pub recompute_first: RecomputeFirst,
+    /// When ours' coordinated jobs under a budget take turns instead of
+    /// sharing the device (`PlannerConfig::turns`).
+    pub turns: Turns,
 }
 
 /// What one policy did on one workload.
@@ -67,6 +70,14 @@ pub struct Run {
     pub warnings: Vec<String>,
     /// The first plan's gates (a coordinated plan), job by job.
     pub gates: Vec<Option<tensile_planner::Gate>>,
+    /// Every plan's layout, the first's first: how the jobs shared the
+    /// device as the run went on.
+    pub layouts: Vec<Layout>,
+    /// The first plan's predicted cycles sharing and taking turns, ns (0:
+    /// not predicted), and why its layout was taken.
+    pub shared_cycle_ns: u64,
+    pub turns_cycle_ns: u64,
+    pub layout_note: String,
 }
 
 impl Run {
@@ -83,6 +94,10 @@ impl Run {
             cold_start_error: 0.0,
             warnings: Vec::new(),
             gates: Vec::new(),
+            layouts: Vec::new(),
+            shared_cycle_ns: 0,
+            turns_cycle_ns: 0,
+            layout_note: String::new(),
         }
     }
 }
@@ -121,6 +136,10 @@ pub fn run_policy(
     let ours = policy == Policy::Tensile;
     cfg.coordinate = ours && opts.coordinate && graphs.len() >= 2;
     cfg.recompute_first = opts.recompute_first;
+    cfg.turns = opts.turns;
+    if opts.no_sharing {
+        cfg.sharing_slowdown = 0.0;
+    }
 
     let truth: Vec<Vec<u64>> = graphs
         .iter()
@@ -206,6 +225,8 @@ pub fn run_policy(
                 .map(|p| p.prediction.planned_peak_bytes)
                 .collect();
             let gates = first.plans.iter().map(|p| p.gate).collect();
+            let (shared_cycle_ns, turns_cycle_ns) = (first.shared_cycle_ns, first.turns_cycle_ns);
+            let layout_note = first.layout_note.clone();
             let result = simulate(
                 jobs(first.plans, &|_| ExecOptions::default()),
                 &sim,
@@ -218,6 +239,10 @@ pub fn run_policy(
                 predicted: (first.sum_of_peaks_bytes, first.aligned_peak_bytes),
                 predicted_peaks,
                 gates,
+                layouts: replanner.layouts.clone(),
+                shared_cycle_ns,
+                turns_cycle_ns,
+                layout_note,
                 ..Run::measured(result)
             }
         }

@@ -40,6 +40,8 @@ pub fn planner_config(
     stop_at_budget: bool,
 ) -> PlannerConfig {
     let mut c = PlannerConfig::new(copy_model(p));
+    // What sharing the device costs, against which taking turns is weighed.
+    c.sharing_slowdown = p.sharing_slowdown;
     c.budget_bytes = budget_bytes;
     c.stop_at_budget = stop_at_budget;
     c

@@ -173,6 +173,51 @@ pub fn choose_phases(curves: &[Curve], cycle: u64, hint: Option<&[u64]>) -> Vec<
     }
 }
 
+/// How many times a job's iteration may repeat within the longest one
+/// before [`aligned_peak`] counts it at its peak throughout.
+const MAX_REPEATS: u64 = 256;
+
+/// The peak of the jobs' memory curves on one time line, each job starting
+/// at 0 and repeating its iteration, over the longest iteration.
+pub(crate) fn aligned_peak(curves: &[(u64, &[(u64, u64)])]) -> u64 {
+    let horizon = curves.iter().map(|c| c.0).max().unwrap_or(0);
+    let mut changes: Vec<(u64, i64)> = Vec::new();
+    for &(period, line) in curves {
+        if line.is_empty() {
+            continue;
+        }
+        // A job whose iteration repeats very often within the longest one
+        // counts at its peak throughout: an upper bound, and the work
+        // stays bounded whatever the iterations' lengths.
+        if period == 0 || horizon / period > MAX_REPEATS {
+            let peak = line.iter().map(|p| p.1).max().unwrap_or(0) as i64;
+            changes.push((0, peak));
+            continue;
+        }
+        let mut prev = 0i64;
+        let mut base = 0;
+        while base < horizon.max(1) {
+            for &(t, m) in line {
+                changes.push((base + t, m as i64 - prev));
+                prev = m as i64;
+            }
+            base += period;
+        }
+    }
+    changes.sort_by_key(|c| c.0);
+    let (mut cur, mut best) = (0i64, 0i64);
+    let mut i = 0;
+    while i < changes.len() {
+        let t = changes[i].0;
+        while i < changes.len() && changes[i].0 == t {
+            cur += changes[i].1;
+            i += 1;
+        }
+        best = best.max(cur);
+    }
+    best.max(0) as u64
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]

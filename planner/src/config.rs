@@ -141,6 +141,15 @@ pub struct PlannerConfig {
     /// planned again recomputing first, then swapping around the
     /// recomputations (see `search_coordinated`), keeping the lower plan.
     pub recompute_first: RecomputeFirst,
+    /// How co-running jobs slow each other (the device profile's
+    /// `sharing_slowdown`): each of `k` jobs running at once runs at `1 /
+    /// (1 + sharing_slowdown * (k - 1))` of its speed alone. The latencies
+    /// of jobs that share the device are taken as measured (or predicted)
+    /// beside the others; those of jobs taking turns, alone
+    /// (`JobInput::turns`). 0: sharing costs nothing.
+    pub sharing_slowdown: f64,
+    /// When budgeted, coordinated jobs take turns ([`Turns`]).
+    pub turns: Turns,
 }
 
 impl PlannerConfig {
@@ -159,6 +168,8 @@ impl PlannerConfig {
             coordinated_link: 0.95,
             coordinated_margin: 0.03,
             recompute_first: RecomputeFirst::default(),
+            sharing_slowdown: 0.0,
+            turns: Turns::default(),
         }
     }
 }
@@ -203,6 +214,37 @@ impl RecomputeFirst {
             "always" => Ok(RecomputeFirst::Always),
             _ => Err(format!(
                 "recompute-first: expected never, many-jobs or always, got {s:?}"
+            )),
+        }
+    }
+}
+
+/// When jobs under a budget (`PlannerConfig::coordinate`, two jobs or
+/// more) take turns on the device instead of sharing it
+/// (`PlannerConfig::turns`): one job's iterations at a time, on gates whose
+/// period is the sum of the jobs' iterations alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Turns {
+    /// Never: the jobs share the device, free or gated.
+    Never,
+    /// When the turns fit the budget and their predicted throughput beats
+    /// sharing's (or sharing does not fit and turns do): never slower, by
+    /// the planner's prediction, than the jobs one after another.
+    #[default]
+    WhenFaster,
+    /// Always (what taking turns costs, for benches).
+    Always,
+}
+
+impl Turns {
+    /// `never`, `when-faster` or `always`.
+    pub fn parse(s: &str) -> Result<Turns, String> {
+        match s {
+            "never" => Ok(Turns::Never),
+            "when-faster" => Ok(Turns::WhenFaster),
+            "always" => Ok(Turns::Always),
+            _ => Err(format!(
+                "turns: expected never, when-faster or always, got {s:?}"
             )),
         }
     }

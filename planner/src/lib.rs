@@ -41,6 +41,12 @@
 //! instead of each job's, and every job's copies are placed on the whole
 //! link around the other jobs' copies (one common time line over both
 //! directions, rather than each job on its share of the bandwidth).
+//!
+//! Turns (`turns`): under a budget, coordinated jobs may instead take
+//! turns, on gates whose period is the sum of their iterations alone and
+//! whose phases put one job's iterations after another's, so that none
+//! runs beside another; they are taken when they fit the budget and their
+//! predicted cycle is shorter than sharing's (`PlannerConfig::turns`).
 
 mod align;
 mod config;
@@ -58,6 +64,7 @@ mod plan;
 mod recompute;
 mod replan;
 mod swap;
+mod turns;
 
 use std::collections::{BTreeMap, HashSet};
 use std::time::Instant;
@@ -65,15 +72,16 @@ use std::time::Instant;
 use tensile_graph::{Graph, Liveness, StorageId, TensorId};
 
 pub use align::{Curve, aligned_sum_peak, choose_phases};
-pub use config::{CopyModel, JobSettings, PlannerConfig, RecomputeFirst};
+pub use config::{CopyModel, JobSettings, PlannerConfig, RecomputeFirst, Turns};
 pub use gate::{Gate, GateClock};
 pub use intervals::IntervalSet;
 pub use plan::{
-    Diagnostic, DiagnosticKind, Event, EventKind, MultiPlan, Plan, PlanProfile, Prediction,
+    Diagnostic, DiagnosticKind, Event, EventKind, Layout, MultiPlan, Plan, PlanProfile, Prediction,
     Trigger, Wait,
 };
 pub use replan::{FixedPlans, JobId, Measurements, Replan, ReplanError, ReplanReason, Replanner};
 
+use align::aligned_peak;
 use coord::Coord;
 use emit::emit;
 use job::Job;
@@ -101,6 +109,12 @@ pub struct JobInput<'g> {
     pub free_missed: bool,
     /// The job runs free now: it has run iterations on a free plan.
     pub runs_free: bool,
+    /// The job takes turns now (its plan's layout is [`Layout::Turns`]):
+    /// its latencies were measured with no other job running beside it,
+    /// where those of jobs sharing the device were measured beside the
+    /// others (`PlannerConfig::sharing_slowdown` converts one to the
+    /// other).
+    pub turns: bool,
 }
 
 impl<'g> JobInput<'g> {
@@ -113,6 +127,7 @@ impl<'g> JobInput<'g> {
             gate: None,
             free_missed: false,
             runs_free: false,
+            turns: false,
         }
     }
 }
@@ -177,7 +192,23 @@ pub fn plan(jobs: &[JobInput<'_>], config: &PlannerConfig) -> Result<MultiPlan, 
         }
     }
     let lives: Vec<Liveness> = jobs.iter().map(|j| Liveness::analyze(j.graph)).collect();
-    let free = plan_with(jobs, &lives, config, false, started, deadline);
+    let at = turns::Latencies::new(jobs, config);
+    let shared = plan_shared(&at.shared(), &lives, config, started, deadline);
+    Ok(turns::choose(
+        &at, &lives, config, shared, started, deadline,
+    ))
+}
+
+/// [`plan`] of jobs that share the device: free, or gated when that fits
+/// the budget better.
+fn plan_shared(
+    jobs: &[JobInput<'_>],
+    lives: &[Liveness],
+    config: &PlannerConfig,
+    started: Instant,
+    deadline: Deadline,
+) -> MultiPlan {
+    let free = plan_with(jobs, lives, config, Layout::Free, started, deadline);
     // Gates are for fitting a budget that the jobs do not fit running free
     // without time: a coordinated plan paces its jobs (a few percent of
     // their time) and is taken only when it fits the budget at less cost.
@@ -192,7 +223,7 @@ pub fn plan(jobs: &[JobInput<'_>], config: &PlannerConfig) -> Result<MultiPlan, 
     let Some(budget) = config.budget_bytes.filter(|_| {
         config.coordinate && jobs.len() >= 2 && (gated_now || similar_iterations(jobs))
     }) else {
-        return Ok(free);
+        return free;
     };
     // A free plan the run has already contradicted does not fit, whatever
     // it predicts.
@@ -213,9 +244,9 @@ pub fn plan(jobs: &[JobInput<'_>], config: &PlannerConfig) -> Result<MultiPlan, 
     // the other's compute.
     let host_ops = jobs.iter().any(|j| j.graph.has_host_ops());
     if free_fits && (time_cost(&free) == 0.0 || free_now) && !gated_now && !host_ops {
-        return Ok(free);
+        return free;
     }
-    let gated = plan_with(jobs, &lives, config, true, started, deadline);
+    let gated = plan_with(jobs, lives, config, Layout::Gated, started, deadline);
     let gated_fits = gated.aligned_peak_bytes <= budget;
     let take_gated = match (free_fits, gated_fits) {
         (_, false) if free_fits => false,
@@ -224,7 +255,7 @@ pub fn plan(jobs: &[JobInput<'_>], config: &PlannerConfig) -> Result<MultiPlan, 
         (false, true) => true,
         _ => false,
     };
-    Ok(if take_gated { gated } else { free })
+    if take_gated { gated } else { free }
 }
 
 /// The most any job's planned iteration is longer than its vanilla one (a
@@ -239,15 +270,17 @@ fn time_cost(mp: &MultiPlan) -> f64 {
         .fold(0.0, f64::max)
 }
 
-/// [`plan`] on validated jobs, coordinated or running free.
+/// [`plan`] on validated jobs in one layout: running free, coordinated, or
+/// taking turns (coordinated on the turns' gates).
 fn plan_with(
     jobs: &[JobInput<'_>],
     lives: &[Liveness],
     config: &PlannerConfig,
-    coordinate: bool,
+    layout: Layout,
     started: Instant,
     deadline: Deadline,
 ) -> MultiPlan {
+    let coordinate = layout != Layout::Free;
     // Coordinated jobs plan for a little less than the budget and save only
     // what they must: the headroom and the fewer copies absorb what a run
     // does differently from its plan (the executor's guard holds the
@@ -305,19 +338,30 @@ fn plan_with(
         .iter()
         .map(|v| (v.1 as f64 * (1.0 + config.max_overhead.max(0.0))) as u64)
         .collect();
-    let mut out = MultiPlan::default();
-    let fresh = coordinate.then(|| state.clone());
-    let mut coord = if coordinate {
-        let coord = choose_gates(&state, jobs, config, &limits, deadline);
-        coord.install(&mut state);
-        Some(coord)
-    } else {
-        None
+    let mut out = MultiPlan {
+        layout,
+        ..MultiPlan::default()
+    };
+    let fresh = (layout == Layout::Gated).then(|| state.clone());
+    let mut coord = match layout {
+        Layout::Gated => {
+            let coord = choose_gates(&state, jobs, config, &limits, deadline);
+            coord.install(&mut state);
+            Some(coord)
+        }
+        Layout::Free | Layout::Turns => None,
     };
     out.profile.setup = started.elapsed();
-    let mut capped = match &coord {
-        Some(c) => lengthen::search_coordinated(&mut state, config, c, &limits, deadline, &mut out),
-        None => search(&mut state, config, None, &limits, deadline, &mut out),
+    let mut capped = match (&coord, layout) {
+        (Some(c), _) => {
+            lengthen::search_coordinated(&mut state, config, c, &limits, deadline, &mut out)
+        }
+        (None, Layout::Turns) => {
+            let (c, capped) = turns::search(&mut state, config, &limits, deadline, &mut out);
+            coord = Some(c);
+            capped
+        }
+        (None, _) => search(&mut state, config, None, &limits, deadline, &mut out),
     };
     if let (Some(c), Some(fresh), Some(budget)) = (&mut coord, &fresh, config.budget_bytes) {
         let at = Lengthen {
@@ -933,49 +977,4 @@ fn op_starts(job: &Job<'_>) -> Vec<u64> {
         }
     }
     starts
-}
-
-/// How many times a job's iteration may repeat within the longest one
-/// before [`aligned_peak`] counts it at its peak throughout.
-const MAX_REPEATS: u64 = 256;
-
-/// The peak of the jobs' memory curves on one time line, each job starting
-/// at 0 and repeating its iteration, over the longest iteration.
-fn aligned_peak(curves: &[(u64, &[(u64, u64)])]) -> u64 {
-    let horizon = curves.iter().map(|c| c.0).max().unwrap_or(0);
-    let mut changes: Vec<(u64, i64)> = Vec::new();
-    for &(period, line) in curves {
-        if line.is_empty() {
-            continue;
-        }
-        // A job whose iteration repeats very often within the longest one
-        // counts at its peak throughout: an upper bound, and the work
-        // stays bounded whatever the iterations' lengths.
-        if period == 0 || horizon / period > MAX_REPEATS {
-            let peak = line.iter().map(|p| p.1).max().unwrap_or(0) as i64;
-            changes.push((0, peak));
-            continue;
-        }
-        let mut prev = 0i64;
-        let mut base = 0;
-        while base < horizon.max(1) {
-            for &(t, m) in line {
-                changes.push((base + t, m as i64 - prev));
-                prev = m as i64;
-            }
-            base += period;
-        }
-    }
-    changes.sort_by_key(|c| c.0);
-    let (mut cur, mut best) = (0i64, 0i64);
-    let mut i = 0;
-    while i < changes.len() {
-        let t = changes[i].0;
-        while i < changes.len() && changes[i].0 == t {
-            cur += changes[i].1;
-            i += 1;
-        }
-        best = best.max(cur);
-    }
-    best.max(0) as u64
 }

@@ -199,6 +199,31 @@ impl std::fmt::Display for Diagnostic {
     }
 }
 
+/// How the planned jobs share the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Layout {
+    /// Every job runs free, beside the others, with no gate.
+    #[default]
+    Free,
+    /// Gated jobs with one period, their iterations overlapping
+    /// (coordinated: their memory curves interleave).
+    Gated,
+    /// Gated jobs taking turns: one job's iterations at a time, the
+    /// period the sum of their turns, so that none runs beside another.
+    Turns,
+}
+
+impl Layout {
+    /// `free`, `gated` or `turns`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Layout::Free => "free",
+            Layout::Gated => "gated",
+            Layout::Turns => "turns",
+        }
+    }
+}
+
 /// The result of planning all jobs on one device.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct MultiPlan {
@@ -213,6 +238,19 @@ pub struct MultiPlan {
     /// The gates' common period for coordinated jobs (0: none); their
     /// aligned peak (`aligned_peak_bytes`) is then at their gates' phases.
     pub cycle_ns: u64,
+    /// How the plans share the device.
+    pub layout: Layout,
+    /// The predicted time for every job to run one iteration while they
+    /// share the device (free or gated; `k / sum of 1 / iteration`), ns;
+    /// 0: not predicted (no budget, or one job).
+    pub shared_cycle_ns: u64,
+    /// The predicted cycle of the jobs taking turns (the sum of their
+    /// turns), ns; 0: turns were not planned, or could not beat sharing
+    /// (the sum of the jobs' vanilla iterations alone was already longer
+    /// than `shared_cycle_ns`).
+    pub turns_cycle_ns: u64,
+    /// One line for people: which layout was taken and why.
+    pub layout_note: String,
     pub vanilla_sum_of_peaks_bytes: u64,
     pub rounds: usize,
     pub diagnostics: Vec<Diagnostic>,

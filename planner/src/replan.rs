@@ -214,6 +214,8 @@ struct ReplanJob {
     free_missed: bool,
     /// Its current plan is a free one.
     runs_free: bool,
+    /// Its current plan takes turns ([`JobInput::turns`]).
+    turns: bool,
     /// It has not yet reported an iteration on its current plan.
     switch_pending: bool,
 }
@@ -400,6 +402,7 @@ impl Replanner {
                 late: LateStreak::default(),
                 free_missed: false,
                 runs_free: false,
+                turns: false,
                 switch_pending: true,
             },
         );
@@ -816,6 +819,7 @@ impl Replanner {
                 gate: j.gate,
                 free_missed: j.free_missed,
                 runs_free: j.runs_free,
+                turns: j.turns,
                 ..JobInput::new(
                     &j.graph,
                     j.estimates.iter().map(|&x| x.round() as u64).collect(),
@@ -878,6 +882,7 @@ impl Replanner {
             j.last_iteration_ns = 0;
             j.gate = p.gate;
             j.runs_free = p.gate.is_none();
+            j.turns = out.layout == crate::Layout::Turns;
             j.switch_pending = true;
             j.spare = 0;
             j.active_ns = 0;

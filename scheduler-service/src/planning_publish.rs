@@ -221,6 +221,8 @@ impl Planner {
         let mut mem = self.shared.memory();
         mem.aligned_peak_bytes = mp.aligned_peak_bytes;
         mem.vanilla_sum_of_peaks_bytes = mp.vanilla_sum_of_peaks_bytes;
+        mem.layout = mp.layout.name();
+        mem.layout_note = mp.layout_note.clone();
         mem.diagnostics = mp
             .diagnostics
             .iter()

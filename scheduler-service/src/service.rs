@@ -538,6 +538,8 @@ impl pb::memory_scheduler_server::MemoryScheduler for Service {
                 sum_of_peaks_bytes: mem.sum_of_peaks_bytes,
                 aligned_peak_bytes: mem.aligned_peak_bytes,
                 vanilla_sum_of_peaks_bytes: mem.vanilla_sum_of_peaks_bytes,
+                layout: mem.layout.to_string(),
+                layout_note: mem.layout_note.clone(),
             }),
             device: self.inner.config.device.name.clone(),
             diagnostics: mem

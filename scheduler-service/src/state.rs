@@ -115,6 +115,10 @@ pub struct Memory {
     pub sum_of_peaks_bytes: u64,
     pub aligned_peak_bytes: u64,
     pub vanilla_sum_of_peaks_bytes: u64,
+    /// How the newest joint plan shares the device (`free`, `gated`,
+    /// `turns`), and why it took that layout.
+    pub layout: &'static str,
+    pub layout_note: String,
     /// Diagnostics with the service's job ids.
     pub diagnostics: Vec<(u64, Diagnostic)>,
 }

@@ -3,7 +3,9 @@
 //! case, the capacities, and with `--plot` draws the capacity per case.
 
 use anyhow::{Context, Result};
-use tensile_experiments::colocate::{ColocateReport, ColocateRow, EOR_TARGET};
+use tensile_experiments::colocate::{
+    ColocateReport, ColocateRow, EOR_TARGET, TURNS_TOLERANCE, slower_than_turns,
+};
 use tensile_experiments::run_colocate;
 
 use crate::config::ColocateCommand;
@@ -68,7 +70,7 @@ fn print_report(r: &ColocateReport) {
             bytes(rows.first().map_or(0, |x| x.budget_bytes))
         );
         tensile_cli::outln!(
-            "{:>8} {:>5} {:>4} {:>10} {:>10} {:>10} {:>10} {:>6} {:>6} {:>7} {:>6} {:>8}  result",
+            "{:>8} {:>5} {:>4} {:>10} {:>10} {:>10} {:>10} {:>6} {:>6} {:>7} {:>6} {:>8} {:>6} {:>7}  result",
             "fraction",
             "batch",
             "seed",
@@ -80,7 +82,9 @@ fn print_report(r: &ColocateReport) {
             "msr≤",
             "eor",
             "gated",
-            "stall s"
+            "stall s",
+            "layout",
+            "turns"
         );
         for x in rows {
             let result = match (&x.error, x.fits) {
@@ -89,8 +93,13 @@ fn print_report(r: &ColocateReport) {
                 (None, true) => format!("fits, EOR over {EOR_TARGET}"),
                 (None, false) => format!("OVER the budget by {}", bytes(x.over_bytes)),
             };
+            let result = if x.error.is_none() && slower_than_turns(x) {
+                format!("{result}; SLOWER than taking turns")
+            } else {
+                result
+            };
             tensile_cli::outln!(
-                "{:>8.3} {:>5} {:>4} {:>10} {:>10} {:>10} {:>10} {:>6.3} {:>6.3} {:>7.4} {:>6} {:>8.3}  {result}",
+                "{:>8.3} {:>5} {:>4} {:>10} {:>10} {:>10} {:>10} {:>6.3} {:>6.3} {:>7.4} {:>6} {:>8.3} {:>6} {:>7.4}  {result}",
                 x.fraction,
                 x.batch,
                 x.seed,
@@ -107,8 +116,28 @@ fn print_report(r: &ColocateReport) {
                     "no".to_string()
                 },
                 x.stall_s,
+                x.layout,
+                x.turns_eor,
             );
         }
+    }
+    tensile_cli::outln!();
+    tensile_cli::outln!(
+        "layout: how ours ran at the end (free, gated, turns); turns: the EOR of the same jobs made to take turns under the same budget"
+    );
+    tensile_cli::outln!(
+        "per case: the worst EOR of ours and of turns, rows in turns, rows slower than turns (by over {TURNS_TOLERANCE} of their throughput):"
+    );
+    for s in &r.cases {
+        tensile_cli::outln!(
+            "  {:<22} on {:<6} worst EOR {:.3}, turns {:.3}; {} rows in turns, {} slower than turns",
+            s.case,
+            s.device,
+            s.worst_eor,
+            s.worst_turns_eor,
+            s.turns_rows,
+            s.slower_than_turns
+        );
     }
     tensile_cli::outln!();
     tensile_cli::outln!("capacity (the largest fraction every seed fits at EOR <= {EOR_TARGET}):");
@@ -184,6 +213,10 @@ mod tests {
             budget_bytes: 1,
             capacity,
             over: 0,
+            worst_eor: 0.0,
+            worst_turns_eor: 0.0,
+            turns_rows: 0,
+            slower_than_turns: 0,
         };
         let report = ColocateReport {
             iterations: 12,

@@ -111,6 +111,7 @@ impl SimCommand {
                 cold_start: ColdStart::parse(&a.device.latency_models),
                 coordinate: !a.no_gates,
                 recompute_first: a.recompute_first,
+                turns: Default::default(),
             },
             json: a.json,
             plot: a.plot.clone(),

@@ -133,6 +133,9 @@ struct StatusJson {
     sum_of_peaks_bytes: u64,
     aligned_peak_bytes: u64,
     vanilla_sum_of_peaks_bytes: u64,
+    /// `free`, `gated` or `turns` ("" before any joint plan), and why.
+    layout: String,
+    layout_note: String,
     jobs: Vec<JobJson>,
     diagnostics: Vec<String>,
 }
@@ -292,6 +295,8 @@ fn status_json(st: pb::GetStatusResponse) -> StatusJson {
         sum_of_peaks_bytes: mem.sum_of_peaks_bytes,
         aligned_peak_bytes: mem.aligned_peak_bytes,
         vanilla_sum_of_peaks_bytes: mem.vanilla_sum_of_peaks_bytes,
+        layout: mem.layout,
+        layout_note: mem.layout_note,
         jobs: st
             .jobs
             .iter()
@@ -348,6 +353,14 @@ fn print_status(out: &StatusJson) {
         bytes(out.vanilla_sum_of_peaks_bytes),
         bytes(out.aligned_peak_bytes)
     );
+    if !out.layout.is_empty() {
+        let why = if out.layout_note.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", out.layout_note)
+        };
+        println!("layout: {}{why}", out.layout);
+    }
     if out.jobs.is_empty() {
         tensile_cli::outln!("no jobs");
     } else {

@@ -7,6 +7,7 @@
 mod bound;
 mod h200;
 mod steady;
+mod turns;
 mod util;
 
 use tensile_baselines::Policy;

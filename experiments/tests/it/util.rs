@@ -9,7 +9,7 @@ use tensile_experiments::{
 };
 use tensile_graph::Graph;
 use tensile_graph::zoo::{self, ZooConfig};
-use tensile_planner::RecomputeFirst;
+use tensile_planner::{RecomputeFirst, Turns};
 
 pub(crate) fn resnet50(batch: u64) -> Graph {
     zoo::build("resnet50", &ZooConfig::new(batch)).unwrap()
@@ -29,6 +29,7 @@ pub(crate) fn options(iterations: usize) -> SimOptions {
         cold_start: ColdStart::Auto,
         coordinate: true,
         recompute_first: RecomputeFirst::default(),
+        turns: Turns::default(),
     }
 }
 

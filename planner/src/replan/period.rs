@@ -45,10 +45,11 @@ impl Replanner {
             .map(|j| if j.gate.is_some() { j.spare } else { 0 })
             .min()
             .unwrap_or(0);
-        let gated = self
-            .plans
-            .current()
-            .is_some_and(|c| c.plans.iter().all(|p| p.gate.is_some()));
+        // Turns leave each job idle for the others' turns by design: no
+        // room to take back.
+        let gated = self.plans.current().is_some_and(|c| {
+            c.layout != crate::Layout::Turns && c.plans.iter().all(|p| p.gate.is_some())
+        });
         if streak < UNSTRETCH
             || !gated
             || !self.enabled

@@ -1,7 +1,9 @@
 //! Leases, in paused tokio time: a job whose subscriber vanished is removed
 //! once its lease lapses, and the others are re-planned; so is a hung one
 //! (its plan stream open, but no reports or heartbeats): an open stream
-//! does not hold the lease.
+//! does not hold the lease. A hung job taking turns loses its turn with
+//! its lease: the others are re-planned in turns without it, and the
+//! status says they take turns and why.
 
 use std::time::Duration;
 
@@ -124,5 +126,83 @@ async fn a_hung_subscriber_lapses_though_its_stream_is_open() {
         last = Some(u.state);
     }
     assert_eq!(last, Some(pb::JobState::Done as i32));
+    s.stop().await;
+}
+
+/// The status' layout.
+async fn layout(c: &mut Client) -> (String, String) {
+    let st = c
+        .get_status(pb::GetStatusRequest { job_id: 0 })
+        .await
+        .unwrap()
+        .into_inner();
+    let m = st.memory.unwrap_or_default();
+    (m.layout, m.layout_note)
+}
+
+/// A plan with a gate (the joint plan, after each job's fast one).
+async fn gated_plan(s: &mut tonic::Streaming<pb::PlanUpdate>) -> pb::Plan {
+    loop {
+        let p = next_plan(s).await;
+        if p.gate.is_some() {
+            return p;
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hung_job_taking_turns_loses_its_turn_with_its_lease() {
+    // Sharing slows each of k jobs 1 + 3 (k - 1) times: three jobs take
+    // turns, and so do two.
+    let mut config = config();
+    config.device.sharing_slowdown = 3.0;
+    let s = unix(config).await;
+    let mut c = connect(&s.address).await;
+    let g = mlp(128);
+    let a = register(&mut c, "a", &g).await;
+    let b = register(&mut c, "hangs", &g).await;
+    let d = register(&mut c, "d", &g).await;
+    let mut pa = subscribe(&mut c, &a).await;
+    let mut pb_ = subscribe(&mut c, &b).await;
+    let mut pd = subscribe(&mut c, &d).await;
+    let mut three = gated_plan(&mut pa).await;
+    let (shown, why) = layout(&mut c).await;
+    assert_eq!(shown, "turns", "{why}");
+    assert!(why.starts_with("turns: predicted cycle sharing"), "{why}");
+    gated_plan(&mut pb_).await;
+    gated_plan(&mut pd).await;
+    // `a` and `d` keep their leases; `b` hangs, its stream open.
+    let beat = |c: &mut Client, r: &pb::RegisterJobResponse| {
+        let mut c = c.clone();
+        let (id, token) = (r.job_id, r.token.clone());
+        async move {
+            c.heartbeat(pb::HeartbeatRequest { job_id: id, token })
+                .await
+                .unwrap();
+        }
+    };
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        beat(&mut c, &a).await;
+        beat(&mut c, &d).await;
+    }
+    let st = c
+        .get_status(pb::GetStatusRequest { job_id: 0 })
+        .await
+        .unwrap()
+        .into_inner();
+    let ids: Vec<u64> = st.jobs.iter().map(|j| j.job_id).collect();
+    assert_eq!(ids, vec![a.job_id, d.job_id]);
+    // The others are re-planned without it: two turns in a shorter cycle,
+    // and the status still says turns.
+    let mut two = gated_plan(&mut pa).await;
+    while two.version == three.version {
+        three = two;
+        two = gated_plan(&mut pa).await;
+    }
+    let (p3, p2) = (three.gate.unwrap().period_ns, two.gate.unwrap().period_ns);
+    assert!(p2 < p3, "period {p2} after {p3}");
+    let (shown, why) = layout(&mut c).await;
+    assert_eq!(shown, "turns", "{why}");
     s.stop().await;
 }
