@@ -21,6 +21,7 @@
 //! certificate's subject alternative names).
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use rustls::RootCertStore;
@@ -93,13 +94,15 @@ fn ca(what: &str, path: &Path) -> Result<Certificate, TlsError> {
     Ok(Certificate::from_pem(pem))
 }
 
-/// A certificate and its key, checked to belong together.
-fn identity(
-    cert_flag: &str,
-    cert: &Path,
-    key_flag: &str,
-    key: &Path,
-) -> Result<Identity, TlsError> {
+/// A certificate and its key, checked to belong together: tonic's, and
+/// rustls' (chain and key).
+type Loaded = (
+    Identity,
+    Vec<CertificateDer<'static>>,
+    PrivateKeyDer<'static>,
+);
+
+fn identity(cert_flag: &str, cert: &Path, key_flag: &str, key: &Path) -> Result<Loaded, TlsError> {
     let (cert_pem, chain) = certificates(cert_flag, cert)?;
     let key_pem = read(key_flag, key)?;
     let der = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| {
@@ -110,7 +113,7 @@ fn identity(
     })?;
     let signing = rustls::crypto::ring::sign::any_supported_type(&der)
         .map_err(|e| err(format!("{key_flag} {}: {e}", key.display())))?;
-    match CertifiedKey::new(chain, signing).keys_match() {
+    match CertifiedKey::new(chain.clone(), signing).keys_match() {
         // A key whose public half cannot be derived is checked at the
         // handshake instead.
         Ok(()) | Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::Unknown)) => {}
@@ -123,7 +126,7 @@ fn identity(
         }
         Err(e) => return Err(err(format!("{key_flag} {}: {e}", key.display()))),
     }
-    Ok(Identity::from_pem(cert_pem, key_pem))
+    Ok((Identity::from_pem(cert_pem, key_pem), chain, der))
 }
 
 /// The scheduler's TLS, as files.
@@ -179,7 +182,7 @@ impl ServerTlsFiles {
     /// Reads and checks the files.
     pub fn load(&self) -> Result<ServerTls, TlsError> {
         let mut config = ServerTlsConfig::new()
-            .identity(identity("--tls-cert", &self.cert, "--tls-key", &self.key)?)
+            .identity(identity("--tls-cert", &self.cert, "--tls-key", &self.key)?.0)
             .timeout(HANDSHAKE_TIMEOUT);
         if let Some(path) = &self.client_ca {
             config = config.client_ca_root(ca("--tls-client-ca", path)?);
@@ -207,6 +210,8 @@ pub struct ClientTlsFiles {
 pub struct ClientTls {
     pub files: ClientTlsFiles,
     config: ClientTlsConfig,
+    /// The same settings for [`probe`]'s own handshake.
+    rustls: Arc<rustls::ClientConfig>,
 }
 
 impl ClientTlsFiles {
@@ -247,12 +252,23 @@ impl ClientTlsFiles {
                 ))),
             };
         };
+        let ca_pem = ca("--tls-ca", ca_path)?;
+        let mut roots = RootCertStore::empty();
+        for c in CertificateDer::pem_slice_iter(ca_pem.as_ref()).flatten() {
+            // Checked by `ca` already.
+            let _ = roots.add(c);
+        }
+        let probing = rustls::ClientConfig::builder().with_root_certificates(roots);
         let mut config = ClientTlsConfig::new()
-            .ca_certificate(ca("--tls-ca", ca_path)?)
+            .ca_certificate(ca_pem)
             .timeout(HANDSHAKE_TIMEOUT);
-        match (&self.cert, &self.key) {
+        let mut probing = match (&self.cert, &self.key) {
             (Some(cert), Some(key)) => {
-                config = config.identity(identity("--tls-cert", cert, "--tls-key", key)?);
+                let (id, chain, der) = identity("--tls-cert", cert, "--tls-key", key)?;
+                config = config.identity(id);
+                probing
+                    .with_client_auth_cert(chain, der)
+                    .map_err(|e| err(format!("--tls-key {}: {e}", key.display())))?
             }
             (Some(c), None) => {
                 return Err(err(format!(
@@ -266,11 +282,13 @@ impl ClientTlsFiles {
                     k.display()
                 )));
             }
-            (None, None) => {}
-        }
+            (None, None) => probing.with_no_client_auth(),
+        };
+        probing.alpn_protocols = vec![b"h2".to_vec()];
         Ok(Some(ClientTls {
             files: self.clone(),
             config,
+            rustls: Arc::new(probing),
         }))
     }
 }
@@ -328,6 +346,48 @@ pub fn endpoint(server: &str, tls: Option<&ClientTls>) -> Result<(Endpoint, Tran
     }
 }
 
+/// Why the TLS server at `server` refuses this client once the handshake
+/// is over, found by a handshake of its own: under TLS 1.3 the server
+/// checks the client's certificate after the client has finished, so its
+/// refusal (no certificate, one from another CA) reaches the gRPC client
+/// only as a closed connection. `None` when the server takes the client,
+/// or cannot be reached at all. Blocks for at most a few seconds.
+pub fn probe(server: &str, tls: &ClientTls) -> Option<String> {
+    use std::io::{Read, Write};
+    use std::net::ToSocketAddrs;
+
+    let (uri, how) = transport(server, true).ok()?;
+    if how != Transport::Tls {
+        return None;
+    }
+    let uri: tonic::codegen::http::Uri = uri.parse().ok()?;
+    let host = uri
+        .host()?
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_string();
+    let addr = (host.as_str(), uri.port_u16().unwrap_or(443))
+        .to_socket_addrs()
+        .ok()?
+        .next()?;
+    let name = rustls::pki_types::ServerName::try_from(host).ok()?;
+    let mut tcp = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(3)).ok()?;
+    tcp.set_read_timeout(Some(Duration::from_secs(3))).ok()?;
+    tcp.set_write_timeout(Some(Duration::from_secs(3))).ok()?;
+    let mut conn = rustls::ClientConnection::new(tls.rustls.clone(), name).ok()?;
+    let mut stream = rustls::Stream::new(&mut conn, &mut tcp);
+    // The HTTP/2 preface: the server answers it with its settings, or
+    // refuses the client with an alert.
+    let sent = stream.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n");
+    let mut buf = [0_u8; 64];
+    let error = match sent.and_then(|()| stream.read(&mut buf)) {
+        Ok(_) => return None,
+        Err(e) => e,
+    };
+    let r = error.get_ref()?.downcast_ref::<rustls::Error>()?;
+    Some(explain_rustls(r, Some(tls)))
+}
+
 /// What a failed connection or call means when TLS is at fault, with what
 /// to do: `None` when nothing in `e`'s chain is about TLS. `tls`: the
 /// client's settings (`None`: it spoke plaintext).
@@ -366,14 +426,9 @@ fn explain_rustls(e: &rustls::Error, tls: Option<&ClientTls>) -> String {
         Error::InvalidCertificate(
             CertificateError::Expired | CertificateError::ExpiredContext { .. },
         ) => format!("the scheduler's certificate has expired ({e})"),
-        Error::AlertReceived(AlertDescription::CertificateRequired)
-        | Error::AlertReceived(AlertDescription::HandshakeFailure)
-            if tls.is_some_and(|t| t.files.cert.is_none()) =>
-        {
-            format!(
-                "the scheduler requires a client certificate: pass --tls-cert and --tls-key ({CERT_ENV}, {KEY_ENV}) ({e})"
-            )
-        }
+        Error::AlertReceived(AlertDescription::CertificateRequired) => format!(
+            "the scheduler requires a client certificate: pass --tls-cert and --tls-key ({CERT_ENV}, {KEY_ENV}) ({e})"
+        ),
         Error::AlertReceived(
             AlertDescription::UnknownCA
             | AlertDescription::BadCertificate

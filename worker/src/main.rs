@@ -67,13 +67,16 @@ struct Args {
     /// No plan: free every tensor after its last use, as PyTorch does.
     #[arg(long)]
     vanilla: bool,
-    /// Plans from the scheduler at ADDR (`unix:PATH`, `HOST:PORT`); with
+    /// Plans from the scheduler at ADDR (`unix:PATH`, `HOST:PORT`,
+    /// `https://HOST:PORT`; TLS by the --tls-ca rule below); with
     /// neither --plan nor --vanilla, the one clients find by default:
     /// TENSILE_SERVER, else the socket of this job's GPU in the socket
     /// directory's gpus.json (--device cuda:N, through
     /// CUDA_VISIBLE_DEVICES; 0 on the CPU), else the default socket.
     #[arg(long, value_name = "ADDR")]
     scheduler: Option<String>,
+    #[command(flatten)]
+    tls: tensile_cli::tls::ClientTlsArgs,
     /// The job's name in the scheduler's status (default: the graph's).
     #[arg(long)]
     name: Option<String>,
@@ -396,6 +399,7 @@ fn start_session(args: &Args, g: &Graph, copy: JobCopy, bars: &MultiProgress) ->
     let address =
         tensile_proto::endpoint::resolve_server(args.scheduler.as_deref(), device_ordinal)
             .context("finding the scheduler (--scheduler ADDR names one)")?;
+    let tls = args.tls.load()?;
     bars.suspend(|| eprintln!("scheduler: {address}"));
     let say = bars.clone();
     let config = SessionConfig {
@@ -407,6 +411,7 @@ fn start_session(args: &Args, g: &Graph, copy: JobCopy, bars: &MultiProgress) ->
         base_bytes: args.base_mb.map(|m| copy.base_share(m.bytes())),
         max_backoff: Duration::from_secs(2),
         call_timeout: None,
+        tls,
         // Above the progress bars, as everything else the worker says.
         log: LogSink::new(move |level, message| {
             if level >= Level::Info {
