@@ -353,13 +353,50 @@ pub fn endpoint(server: &str, tls: Option<&ClientTls>) -> Result<(Endpoint, Tran
 /// only as a closed connection. `None` when the server takes the client,
 /// or cannot be reached at all. Blocks for at most a few seconds.
 pub fn probe(server: &str, tls: &ClientTls) -> Option<String> {
-    use std::io::{Read, Write};
-    use std::net::ToSocketAddrs;
-
     let (uri, how) = transport(server, true).ok()?;
     if how != Transport::Tls {
         return None;
     }
+    let r = handshake(&uri, tls.rustls.clone())?;
+    Some(explain_rustls(&r, Some(tls)))
+}
+
+/// What a plaintext call to `server` that failed for want of a
+/// connection means when the listener there speaks TLS (it reads the
+/// HTTP/2 preface as a malformed TLS record and drops the connection):
+/// found by starting a TLS handshake of its own. `None` for anything else.
+/// Blocks for at most a few seconds.
+pub fn plaintext_hint(server: &str, s: &tonic::Status) -> Option<String> {
+    let (uri, how) = transport(server, false).ok()?;
+    let lost = matches!(
+        s.code(),
+        tonic::Code::Internal
+            | tonic::Code::Unknown
+            | tonic::Code::Unavailable
+            | tonic::Code::Cancelled
+    );
+    if how != Transport::Plain || !lost {
+        return None;
+    }
+    let config = rustls::ClientConfig::builder()
+        .with_root_certificates(RootCertStore::empty())
+        .with_no_client_auth();
+    let https = uri.replacen("http://", "https://", 1);
+    // Trusting no CA, a TLS server's certificate is refused: it spoke TLS.
+    match handshake(&https, Arc::new(config))? {
+        rustls::Error::InvalidCertificate(_) => Some(format!(
+            "the scheduler at {server} serves TLS there: pass --tls-ca ({CA_ENV}), the CA that signed its certificate"
+        )),
+        _ => None,
+    }
+}
+
+/// A TLS handshake with `uri` (`https://HOST:PORT`) and the HTTP/2
+/// preface after it: the TLS error it ends in, `None` when none.
+fn handshake(uri: &str, config: Arc<rustls::ClientConfig>) -> Option<rustls::Error> {
+    use std::io::{Read, Write};
+    use std::net::ToSocketAddrs;
+
     let uri: tonic::codegen::http::Uri = uri.parse().ok()?;
     let host = uri
         .host()?
@@ -374,18 +411,17 @@ pub fn probe(server: &str, tls: &ClientTls) -> Option<String> {
     let mut tcp = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(3)).ok()?;
     tcp.set_read_timeout(Some(Duration::from_secs(3))).ok()?;
     tcp.set_write_timeout(Some(Duration::from_secs(3))).ok()?;
-    let mut conn = rustls::ClientConnection::new(tls.rustls.clone(), name).ok()?;
+    let mut conn = rustls::ClientConnection::new(config, name).ok()?;
     let mut stream = rustls::Stream::new(&mut conn, &mut tcp);
-    // The HTTP/2 preface: the server answers it with its settings, or
-    // refuses the client with an alert.
+    // The server answers the preface with its settings, or refuses the
+    // client with an alert.
     let sent = stream.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n");
     let mut buf = [0_u8; 64];
     let error = match sent.and_then(|()| stream.read(&mut buf)) {
         Ok(_) => return None,
         Err(e) => e,
     };
-    let r = error.get_ref()?.downcast_ref::<rustls::Error>()?;
-    Some(explain_rustls(r, Some(tls)))
+    error.get_ref()?.downcast_ref::<rustls::Error>().cloned()
 }
 
 /// What a failed connection or call means when TLS is at fault, with what

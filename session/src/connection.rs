@@ -203,7 +203,9 @@ impl Connection {
     /// a client certificate says so only after the handshake, which the
     /// gRPC client reads as a closed connection (`tensile_proto::tls::probe`).
     async fn refused_by_tls(&self, server: &str, s: &tonic::Status) -> Option<String> {
-        let tls = self.config.tls.clone()?;
+        let Some(tls) = self.config.tls.clone() else {
+            return tensile_proto::tls::plaintext_hint(server, s);
+        };
         if !matches!(
             s.code(),
             tonic::Code::Unknown | tonic::Code::Cancelled | tonic::Code::Unavailable

@@ -175,3 +175,25 @@ def test_the_hook_session_takes_tls_from_the_environment(server, pki, clean_env)
     clean_env.delenv("TENSILE_TLS_KEY")
     with pytest.raises(ValueError, match="TENSILE_TLS_KEY"):
         _core.Session(traced, server, "tls-hook")
+
+
+WORKER = os.environ.get("TENSILE_WORKER", str(ROOT / "target" / "debug" / "tensile-worker"))
+
+
+def test_the_worker_binary_trains_on_plans_over_mutual_tls(server, pki):
+    if not Path(WORKER).exists():
+        pytest.fail(f"{WORKER} is missing: cargo build -p tensile-worker (or set TENSILE_WORKER)")
+    cert, key = pki["client"]
+    env = {k: v for k, v in os.environ.items() if k not in TLS_ENV}
+    cmd = [WORKER, "--scheduler", server, "--model", "resnet50", "--batch", "2", "--resolution", "32",
+           "--iterations", "2", "--threads", "1", "--link-gbps", "2", "--tls-ca", str(pki["ca"])]
+    # The CA by flag, the client certificate from the environment.
+    done = subprocess.run([*cmd, "--plan-timeout-s", "30"], capture_output=True, text=True, timeout=300,
+                          env={**env, "TENSILE_TLS_CERT": str(cert), "TENSILE_TLS_KEY": str(key)})
+    assert done.returncode == 0, done.stderr
+    assert re.search(r"plan version \d+ of job \d+", done.stderr), done.stderr
+    # Without its certificate the worker is refused, and says why.
+    done = subprocess.run([*cmd, "--plan-timeout-s", "3"], capture_output=True,
+                          text=True, timeout=300, env=env)
+    assert done.returncode != 0
+    assert "requires a client certificate" in done.stderr, done.stderr

@@ -131,6 +131,11 @@ fn call_error(server: &str, s: tonic::Status, tls: Option<&ClientTls>) -> anyhow
     if let Some(why) = tensile_proto::tls::explain(&s, tls) {
         return anyhow::anyhow!("{why}");
     }
+    if tls.is_none()
+        && let Some(why) = tensile_proto::tls::plaintext_hint(server, &s)
+    {
+        return anyhow::anyhow!("{why}");
+    }
     let lost = matches!(
         s.code(),
         tonic::Code::Unknown | tonic::Code::Cancelled | tonic::Code::Unavailable

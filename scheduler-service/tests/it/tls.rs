@@ -164,6 +164,24 @@ async fn tls_serves_status_and_health_and_refuses_plaintext_and_strangers() {
     // A plaintext client gets nothing from the TLS listener.
     let plain = status(&format!("http://{}", s.address), None).await;
     assert!(plain.is_err(), "plaintext was answered: {plain:?}");
+    let (ch, plain) = (
+        tensile_proto::tls::endpoint(&s.address, None)
+            .unwrap()
+            .0
+            .connect()
+            .await
+            .unwrap(),
+        &s.address,
+    );
+    let refused = MemorySchedulerClient::new(ch)
+        .get_status(pb::GetStatusRequest { job_id: 0 })
+        .await
+        .unwrap_err();
+    let hint = tensile_proto::tls::plaintext_hint(plain, &refused).unwrap_or_default();
+    assert!(
+        hint.contains("serves TLS there: pass --tls-ca"),
+        "{refused:?}"
+    );
     // https:// without a CA is refused before connecting.
     let e = tensile_proto::tls::endpoint(&format!("https://{}", s.address), None).unwrap_err();
     assert!(e.0.contains("--tls-ca"), "{e}");

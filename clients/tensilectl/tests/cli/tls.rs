@@ -2,7 +2,8 @@
 //! mutual TLS on 127.0.0.1:0 (the library in this process, configured as
 //! the binary is by its flags), with a throwaway CA made here (rcgen):
 //! the flags and the TENSILE_TLS_* variables alike; without a client
-//! certificate, or trusting another CA, the command fails saying why.
+//! certificate, trusting another CA, or in plaintext, the command fails
+//! saying why.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -152,6 +153,8 @@ fn status_and_plan_over_mutual_tls_by_flag_or_env() {
     // Plaintext to the TLS listener gets no status.
     let out = status(Vec::new(), &[]);
     assert!(!out.status.success(), "{}", text(&out.stdout));
+    let err = text(&out.stderr);
+    assert!(err.contains("serves TLS there: pass --tls-ca"), "{err}");
     // A key that is not the certificate's is named before connecting.
     let mut wrong = flags(&ca_pem);
     wrong[5] = d.join("server-key.pem").display().to_string();
