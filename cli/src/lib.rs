@@ -10,9 +10,13 @@
 //!   broken pipe is handled where stdout is written, as ripgrep does.
 //! * [`parse_mb`]: a memory size in MB (10^6 bytes) as a person types it,
 //!   `300` or `1.5`, for every `--*-mb` flag.
+//! * [`tls::ClientTlsArgs`]: `--tls-ca`, `--tls-cert`, `--tls-key` (and
+//!   their `TENSILE_TLS_*` variables) for every client of a TCP scheduler.
 
 use std::fmt;
 use std::io::{self, Write};
+
+pub mod tls;
 
 /// Writes `args` to stdout (locked, so one call's output is not
 /// interleaved with another thread's). On a broken pipe the process exits

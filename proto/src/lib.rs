@@ -15,11 +15,14 @@
 //!   scheduler, `tensilectl` and workers agree without depending on each
 //!   other.
 //! - [`clock`]: the host clock the plans' iteration gates are on.
+//! - [`tls`]: TLS on TCP, loaded the same way by the scheduler and every
+//!   client, and the rule that says when a client's address uses it.
 
 pub mod clock;
 pub mod convert;
 pub mod endpoint;
 pub mod plan_json;
+pub mod tls;
 
 /// The encoded `FileDescriptorSet` of `tensile.v1`, for gRPC reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("tensile_descriptor");

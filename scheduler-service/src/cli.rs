@@ -12,6 +12,7 @@ use serde::Deserialize;
 use tensile_cli::Mb;
 use tensile_latency_model::DeviceProfile;
 use tensile_planner::RecomputeFirst;
+use tensile_proto::tls::ServerTlsFiles;
 
 use crate::coldstart::ModelsSpec;
 use crate::config::{Config, ListenAddr};
@@ -40,13 +41,25 @@ pub struct Args {
     #[arg(long, env = "TENSILE_SOCKET_DIR")]
     pub socket_dir: Option<PathBuf>,
     /// Serve one device on these addresses instead of the node's GPUs,
-    /// repeatable: unix:PATH or IP:PORT. A non-loopback address needs
-    /// --insecure (no TLS here). Cannot go with --gpus.
+    /// repeatable: unix:PATH or IP:PORT. A non-loopback address needs TLS
+    /// (--tls-cert and --tls-key) or --insecure. Cannot go with --gpus.
     #[arg(long, env = "TENSILE_LISTEN", value_delimiter = ',')]
     pub listen: Vec<String>,
     /// Allow listening on a non-loopback TCP address without TLS.
     #[arg(long, env = "TENSILE_INSECURE")]
     pub insecure: bool,
+    /// Serve the TCP listeners with TLS: this certificate (chain), PEM.
+    /// Its subject alternative names must list the names or IP addresses
+    /// clients connect by. Unix sockets stay plaintext.
+    #[arg(long, env = "TENSILE_TLS_CERT", value_name = "PEM")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert, PEM.
+    #[arg(long, env = "TENSILE_TLS_KEY", value_name = "PEM")]
+    pub tls_key: Option<PathBuf>,
+    /// Mutual TLS: require every TCP client to present a certificate
+    /// signed by this CA (PEM).
+    #[arg(long, env = "TENSILE_TLS_CLIENT_CA", value_name = "PEM")]
+    pub tls_client_ca: Option<PathBuf>,
     /// Device profile: a built-in name (a6000, h100, h200, paper), `cpu`, or a
     /// profile file; its copy link is every GPU's, its memory a simulated
     /// GPU's (a real GPU's is what nvidia-smi reports). Default: a6000 (with
@@ -171,6 +184,9 @@ pub struct FileConfig {
     pub socket_dir: Option<PathBuf>,
     pub listen: Option<Vec<String>>,
     pub insecure: Option<bool>,
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+    pub tls_client_ca: Option<PathBuf>,
     pub device: Option<String>,
     pub budget_mb: Option<u64>,
     pub admin_token_file: Option<PathBuf>,
@@ -328,17 +344,48 @@ impl Args {
             listen
         };
         let insecure = self.insecure || file.insecure.unwrap_or(false);
-        for a in &listen {
-            if !a.is_loopback() {
-                if !insecure {
+        let tls = ServerTlsFiles::from_parts(
+            self.tls_cert.clone().or(file.tls_cert.clone()),
+            self.tls_key.clone().or(file.tls_key.clone()),
+            self.tls_client_ca.clone().or(file.tls_client_ca.clone()),
+        )
+        .and_then(|f| f.map(|f| f.load()).transpose())
+        .map_err(|e| e.to_string())?;
+        let tcp: Vec<&ListenAddr> = listen
+            .iter()
+            .filter(|a| matches!(a, ListenAddr::Tcp(_)))
+            .collect();
+        for a in &tcp {
+            match &tls {
+                Some(t) => notes.push(format!(
+                    "TLS on {a} ({}{})",
+                    t.files.cert.display(),
+                    t.files
+                        .client_ca
+                        .as_ref()
+                        .map_or_else(String::new, |ca| format!(
+                            "; clients need a certificate signed by {}",
+                            ca.display()
+                        ))
+                )),
+                None if a.is_loopback() => {}
+                None if insecure => notes.push(format!(
+                    "WARNING: listening on {a} without TLS (--insecure)"
+                )),
+                None => {
                     return Err(format!(
-                        "--listen {a} is not a loopback address: jobs' tokens would cross the network in clear; add --insecure to allow it (there is no TLS here)"
+                        "--listen {a} is not a loopback address: jobs' tokens would cross the network in clear; give it TLS (--tls-cert and --tls-key), or add --insecure to allow plaintext"
                     ));
                 }
-                notes.push(format!(
-                    "WARNING: listening on {a} without TLS (--insecure)"
-                ));
             }
+        }
+        if let Some(t) = &tls
+            && tcp.is_empty()
+        {
+            notes.push(format!(
+                "--tls-cert {}: no TCP listener, so no TLS (Unix sockets stay plaintext)",
+                t.files.cert.display()
+            ));
         }
         let (device, note) = match self.device.clone().or(file.device.clone()) {
             Some(name) => (
@@ -446,6 +493,7 @@ impl Args {
             }
             config.gate_slack = s;
         }
+        config.tls = tls;
         config.socket_mode = match (self.socket_mode, &file.socket_mode) {
             (Some(m), _) => Some(m),
             (None, Some(s)) => Some(parse_socket_mode(s).map_err(|e| format!("socket_mode: {e}"))?),

@@ -97,6 +97,9 @@ pub struct Config {
     /// The mode set on each Unix socket after it is bound (`None`: as
     /// created, 0777 less the umask).
     pub socket_mode: Option<u32>,
+    /// TLS for the TCP listeners (Unix sockets stay plaintext); with a
+    /// client CA, clients must present a certificate it signed.
+    pub tls: Option<tensile_proto::tls::ServerTls>,
 }
 
 impl Config {
@@ -120,6 +123,7 @@ impl Config {
             recompute_first: RecomputeFirst::default(),
             gate_slack: 0.005,
             socket_mode: None,
+            tls: None,
         }
     }
 

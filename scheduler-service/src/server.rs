@@ -1,7 +1,7 @@
 //! `run`: binds nothing itself (listeners come bound, so tests can use
 //! port 0), starts the planning task, the lease reaper and the metrics
 //! endpoint, serves the scheduler with gRPC health and reflection on every
-//! listener, and shuts down in order: streams end, connections drain
+//! listener (TCP ones with TLS when configured), and shuts down in order: streams end, connections drain
 //! within the deadline, the store is flushed, socket files are removed.
 //! A scheduler serving several GPUs (`crate::node`) runs one planning
 //! domain per GPU through the same code ([`run_domains`]).
@@ -411,7 +411,13 @@ async fn start_domain(
         let reflection_v1alpha = reflecting()
             .build_v1alpha()
             .map_err(|e| RunError::Reflection(e.to_string()))?;
-        let router = Server::builder()
+        let mut server = Server::builder();
+        if let (Listener::Tcp(_), Some(tls)) = (&listener, &config.tls) {
+            server = server
+                .tls_config(tls.config.clone())
+                .map_err(|e| RunError::Config(format!("TLS on {address}: {e}")))?;
+        }
+        let router = server
             .http2_keepalive_interval(keepalive)
             .http2_keepalive_timeout(keepalive)
             .add_service(health_service.clone())
@@ -423,7 +429,12 @@ async fn start_domain(
                     .max_encoding_message_size(max),
             );
         let stop = cancel.clone().cancelled_owned();
-        span.in_scope(|| info!("listening on {address}"));
+        let secured = match (&listener, &config.tls) {
+            (Listener::Tcp(_), Some(t)) if t.files.client_ca.is_some() => " (mutual TLS)",
+            (Listener::Tcp(_), Some(_)) => " (TLS)",
+            _ => "",
+        };
+        span.in_scope(|| info!("listening on {address}{secured}"));
         match listener {
             Listener::Tcp(l) => {
                 running.servers.spawn(async move {

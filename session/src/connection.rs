@@ -12,7 +12,7 @@ use tensile_proto::convert::{diagnostic_from_proto, plan_from_proto};
 use tensile_proto::pb;
 use tensile_proto::pb::memory_scheduler_client::MemorySchedulerClient;
 use tokio::sync::mpsc;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use crate::failure::{Call, Failure, classify, describe};
 use crate::{Inner, Level, PushedPlan, Registration, Report, SessionConfig};
@@ -179,19 +179,44 @@ impl Connection {
             self.config.device_ordinal,
         )
         .map_err(|e| e.to_string())?;
-        let uri = tensile_proto::endpoint::client_uri(Some(&server));
-        let channel = Endpoint::from_shared(uri.clone())
-            .map_err(|e| format!("bad scheduler address {uri}: {e}"))?
+        let tls = self.config.tls.as_ref();
+        let (endpoint, _) =
+            tensile_proto::tls::endpoint(&server, tls).map_err(|e| e.to_string())?;
+        let channel = endpoint
             .connect_timeout(Duration::from_secs(2))
             .http2_keep_alive_interval(Duration::from_secs(5))
             .keep_alive_timeout(Duration::from_secs(5))
             .connect()
             .await
-            .map_err(|e| format!("cannot reach {server}: {}", chain(&e)))?;
+            .map_err(|e| match tensile_proto::tls::explain(&e, tls) {
+                Some(why) => format!("cannot reach {server}: {why}"),
+                None => format!("cannot reach {server}: {}", chain(&e)),
+            })?;
         let client = MemorySchedulerClient::new(channel)
             .max_decoding_message_size(usize::MAX)
             .max_encoding_message_size(usize::MAX);
         Ok((client, server))
+    }
+
+    /// Why a TLS scheduler refused this client, when the first call on a
+    /// connection failed for want of a connection: a scheduler that wants
+    /// a client certificate says so only after the handshake, which the
+    /// gRPC client reads as a closed connection (`tensile_proto::tls::probe`).
+    async fn refused_by_tls(&self, server: &str, s: &tonic::Status) -> Option<String> {
+        let Some(tls) = self.config.tls.clone() else {
+            return tensile_proto::tls::plaintext_hint(server, s);
+        };
+        if !matches!(
+            s.code(),
+            tonic::Code::Unknown | tonic::Code::Cancelled | tonic::Code::Unavailable
+        ) {
+            return None;
+        }
+        let server = server.to_string();
+        tokio::task::spawn_blocking(move || tensile_proto::tls::probe(&server, &tls))
+            .await
+            .ok()
+            .flatten()
     }
 
     /// One registration: register, subscribe, report and heartbeat until
@@ -222,7 +247,10 @@ impl Connection {
         let job = match self.call(client.register_job(request)).await {
             Ok(r) => r,
             Err(s) => {
-                let why = describe("RegisterJob", &s);
+                let mut why = describe("RegisterJob", &s);
+                if let Some(tls) = self.refused_by_tls(&server, &s).await {
+                    why = format!("RegisterJob: {tls}");
+                }
                 return match classify(Call::Register, s.code()) {
                     Failure::Fatal => Ended::Fatal(why),
                     _ => Ended::Lost {

@@ -61,5 +61,10 @@ pub fn code_name(code: Code) -> &'static str {
 
 /// `what: CODE: message`, a failed call as the user reads it.
 pub(crate) fn describe(what: &str, s: &tonic::Status) -> String {
-    format!("{what}: {}: {}", code_name(s.code()), s.message())
+    match tensile_proto::tls::explain(s, None) {
+        // A TLS failure surfacing at a call (the scheduler's refusal of a
+        // client without a certificate comes after the handshake).
+        Some(tls) => format!("{what}: {}: {tls}", code_name(s.code())),
+        None => format!("{what}: {}: {}", code_name(s.code()), s.message()),
+    }
 }

@@ -84,6 +84,11 @@ pub struct SessionConfig {
     /// Longest wait for the answer to one unary call (`None`: no limit;
     /// the connection's keepalive still finds a dead peer).
     pub call_timeout: Option<Duration>,
+    /// TLS for a TCP scheduler (`tensile_proto::tls`: a CA makes
+    /// `HOST:PORT` TLS; `https://` needs one); drivers load it from their
+    /// flags or from `TENSILE_TLS_CA`, `TENSILE_TLS_CERT`,
+    /// `TENSILE_TLS_KEY`.
+    pub tls: Option<tensile_proto::tls::ClientTls>,
     /// Where the session's messages go.
     pub log: LogSink,
 }

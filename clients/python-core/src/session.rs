@@ -141,6 +141,11 @@ impl Session {
         let server = server.filter(|s| !s.trim().is_empty());
         tensile_proto::endpoint::resolve_server(server.as_deref(), device_ordinal)
             .map_err(|e| ResolveError::new_err(e.to_string()))?;
+        // TLS as every client takes it from the environment:
+        // TENSILE_TLS_CA (and TENSILE_TLS_CERT/KEY for mutual TLS).
+        let tls = tensile_proto::tls::ClientTlsFiles::from_env()
+            .load()
+            .map_err(|e| PyValueError::new_err(format!("TLS for the scheduler: {e}")))?;
         let log: LogQueue = Arc::default();
         let queue = log.clone();
         let config = SessionConfig {
@@ -156,6 +161,7 @@ impl Session {
             base_bytes,
             max_backoff: seconds(max_backoff_s, "max_backoff_s")?,
             call_timeout: Some(seconds(call_timeout_s, "call_timeout_s")?),
+            tls,
             log: LogSink::new(move |level, message| {
                 let mut q = lock(&queue);
                 if q.len() >= MAX_LOG {

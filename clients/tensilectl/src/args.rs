@@ -101,7 +101,8 @@ pub(crate) struct DemoArgs {
 #[derive(Debug, Args)]
 pub(crate) struct StatusArgs {
     #[arg(long, env = "TENSILE_SERVER")]
-    /// The scheduler: unix:PATH or HOST:PORT. Default: every GPU the
+    /// The scheduler: unix:PATH, HOST:PORT or https://HOST:PORT (TLS:
+    /// see --tls-ca). Default: every GPU the
     /// scheduler of the socket directory serves (its gpus.json), a section
     /// each; else its default socket.
     pub(crate) server: Option<String>,
@@ -114,6 +115,8 @@ pub(crate) struct StatusArgs {
     /// Print JSON.
     #[arg(long)]
     pub(crate) json: bool,
+    #[command(flatten)]
+    pub(crate) tls: tensile_cli::tls::ClientTlsArgs,
 }
 
 #[derive(Debug, Args)]
@@ -122,7 +125,8 @@ pub(crate) struct BudgetArgs {
     #[arg(value_parser = tensile_cli::parse_positive_mb,
           allow_negative_numbers = true)]
     pub(crate) mb: Mb,
-    /// The scheduler: unix:PATH or HOST:PORT. Default: the one GPU of
+    /// The scheduler: unix:PATH, HOST:PORT or https://HOST:PORT (TLS:
+    /// see --tls-ca). Default: the one GPU of
     /// gpus.json (with several, name one with --gpu), else the default
     /// socket.
     #[arg(long, env = "TENSILE_SERVER")]
@@ -134,13 +138,16 @@ pub(crate) struct BudgetArgs {
     /// A file holding the scheduler's admin token.
     #[arg(long, env = "TENSILE_ADMIN_TOKEN_FILE")]
     pub(crate) admin_token_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub(crate) tls: tensile_cli::tls::ClientTlsArgs,
 }
 
 #[derive(Debug, Args)]
 pub(crate) struct WatchArgs {
     /// The job's id.
     pub(crate) job: u64,
-    /// The scheduler: unix:PATH or HOST:PORT. Default: the GPU of
+    /// The scheduler: unix:PATH, HOST:PORT or https://HOST:PORT (TLS:
+    /// see --tls-ca). Default: the GPU of
     /// gpus.json that has the job, else the default socket.
     #[arg(long, env = "TENSILE_SERVER")]
     pub(crate) server: Option<String>,
@@ -151,6 +158,8 @@ pub(crate) struct WatchArgs {
     /// status is polled.
     #[arg(long, env = "TENSILE_JOB_TOKEN")]
     pub(crate) token: Option<String>,
+    #[command(flatten)]
+    pub(crate) tls: tensile_cli::tls::ClientTlsArgs,
 }
 
 #[derive(Debug, Subcommand)]
@@ -335,7 +344,8 @@ pub(crate) struct PlanArgs {
     /// the diagnostics (`tensile-plan/v1`, see `docs/plan-format.md`).
     #[arg(short, long)]
     pub(crate) output: Option<PathBuf>,
-    /// Have this scheduler plan it (PlanGraph): unix:PATH or HOST:PORT,
+    /// Have this scheduler plan it (PlanGraph): unix:PATH, HOST:PORT or
+    /// https://HOST:PORT (TLS: see --tls-ca),
     /// or `default` for the one clients find by default (TENSILE_SERVER,
     /// else GPU 0's socket in gpus.json, else the default socket).
     #[arg(long)]
@@ -344,6 +354,8 @@ pub(crate) struct PlanArgs {
     /// recompute.
     #[arg(long)]
     pub(crate) no_recompute: bool,
+    #[command(flatten)]
+    pub(crate) tls: tensile_cli::tls::ClientTlsArgs,
 }
 
 #[derive(Debug, Args)]

@@ -404,17 +404,19 @@ async fn bench(
     iterations: usize,
     jobs: &[(Arc<Graph>, Arc<Vec<f64>>)],
 ) -> Result<Row> {
+    // A --server over TCP may want TLS: from TENSILE_TLS_* as every client.
+    let tls = tensile_proto::tls::ClientTlsFiles::from_env().load()?;
     let start = Instant::now();
     let (stop, stopped) = tokio::sync::oneshot::channel();
     let poller = tokio::spawn(poll_over_budget(
-        connect(Some(server)).await?,
+        connect(Some(server), tls.as_ref()).await?,
         Duration::from_millis(20),
         stopped,
     ));
     let mut tasks = tokio::task::JoinSet::new();
     for w in 0..n {
         let (g, lat) = jobs[w % jobs.len()].clone();
-        let c = connect(Some(server)).await?;
+        let c = connect(Some(server), tls.as_ref()).await?;
         tasks.spawn(worker(c, w, g, lat, iterations));
     }
     let mut workers = Vec::new();

@@ -508,7 +508,8 @@ fn live_table(
 }
 
 async fn get_status(server: &str) -> Result<pb::GetStatusResponse> {
-    let mut client = crate::server_cmd::connect(Some(server)).await?;
+    // The demo's own scheduler, on a Unix socket: no TLS.
+    let mut client = crate::server_cmd::connect(Some(server), None).await?;
     Ok(client
         .get_status(pb::GetStatusRequest { job_id: 0 })
         .await?

@@ -15,7 +15,8 @@ use tensile_cli::Mb;
 use tensile_proto::endpoint::{GpuEntry, GpusFile};
 use tensile_proto::pb;
 use tensile_proto::pb::memory_scheduler_client::MemorySchedulerClient;
-use tonic::transport::{Channel, Endpoint};
+use tensile_proto::tls::ClientTls;
+use tonic::transport::Channel;
 
 use crate::args::{BudgetArgs, PlanArgs, StatusArgs, WatchArgs};
 use crate::report::bytes;
@@ -67,17 +68,17 @@ fn target(server: Option<&str>, gpu: Option<&str>) -> Result<String> {
     Ok(tensile_proto::endpoint::resolve_server(server, 0)?)
 }
 
-/// Connects to `server` (unix:PATH, HOST:PORT), else to the scheduler
-/// clients find by default.
-pub(crate) async fn connect(server: Option<&str>) -> Result<Client> {
+/// Connects to `server` (unix:PATH, HOST:PORT, https://HOST:PORT), else
+/// to the scheduler clients find by default; over TLS where `tls` and the
+/// address say so (`tensile_proto::tls::transport`).
+pub(crate) async fn connect(server: Option<&str>, tls: Option<&ClientTls>) -> Result<Client> {
     let server = tensile_proto::endpoint::resolve_server(server, 0)?;
-    let uri = tensile_proto::endpoint::client_uri(Some(&server));
-    let ch = Endpoint::from_shared(uri.clone())
-        .with_context(|| format!("bad server address {uri:?}"))?
+    let (endpoint, _) = tensile_proto::tls::endpoint(&server, tls)?;
+    let ch = endpoint
         .connect_timeout(Duration::from_secs(5))
         .connect()
         .await
-        .map_err(|e| unreachable(&server, &e))?;
+        .map_err(|e| unreachable(&server, &e, tls))?;
     Ok(MemorySchedulerClient::new(ch)
         .max_decoding_message_size(usize::MAX)
         .max_encoding_message_size(usize::MAX))
@@ -86,7 +87,14 @@ pub(crate) async fn connect(server: Option<&str>) -> Result<Client> {
 /// Why the scheduler at `server` cannot be reached, once, with what to
 /// do. The transport's error repeats its cause at every layer ("No such
 /// file or directory" three times); the innermost says it.
-fn unreachable(server: &str, e: &(dyn std::error::Error + 'static)) -> anyhow::Error {
+fn unreachable(
+    server: &str,
+    e: &(dyn std::error::Error + 'static),
+    tls: Option<&ClientTls>,
+) -> anyhow::Error {
+    if let Some(why) = tensile_proto::tls::explain(e, tls) {
+        return anyhow::anyhow!("cannot reach the scheduler at {server}: {why}");
+    }
     let mut innermost = e;
     let mut io = None;
     let mut cause = Some(e);
@@ -112,6 +120,33 @@ fn unreachable(server: &str, e: &(dyn std::error::Error + 'static)) -> anyhow::E
         _ => (innermost.to_string(), START),
     };
     anyhow::anyhow!("cannot reach the scheduler at {server}: {why}; {what_to_do}")
+}
+
+/// A failed call to `server` as an error: the TLS reason when TLS is at
+/// fault, else the status. A scheduler that wants a client certificate
+/// refuses one only after the handshake, which the call sees as a closed
+/// connection: a handshake of its own finds why
+/// (`tensile_proto::tls::probe`).
+fn call_error(server: &str, s: tonic::Status, tls: Option<&ClientTls>) -> anyhow::Error {
+    if let Some(why) = tensile_proto::tls::explain(&s, tls) {
+        return anyhow::anyhow!("{why}");
+    }
+    if tls.is_none()
+        && let Some(why) = tensile_proto::tls::plaintext_hint(server, &s)
+    {
+        return anyhow::anyhow!("{why}");
+    }
+    let lost = matches!(
+        s.code(),
+        tonic::Code::Unknown | tonic::Code::Cancelled | tonic::Code::Unavailable
+    );
+    match tls
+        .filter(|_| lost)
+        .and_then(|t| tensile_proto::tls::probe(server, t))
+    {
+        Some(why) => anyhow::anyhow!("the scheduler at {server} refused the connection: {why}"),
+        None => s.into(),
+    }
 }
 
 fn state_name(s: i32) -> &'static str {
@@ -184,8 +219,12 @@ struct GpuStatusJson {
 }
 
 /// A scheduler's status; `Ok(None)`: it does not have `job`.
-async fn get_status(server: &str, job: Option<u64>) -> Result<Option<StatusJson>> {
-    let mut c = connect(Some(server)).await?;
+async fn get_status(
+    server: &str,
+    job: Option<u64>,
+    tls: Option<&ClientTls>,
+) -> Result<Option<StatusJson>> {
+    let mut c = connect(Some(server), tls).await?;
     match c
         .get_status(pb::GetStatusRequest {
             job_id: job.unwrap_or(0),
@@ -194,7 +233,7 @@ async fn get_status(server: &str, job: Option<u64>) -> Result<Option<StatusJson>
     {
         Ok(r) => Ok(Some(status_json(r.into_inner()))),
         Err(e) if job.is_some() && e.code() == tonic::Code::NotFound => Ok(None),
-        Err(e) => Err(e).context("GetStatus"),
+        Err(e) => Err(call_error(server, e, tls)).context("GetStatus"),
     }
 }
 
@@ -205,8 +244,9 @@ pub(crate) fn status(a: &StatusArgs) -> Result<()> {
     {
         return status_of_gpus(a, &dir, &file);
     }
+    let tls = a.tls.load()?;
     let server = target(a.server.as_deref(), a.gpu.as_deref())?;
-    let out = block_on(get_status(&server, a.job))??.with_context(|| {
+    let out = block_on(get_status(&server, a.job, tls.as_ref()))??.with_context(|| {
         format!(
             "the scheduler at {server} has no job {}",
             a.job.unwrap_or(0)
@@ -226,7 +266,7 @@ fn status_of_gpus(a: &StatusArgs, dir: &std::path::Path, file: &GpusFile) -> Res
     let sections: Vec<GpuStatusJson> = block_on(async {
         let mut out = Vec::new();
         for g in &file.gpus {
-            let answer = get_status(&gpu_address(dir, g), a.job).await;
+            let answer = get_status(&gpu_address(dir, g), a.job, None).await;
             if matches!(answer, Ok(None)) {
                 continue;
             }
@@ -420,6 +460,7 @@ fn admin_token(a: &BudgetArgs) -> Result<String> {
 
 pub(crate) fn budget(a: &BudgetArgs) -> Result<()> {
     let token = admin_token(a)?;
+    let tls = a.tls.load()?;
     let server = match (&a.server, &a.gpu, gpus_file()?) {
         (None, None, Some((dir, file))) if file.gpus.len() > 1 => bail!(
             "the scheduler of {} serves {} GPUs ({}): name the one whose budget this is with --gpu",
@@ -431,13 +472,14 @@ pub(crate) fn budget(a: &BudgetArgs) -> Result<()> {
         _ => target(a.server.as_deref(), a.gpu.as_deref())?,
     };
     let r = block_on(async {
-        let mut c = connect(Some(&server)).await?;
+        let mut c = connect(Some(&server), tls.as_ref()).await?;
         let r = c
             .set_memory_budget(pb::SetMemoryBudgetRequest {
                 budget_bytes: a.mb.bytes(),
                 admin_token: token,
             })
             .await
+            .map_err(|e| call_error(&server, e, tls.as_ref()))
             .context("SetMemoryBudget")?;
         Ok::<_, anyhow::Error>(r.into_inner())
     })??;
@@ -454,12 +496,13 @@ pub(crate) fn budget(a: &BudgetArgs) -> Result<()> {
 }
 
 pub(crate) fn watch(a: &WatchArgs) -> Result<()> {
+    let tls = a.tls.load()?;
     block_on(async {
         let server = match (&a.server, &a.gpu, gpus_file()?) {
             (None, None, Some((dir, file))) => gpu_of_job(&dir, &file, a.job).await?,
             _ => target(a.server.as_deref(), a.gpu.as_deref())?,
         };
-        let mut c = connect(Some(&server)).await?;
+        let mut c = connect(Some(&server), tls.as_ref()).await?;
         match &a.token {
             Some(token) => watch_stream(&mut c, a.job, token).await,
             None => watch_status(&mut c, a.job).await,
@@ -472,7 +515,7 @@ pub(crate) fn watch(a: &WatchArgs) -> Result<()> {
 async fn gpu_of_job(dir: &std::path::Path, file: &GpusFile, job: u64) -> Result<String> {
     for g in &file.gpus {
         let address = gpu_address(dir, g);
-        if get_status(&address, Some(job)).await?.is_some() {
+        if get_status(&address, Some(job), None).await?.is_some() {
             return Ok(address);
         }
     }
@@ -550,6 +593,7 @@ async fn watch_status(c: &mut Client, job: u64) -> Result<()> {
 
 /// `plan --server`: the scheduler plans the graph (PlanGraph).
 pub(crate) fn plan(a: &PlanArgs, server: &str) -> Result<()> {
+    let tls = a.tls.load()?;
     let graph = match &a.file {
         Some(path) => crate::input::graph_file(path, &tensile_graph::Limits::default())
             .with_context(|| path.display().to_string())?,
@@ -569,8 +613,12 @@ pub(crate) fn plan(a: &PlanArgs, server: &str) -> Result<()> {
         budget_bytes: a.device.budget_mb.map_or(0, Mb::bytes),
     };
     let r = block_on(async {
-        let mut c = connect(Some(server)).await?;
-        let r = c.plan_graph(req).await.context("PlanGraph")?;
+        let mut c = connect(Some(server), tls.as_ref()).await?;
+        let r = c
+            .plan_graph(req)
+            .await
+            .map_err(|e| call_error(server, e, tls.as_ref()))
+            .context("PlanGraph")?;
         Ok::<_, anyhow::Error>(r.into_inner())
     })??;
     let plan = r.plan.clone().unwrap_or_default();

@@ -8,6 +8,8 @@ use std::process::{Command, Output, Stdio};
 
 #[path = "cli/gpus.rs"]
 mod gpus;
+#[path = "cli/tls.rs"]
+mod tls;
 
 fn tensilectl(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_tensilectl"))

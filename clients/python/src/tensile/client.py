@@ -50,6 +50,7 @@ __all__ = [
     "device_ordinal",
     "read_gpus_file",
     "resolve_server",
+    "tls_credentials",
     "socket_dir",
     "graph_to_proto",
     "plan_to_file",
@@ -299,20 +300,90 @@ def plan_to_file(plan: pb.Plan, graph: Mapping[str, Any], diagnostics: Sequence[
     )
 
 
+def tls_credentials(
+    address: str,
+    *,
+    ca: str | os.PathLike[str] | None = None,
+    cert: str | os.PathLike[str] | None = None,
+    key: str | os.PathLike[str] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> grpc.ChannelCredentials | None:
+    """The TLS credentials for ``address`` (a resolved one), by the rule
+    every client follows (``tensile_proto::tls``): a Unix socket never uses
+    TLS; ``https://HOST:PORT`` does and needs a CA; ``http://HOST:PORT``
+    does not; ``HOST:PORT`` does when a CA is given. ``ca``, ``cert``,
+    ``key`` default to ``TENSILE_TLS_CA``, ``TENSILE_TLS_CERT``,
+    ``TENSILE_TLS_KEY``; ``cert`` and ``key`` (mutual TLS) go together and
+    need the CA. ``None``: plaintext. A file that cannot be read is a
+    ``ValueError`` naming it."""
+    env = os.environ if environ is None else environ
+
+    def pick(given: str | os.PathLike[str] | None, var: str) -> str | None:
+        value = os.fspath(given) if given is not None else env.get(var, "")
+        return value if value.strip() else None
+
+    ca_path, cert_path, key_path = pick(ca, "TENSILE_TLS_CA"), pick(cert, "TENSILE_TLS_CERT"), pick(key, "TENSILE_TLS_KEY")
+    text = str(address).strip()
+    if text.startswith("unix:") or text.startswith("/"):
+        return None
+    if ca_path is None:
+        if cert_path is not None or key_path is not None:
+            raise ValueError("tls_cert/tls_key (TENSILE_TLS_CERT/TENSILE_TLS_KEY) need tls_ca (TENSILE_TLS_CA): the CA that signed the scheduler's certificate")
+        if text.startswith("https://"):
+            raise ValueError(f"{text}: https needs tls_ca (TENSILE_TLS_CA): the CA that signed the scheduler's certificate")
+        return None
+    if text.startswith("http://"):
+        return None
+    if (cert_path is None) != (key_path is None):
+        raise ValueError("tls_cert (TENSILE_TLS_CERT) and tls_key (TENSILE_TLS_KEY) go together: a certificate and its private key")
+
+    def read(what: str, path: str | None) -> bytes | None:
+        if path is None:
+            return None
+        try:
+            return Path(path).read_bytes()
+        except OSError as e:
+            raise ValueError(f"{what} {path}: {e.strerror or e}") from e
+
+    root = read("tls_ca (TENSILE_TLS_CA)", ca_path)
+    if root is not None and b"-----BEGIN CERTIFICATE-----" not in root:
+        raise ValueError(f"tls_ca (TENSILE_TLS_CA) {ca_path}: no certificate in it (expected PEM: -----BEGIN CERTIFICATE-----)")
+    return grpc.ssl_channel_credentials(
+        root_certificates=root,
+        private_key=read("tls_key (TENSILE_TLS_KEY)", key_path),
+        certificate_chain=read("tls_cert (TENSILE_TLS_CERT)", cert_path),
+    )
+
+
 class Client:
     """A connection to one scheduler.
 
     ``address``: ``unix:PATH`` or an absolute path for a socket,
-    ``HOST:PORT`` for TCP, or ``None`` for the scheduler this job finds by
-    default (:func:`resolve_server`: ``TENSILE_SERVER``, else the socket of
-    ``device``'s GPU in ``gpus.json``, else the default socket).
-    ``device``: the job's device (``"cuda:1"``, an ordinal, a
-    ``torch.device``; default 0), which picks its GPU's scheduler.
-    ``timeout_s`` bounds every unary call (plan streams are open-ended).
+    ``HOST:PORT`` or ``https://HOST:PORT`` for TCP, or ``None`` for the
+    scheduler this job finds by default (:func:`resolve_server`:
+    ``TENSILE_SERVER``, else the socket of ``device``'s GPU in
+    ``gpus.json``, else the default socket). ``device``: the job's device
+    (``"cuda:1"``, an ordinal, a ``torch.device``; default 0), which picks
+    its GPU's scheduler. ``timeout_s`` bounds every unary call (plan
+    streams are open-ended). ``tls_ca``, ``tls_cert``, ``tls_key`` (else
+    ``TENSILE_TLS_CA``, ``TENSILE_TLS_CERT``, ``TENSILE_TLS_KEY``): TLS to
+    a TCP scheduler, by :func:`tls_credentials`' rule.
     """
 
-    def __init__(self, address: str | os.PathLike[str] | None = None, timeout_s: float = 60.0, *, device: Any = None) -> None:
-        self.target = target_of(resolve_server(address, device))
+    def __init__(
+        self,
+        address: str | os.PathLike[str] | None = None,
+        timeout_s: float = 60.0,
+        *,
+        device: Any = None,
+        tls_ca: str | os.PathLike[str] | None = None,
+        tls_cert: str | os.PathLike[str] | None = None,
+        tls_key: str | os.PathLike[str] | None = None,
+    ) -> None:
+        resolved = resolve_server(address, device)
+        credentials = tls_credentials(resolved, ca=tls_ca, cert=tls_cert, key=tls_key)
+        self.target = target_of(resolved)
+        self.tls = credentials is not None
         self.timeout_s = timeout_s
         options = [
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -323,7 +394,10 @@ class Client:
             # the scheduler's HTTP/2 stack rejects as malformed (RST_STREAM,
             # PROTOCOL_ERROR); any host name does.
             options.append(("grpc.default_authority", "localhost"))
-        self._channel = grpc.insecure_channel(self.target, options=options)
+        if credentials is None:
+            self._channel = grpc.insecure_channel(self.target, options=options)
+        else:
+            self._channel = grpc.secure_channel(self.target, credentials, options=options)
         self._stub = pb_grpc.MemorySchedulerStub(self._channel)
 
     def close(self) -> None:

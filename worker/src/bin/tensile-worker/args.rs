@@ -45,13 +45,16 @@ pub(crate) struct Args {
     /// No plan: free every tensor after its last use, as PyTorch does.
     #[arg(long)]
     pub(crate) vanilla: bool,
-    /// Plans from the scheduler at ADDR (`unix:PATH`, `HOST:PORT`); with
+    /// Plans from the scheduler at ADDR (`unix:PATH`, `HOST:PORT`,
+    /// `https://HOST:PORT`; TLS by the --tls-ca rule below); with
     /// neither --plan nor --vanilla, the one clients find by default:
     /// TENSILE_SERVER, else the socket of this job's GPU in the socket
     /// directory's gpus.json (--device cuda:N, through
     /// CUDA_VISIBLE_DEVICES; 0 on the CPU), else the default socket.
     #[arg(long, value_name = "ADDR")]
     pub(crate) scheduler: Option<String>,
+    #[command(flatten)]
+    pub(crate) tls: tensile_cli::tls::ClientTlsArgs,
     /// The job's name in the scheduler's status (default: the graph's).
     #[arg(long)]
     pub(crate) name: Option<String>,

@@ -129,6 +129,7 @@ pub(crate) fn start_session(
     let address =
         tensile_proto::endpoint::resolve_server(args.scheduler.as_deref(), device_ordinal)
             .context("finding the scheduler (--scheduler ADDR names one)")?;
+    let tls = args.tls.load()?;
     bars.suspend(|| eprintln!("scheduler: {address}"));
     let say = bars.clone();
     let config = SessionConfig {
@@ -140,6 +141,7 @@ pub(crate) fn start_session(
         base_bytes: args.base_mb.map(|m| copy.base_share(m.bytes())),
         max_backoff: Duration::from_secs(2),
         call_timeout: None,
+        tls,
         // Above the progress bars, as everything else the worker says.
         log: LogSink::new(move |level, message| {
             if level >= Level::Info {
