@@ -302,7 +302,8 @@ fn without_the_guard_wrong_plans_go_over_and_with_it_they_do_not() {
 /// its ops faster than its cold-start estimate while the other's are
 /// still estimated): a free plan made from those latencies would promise
 /// more than running free gives. The same latencies from jobs without
-/// gates plan them free.
+/// gates plan them ungated sharing: free, or taking turns where those are
+/// predicted faster.
 #[test]
 fn gated_jobs_stay_gated_when_their_latencies_drift_apart() {
     let (graphs, budget, copy) = two_copies_halfway();
@@ -332,7 +333,16 @@ fn gated_jobs_stay_gated_when_their_latencies_drift_apart() {
     let kept = replan(true);
     assert!(kept.cycle_ns > 0, "re-planned free: {:?}", kept.diagnostics);
     let free = replan(false);
-    assert_eq!(free.cycle_ns, 0);
+    assert_ne!(
+        free.layout,
+        tensile_planner::Layout::Gated,
+        "jobs that ran free re-planned as gated sharing: {}",
+        free.layout_note
+    );
+    assert!(
+        free.layout == tensile_planner::Layout::Turns || free.cycle_ns == 0,
+        "a free plan with a cycle"
+    );
 }
 
 /// The planner's choice for three copies at `budget`, as jobs that run free
