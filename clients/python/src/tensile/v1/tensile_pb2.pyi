@@ -1132,6 +1132,7 @@ class JobStatus(_message.Message):
     BASE_BYTES_FIELD_NUMBER: _builtins.int
     BASE_SOURCE_FIELD_NUMBER: _builtins.int
     REPORTED_BASE_BYTES_FIELD_NUMBER: _builtins.int
+    GATE_FIELD_NUMBER: _builtins.int
     job_id: _builtins.int
     name: _builtins.str
     state: Global___JobState.ValueType
@@ -1166,6 +1167,13 @@ class JobStatus(_message.Message):
     """
     @_builtins.property
     def prediction(self) -> Global___PlanPrediction: ...
+    @_builtins.property
+    def gate(self) -> Global___IterationGate:
+        """The gate of the job's newest plan: set when its iterations are
+        coordinated with the other jobs' (a period and a phase); unset when it
+        runs free.
+        """
+
     def __init__(
         self,
         *,
@@ -1185,10 +1193,11 @@ class JobStatus(_message.Message):
         base_bytes: _builtins.int = ...,
         base_source: _builtins.str = ...,
         reported_base_bytes: _builtins.int = ...,
+        gate: Global___IterationGate | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["prediction", b"prediction"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["gate", b"gate", "prediction", b"prediction"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_bytes", b"base_bytes", "base_source", b"base_source", "iterations_reported", b"iterations_reported", "job_id", b"job_id", "latency_source", b"latency_source", "lower_bound_bytes", b"lower_bound_bytes", "name", b"name", "ops", b"ops", "plan_version", b"plan_version", "prediction", b"prediction", "priority", b"priority", "reason", b"reason", "reported_base_bytes", b"reported_base_bytes", "reported_peak_bytes", b"reported_peak_bytes", "state", b"state", "tensors", b"tensors"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_bytes", b"base_bytes", "base_source", b"base_source", "gate", b"gate", "iterations_reported", b"iterations_reported", "job_id", b"job_id", "latency_source", b"latency_source", "lower_bound_bytes", b"lower_bound_bytes", "name", b"name", "ops", b"ops", "plan_version", b"plan_version", "prediction", b"prediction", "priority", b"priority", "reason", b"reason", "reported_base_bytes", b"reported_base_bytes", "reported_peak_bytes", b"reported_peak_bytes", "state", b"state", "tensors", b"tensors"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1203,6 +1212,8 @@ class MemoryStatus(_message.Message):
     SUM_OF_PEAKS_BYTES_FIELD_NUMBER: _builtins.int
     ALIGNED_PEAK_BYTES_FIELD_NUMBER: _builtins.int
     VANILLA_SUM_OF_PEAKS_BYTES_FIELD_NUMBER: _builtins.int
+    LAYOUT_FIELD_NUMBER: _builtins.int
+    LAYOUT_NOTE_FIELD_NUMBER: _builtins.int
     budget_bytes: _builtins.int
     device_bytes: _builtins.int
     sum_of_peaks_bytes: _builtins.int
@@ -1211,6 +1222,13 @@ class MemoryStatus(_message.Message):
     """
     aligned_peak_bytes: _builtins.int
     vanilla_sum_of_peaks_bytes: _builtins.int
+    layout: _builtins.str
+    """How the plans in force share the device: "free", "gated" or "turns"
+    (one job's iterations at a time, taken where sharing would be slower
+    than the jobs one after another or would not fit), and why, with the
+    predicted cycles of both ("" where the planner did not weigh them).
+    """
+    layout_note: _builtins.str
     def __init__(
         self,
         *,
@@ -1219,10 +1237,12 @@ class MemoryStatus(_message.Message):
         sum_of_peaks_bytes: _builtins.int = ...,
         aligned_peak_bytes: _builtins.int = ...,
         vanilla_sum_of_peaks_bytes: _builtins.int = ...,
+        layout: _builtins.str = ...,
+        layout_note: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["aligned_peak_bytes", b"aligned_peak_bytes", "budget_bytes", b"budget_bytes", "device_bytes", b"device_bytes", "sum_of_peaks_bytes", b"sum_of_peaks_bytes", "vanilla_sum_of_peaks_bytes", b"vanilla_sum_of_peaks_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["aligned_peak_bytes", b"aligned_peak_bytes", "budget_bytes", b"budget_bytes", "device_bytes", b"device_bytes", "layout", b"layout", "layout_note", b"layout_note", "sum_of_peaks_bytes", b"sum_of_peaks_bytes", "vanilla_sum_of_peaks_bytes", b"vanilla_sum_of_peaks_bytes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
