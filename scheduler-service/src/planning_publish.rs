@@ -61,7 +61,7 @@ impl Planner {
             .as_ref()
             .is_some_and(|(g, _)| g.iter().any(|id| ids.contains(id)));
         let mut total: u64 = if breaks_gates {
-            self.in_force.values().sum()
+            self.in_force_sum()
         } else {
             self.in_force_bytes()
         };
@@ -107,8 +107,13 @@ impl Planner {
                 .filter(|(id, _)| !gated.contains(id))
                 .map(|(_, &peak)| peak)
                 .fold(*aligned, u64::saturating_add),
-            None => self.in_force.values().copied().fold(0, u64::saturating_add),
+            None => self.in_force_sum(),
         }
+    }
+
+    /// The plans in force's peaks added up, gated or not.
+    fn in_force_sum(&self) -> u64 {
+        self.in_force.values().copied().fold(0, u64::saturating_add)
     }
 
     /// Job `id` runs no plan any more (it left, or went back to the queue).
@@ -217,7 +222,7 @@ impl Planner {
             }
         }
         // What runs now: this plan's jobs and any fast plans beside them.
-        let sum_of_peaks: u64 = self.in_force.values().sum();
+        let sum_of_peaks = self.in_force_sum();
         let mut mem = self.shared.memory();
         mem.aligned_peak_bytes = mp.aligned_peak_bytes;
         mem.vanilla_sum_of_peaks_bytes = mp.vanilla_sum_of_peaks_bytes;

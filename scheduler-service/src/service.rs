@@ -176,16 +176,18 @@ fn update_to_proto(u: &Update, job: u64) -> pb::PlanUpdate {
 
 fn job_status(id: u64, j: &Job) -> pb::JobStatus {
     let (state, reason) = state_to_proto(&j.state());
+    // The newest plan, read once: its version, prediction and gate.
+    let plan = j.updates.borrow().plan.clone();
     pb::JobStatus {
         job_id: id,
         name: j.name.clone(),
         state: state as i32,
         reason,
-        plan_version: j.version(),
+        plan_version: plan.as_ref().map_or(0, |p| p.version),
         ops: u32::try_from(j.graph.ops().len()).unwrap_or(u32::MAX),
         tensors: u32::try_from(j.graph.tensors().len()).unwrap_or(u32::MAX),
         iterations_reported: j.iterations,
-        prediction: j.prediction().map(|p| prediction_to_proto(&p)),
+        prediction: plan.as_ref().map(|p| prediction_to_proto(&p.prediction)),
         reported_peak_bytes: j.reported_peak,
         priority: j.priority,
         latency_source: j.latency_source.to_string(),
@@ -193,7 +195,7 @@ fn job_status(id: u64, j: &Job) -> pb::JobStatus {
         base_bytes: j.base_bytes,
         base_source: j.base_source.name().to_string(),
         reported_base_bytes: j.reported_base,
-        gate: j.gate().map(gate_to_proto),
+        gate: plan.as_ref().and_then(|p| p.gate).map(gate_to_proto),
     }
 }
 

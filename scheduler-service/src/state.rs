@@ -94,11 +94,6 @@ impl Job {
         self.updates.borrow().plan.as_ref().map_or(0, |p| p.version)
     }
 
-    /// The gate of the newest plan (`None`: it runs free, or no plan yet).
-    pub fn gate(&self) -> Option<tensile_planner::Gate> {
-        self.updates.borrow().plan.as_ref().and_then(|p| p.gate)
-    }
-
     pub fn prediction(&self) -> Option<Prediction> {
         self.updates
             .borrow()
