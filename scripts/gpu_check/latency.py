@@ -71,11 +71,12 @@ def profile(a: argparse.Namespace, data: Path) -> int | None:
     r.check_time("latency profile")
     m = re.search(r"measured (\d+) samples, (\d+) already done, (\d+) failed", r.stdout)
     stopped = "time limit reached" in r.stdout
+    timing = re.search(r"^timing: (.+)$", r.stdout, re.MULTILINE)
     row: dict[str, Any] = {
         "id": "profile",
         "device": a.device,
         "samples": jsonl_lines(data),
-        "timing": "wall clock per run, ending with a device synchronize" if a.device.startswith("cuda") else "wall clock",
+        "timing": timing.group(1).strip() if timing else "not printed",
         "data": str(data.relative_to(a.results)),
     }
     if r.rc != 0 or not m:

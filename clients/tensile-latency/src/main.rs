@@ -183,6 +183,7 @@ fn profile(a: &ProfileArgs) -> Result<()> {
             ""
         }
     );
+    outln!("timing: {}", report.timing);
     for f in report.failed.iter().take(10) {
         eprintln!("failed: {f}");
     }

@@ -39,6 +39,12 @@ pub enum KernelError {
         #[source]
         source: tch::TchError,
     },
+    #[error("op {op} ({op_type}): timing its runs failed: {why}")]
+    Clock {
+        op: String,
+        op_type: String,
+        why: String,
+    },
 }
 
 /// Whether `prepare` knows `op_type`.

@@ -9,9 +9,10 @@
 //! Background load on the CPU: `load` extra threads, each running 256x256
 //! matrix products in a loop while the kernel is timed; the utilization
 //! feature is `load / cores`. On CUDA the same threads launch their products
-//! on the GPU. Timing is wall-clock around each run; on CUDA each run ends
-//! with a device synchronize (tch exposes no CUDA events).
+//! on the GPU. Timing: the wall clock around each run on a CPU, CUDA events
+//! around each run on a GPU (`clock`).
 
+mod clock;
 mod kernels;
 
 use std::collections::HashSet;
@@ -122,6 +123,8 @@ pub struct ProfileReport {
     pub failed: Vec<String>,
     pub stopped_early: bool,
     pub elapsed: Duration,
+    /// How the samples were timed, in words.
+    pub timing: &'static str,
 }
 
 #[derive(Debug, Error)]
@@ -226,7 +229,11 @@ pub fn profile(
     tch::manual_seed(config.seed as i64);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f32;
     let start = Instant::now();
-    let mut report = ProfileReport::default();
+    let mut clock = clock::Clock::for_device(device);
+    let mut report = ProfileReport {
+        timing: clock.describe(),
+        ..ProfileReport::default()
+    };
     let total = grid.cases.len() * config.loads.len();
     let mut n = 0;
     // Loads inside shapes, so that a run cut by the time limit has every
@@ -248,7 +255,7 @@ pub fn profile(
                 continue;
             }
             let background = Background::start(load, device);
-            let measured = measure(config, g, op, device);
+            let measured = measure(config, g, op, device, &mut clock);
             drop(background);
             match measured {
                 Ok((ns, runs)) => {
@@ -288,44 +295,35 @@ fn measure(
     g: &Graph,
     op: &tensile_graph::Op,
     device: Device,
+    clock: &mut clock::Clock,
 ) -> Result<(u64, u32), KernelError> {
-    let torch = |source| KernelError::Torch {
-        op: op.name.clone(),
-        op_type: op.op_type.clone(),
-        source,
+    let failed = |e| match e {
+        clock::RunError::Torch(source) => KernelError::Torch {
+            op: op.name.clone(),
+            op_type: op.op_type.clone(),
+            source,
+        },
+        clock::RunError::Clock(why) => KernelError::Clock {
+            op: op.name.clone(),
+            op_type: op.op_type.clone(),
+            why,
+        },
     };
     let mut k = kernels::prepare(g, op, device)?;
-    let sync = || {
-        if let Device::Cuda(i) = device {
-            tch::Cuda::synchronize(i as i64);
-        }
-    };
-    let time = |f: &mut dyn FnMut() -> Result<(), tch::TchError>| {
-        let t = Instant::now();
-        let r = f();
-        sync();
-        r.map(|()| t.elapsed())
-    };
-    let mut slowest = Duration::ZERO;
-    for _ in 0..config.warmup.max(1) {
-        slowest = slowest.max(time(&mut k.run).map_err(torch)?);
-    }
+    let warm = clock
+        .time(config.warmup.max(1), &mut k.run)
+        .map_err(failed)?;
+    let slowest = warm.into_iter().max().unwrap_or_default();
     let repeats = if slowest > config.slow_run {
         config.repeats.div_ceil(2)
     } else {
         config.repeats
     }
     .max(1);
-    let mut runs = Vec::with_capacity(repeats as usize);
-    for _ in 0..repeats {
-        runs.push(time(&mut k.run).map_err(torch)?);
-    }
+    let mut runs = clock.time(repeats, &mut k.run).map_err(failed)?;
     let mut ns = median(&mut runs).as_nanos() as f64;
     if let Some(base) = k.baseline.as_mut() {
-        let mut b = Vec::with_capacity(repeats as usize);
-        for _ in 0..repeats {
-            b.push(time(base).map_err(torch)?);
-        }
+        let mut b = clock.time(repeats, base).map_err(failed)?;
         // Never let the baseline take more than half of the measurement.
         ns -= (median(&mut b).as_nanos() as f64).min(ns / 2.0);
     }
