@@ -13,7 +13,6 @@ use tensile_proto::endpoint::{GPUS_FILE, GpuEntry, GpusFile, gpu_socket_name};
 use tracing::warn;
 
 use crate::config::{Config, ListenAddr};
-use crate::metrics::NodeMetrics;
 use crate::server::{Domain, Listener, RunError, run_domains};
 
 /// Which GPUs to serve: `--gpus all` or `--gpus 0,1,3`.
@@ -266,7 +265,6 @@ pub async fn run_gpus(
     if gpus.is_empty() {
         return Err(RunError::Config("no GPU to serve".into()));
     }
-    let metrics = NodeMetrics::new();
     let mut domains = Vec::new();
     let mut entries = Vec::new();
     for g in gpus {
@@ -281,7 +279,6 @@ pub async fn run_gpus(
             listeners: vec![listener],
             device,
             budget_bytes: g.budget_bytes,
-            metrics: metrics.gpu(g.index),
         });
         entries.push(GpuEntry {
             index: g.index,

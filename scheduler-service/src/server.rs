@@ -25,7 +25,7 @@ use tracing::{Instrument, error, info, warn};
 
 use crate::coldstart::ColdStart;
 use crate::config::{Config, ListenAddr};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, MetricsRegistry};
 use crate::node::Manifest;
 use crate::planning::{Command, Planner};
 use crate::service::Service;
@@ -151,7 +151,6 @@ pub async fn run(
         listeners,
         device: config.device.clone(),
         budget_bytes: config.budget_bytes,
-        metrics: Metrics::new(),
     };
     run_domains(vec![domain], config, None, shutdown).await
 }
@@ -165,7 +164,6 @@ pub(crate) struct Domain {
     pub(crate) listeners: Vec<Listener>,
     pub(crate) device: tensile_latency_model::DeviceProfile,
     pub(crate) budget_bytes: u64,
-    pub(crate) metrics: Metrics,
 }
 
 /// What the domains of one scheduler share: cancellation, the tasks and
@@ -179,7 +177,8 @@ struct Running {
 }
 
 /// Serves `domains` until `shutdown`: they share the latency store, the
-/// cold-start models, job ids and one metrics endpoint; `manifest`
+/// cold-start models, job ids and one metrics registry and endpoint (each
+/// domain's series labelled with its GPU, the single device's unlabelled); `manifest`
 /// (gpus.json) is written once every socket listens and removed first at
 /// shutdown.
 pub(crate) async fn run_domains(
@@ -209,7 +208,7 @@ pub(crate) async fn run_domains(
         "scheduler starting"
     );
     let cold = Arc::new(cold);
-    let registry = domains[0].metrics.registry();
+    let metrics = MetricsRegistry::new();
     let ids = Arc::new(AtomicU64::new(1));
     let mut running = Running {
         cancel: CancellationToken::new(),
@@ -225,8 +224,10 @@ pub(crate) async fn run_domains(
         own.validate()
             .map_err(|e| RunError::Config(format!("{}: {e}", domain_name(domain.gpu))))?;
         let gpu = domain.gpu.zip(manifest.clone());
+        let domain_metrics = metrics.domain(domain.gpu);
         start_domain(
             domain,
+            domain_metrics,
             own,
             &mut running,
             Common {
@@ -247,6 +248,7 @@ pub(crate) async fn run_domains(
             })?;
         info!("metrics on http://{addr}/metrics");
         let c = running.cancel.clone();
+        let registry = metrics.registry();
         running.tasks.spawn(async move {
             if let Err(e) = crate::metrics::serve(l, registry, c).await {
                 error!("metrics endpoint: {e}");
@@ -324,6 +326,7 @@ fn domain_name(gpu: Option<u32>) -> String {
 /// Starts a domain's planning task, lease reaper and servers.
 async fn start_domain(
     domain: Domain,
+    metrics: Metrics,
     config: Config,
     running: &mut Running,
     common: Common,
@@ -340,7 +343,7 @@ async fn start_domain(
             "planning domain"
         )
     });
-    let metrics = Arc::new(domain.metrics);
+    let metrics = Arc::new(metrics);
     let shared = Arc::new(
         Shared::sharing_ids(config.budget_bytes, common.ids)
             .timing_waits(metrics.table_wait_seconds.clone()),
