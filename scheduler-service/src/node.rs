@@ -150,18 +150,31 @@ pub fn select(
 }
 
 /// `DIR/gpus.json`: written whole and atomically (a temporary file renamed
-/// over it), again when a GPU's budget changes, removed at shutdown.
+/// over it) once every socket listens, again when a GPU's budget changes
+/// (by that GPU's planning task, the owner of its budget), removed at
+/// shutdown.
 #[derive(Debug)]
 pub struct Manifest {
     dir: PathBuf,
-    file: Mutex<GpusFile>,
+    file: Mutex<Kept>,
+}
+
+/// The file's contents, and whether it is on disk (written, not yet
+/// removed).
+#[derive(Debug)]
+struct Kept {
+    file: GpusFile,
+    on_disk: bool,
 }
 
 impl Manifest {
     pub fn new(dir: PathBuf, file: GpusFile) -> Manifest {
         Manifest {
             dir,
-            file: Mutex::new(file),
+            file: Mutex::new(Kept {
+                file,
+                on_disk: false,
+            }),
         }
     }
 
@@ -169,7 +182,7 @@ impl Manifest {
         self.dir.join(GPUS_FILE)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, GpusFile> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Kept> {
         // Every change replaces a field whole: a poisoned lock holds a
         // consistent file.
         self.file.lock().unwrap_or_else(|p| p.into_inner())
@@ -178,8 +191,10 @@ impl Manifest {
     /// Writes the file (mode 0644: it holds no secret, and clients of other
     /// users that may reach the sockets must read it).
     pub fn write(&self) -> Result<(), RunError> {
-        let file = self.lock();
-        self.write_locked(&file)
+        let mut kept = self.lock();
+        self.write_locked(&kept.file)?;
+        kept.on_disk = true;
+        Ok(())
     }
 
     fn write_locked(&self, file: &GpusFile) -> Result<(), RunError> {
@@ -204,17 +219,27 @@ impl Manifest {
         Ok(())
     }
 
-    /// GPU `index`'s budget is now `bytes`.
+    /// GPU `index`'s budget is now `bytes`: the file is rewritten if it is
+    /// on disk, else the budget waits for its first writing (none after its
+    /// removal).
     pub fn set_budget(&self, index: u32, bytes: u64) -> Result<(), RunError> {
-        let mut file = self.lock();
-        if let Some(g) = file.gpus.iter_mut().find(|g| g.index == index) {
-            g.budget_bytes = bytes;
+        let mut kept = self.lock();
+        let Some(g) = kept.file.gpus.iter_mut().find(|g| g.index == index) else {
+            return Ok(());
+        };
+        if g.budget_bytes == bytes {
+            return Ok(());
         }
-        self.write_locked(&file)
+        g.budget_bytes = bytes;
+        if kept.on_disk {
+            self.write_locked(&kept.file)?;
+        }
+        Ok(())
     }
 
     pub fn remove(&self) {
-        let _guard = self.lock();
+        let mut kept = self.lock();
+        kept.on_disk = false;
         let _ = std::fs::remove_file(self.path());
     }
 }
@@ -362,7 +387,15 @@ mod tests {
                 gpus: vec![entry(0), entry(1)],
             },
         );
+        // A budget set before the first writing waits for it.
+        m.set_budget(0, 9).unwrap();
+        assert!(GpusFile::read(dir.path()).unwrap().is_none());
         m.write().unwrap();
+        assert_eq!(
+            GpusFile::read(dir.path()).unwrap().unwrap().gpus[0].budget_bytes,
+            9
+        );
+        m.set_budget(0, 10).unwrap();
         m.set_budget(1, 7).unwrap();
         let back = GpusFile::read(dir.path()).unwrap().unwrap();
         assert_eq!(back.gpus[0].budget_bytes, 10);
@@ -372,6 +405,9 @@ mod tests {
         // Nothing but the file is left behind.
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
         m.remove();
+        assert!(GpusFile::read(dir.path()).unwrap().is_none());
+        // Nor is it written again after its removal (at shutdown).
+        m.set_budget(1, 8).unwrap();
         assert!(GpusFile::read(dir.path()).unwrap().is_none());
     }
 }

@@ -315,7 +315,8 @@ struct Common {
     cold: Arc<ColdStart>,
     store: Option<Arc<Store>>,
     ids: Arc<AtomicU64>,
-    /// The GPU's index and the manifest its budget is kept in.
+    /// The GPU's index and the manifest its budget is kept in (by the
+    /// domain's planning task).
     gpu: Option<(u32, Arc<Manifest>)>,
 }
 
@@ -351,11 +352,10 @@ async fn start_domain(
     let cancel = running.cancel.clone();
     let (tx, rx) = mpsc::channel(4096);
     let mut pc = tensile_plan_job::planner_config(&config.device, Some(config.budget_bytes), false);
-    pc.budget_bytes = Some(config.budget_bytes);
     pc.coordinate = config.gates;
     pc.gate_slack = config.gate_slack;
     pc.recompute_first = config.recompute_first;
-    let planner = Planner::new(
+    let mut planner = Planner::new(
         shared.clone(),
         pc,
         config.replan_threshold,
@@ -365,6 +365,9 @@ async fn start_domain(
         config.device.name.clone(),
         metrics.clone(),
     );
+    if let Some((index, manifest)) = common.gpu {
+        planner = planner.keeping_manifest(index, manifest);
+    }
     running.plannings.push(tokio::spawn(
         planner.run(rx, cancel.clone()).instrument(span.clone()),
     ));
@@ -386,7 +389,6 @@ async fn start_domain(
         common.store,
         metrics,
         cancel.clone(),
-        common.gpu,
     );
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<MemorySchedulerServer<Service>>().await;
