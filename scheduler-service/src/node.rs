@@ -13,6 +13,7 @@ use tensile_proto::endpoint::{GPUS_FILE, GpuEntry, GpusFile, gpu_socket_name};
 use tracing::warn;
 
 use crate::config::{Config, ListenAddr};
+use crate::error::ConfigError;
 use crate::server::{Domain, Listener, RunError, run_domains};
 
 /// Which GPUs to serve: `--gpus all` or `--gpus 0,1,3`.
@@ -25,22 +26,26 @@ pub enum GpuSpec {
 
 impl GpuSpec {
     /// `all`, or indices separated by commas.
-    pub fn parse(s: &str) -> Result<GpuSpec, String> {
+    pub fn parse(s: &str) -> Result<GpuSpec, ConfigError> {
         let s = s.trim();
         if s.eq_ignore_ascii_case("all") {
             return Ok(GpuSpec::All);
         }
         if s.is_empty() {
-            return Err("--gpus is empty: give `all` or GPU indices such as 0,1".into());
+            return Err(ConfigError::NoGpus);
         }
         let mut list = Vec::new();
         for part in s.split(',') {
             let part = part.trim();
-            let i: u32 = part.parse().map_err(|_| {
-                format!("--gpus {s:?}: {part:?} is not a GPU index (expected `all` or indices such as 0,1,3)")
+            let i: u32 = part.parse().map_err(|_| ConfigError::NotAGpuIndex {
+                spec: s.to_string(),
+                part: part.to_string(),
             })?;
             if list.contains(&i) {
-                return Err(format!("--gpus {s:?}: GPU {i} is named twice"));
+                return Err(ConfigError::GpuTwice {
+                    spec: s.to_string(),
+                    index: i,
+                });
             }
             list.push(i);
         }
@@ -111,7 +116,7 @@ pub fn select(
     seen: &[SmiGpu],
     profile: &DeviceProfile,
     budget: Option<u64>,
-) -> Result<Vec<Gpu>, String> {
+) -> Result<Vec<Gpu>, ConfigError> {
     let real = |g: &SmiGpu| Gpu {
         index: g.index,
         uuid: g.uuid.clone(),
@@ -132,20 +137,22 @@ pub fn select(
         (GpuSpec::All, false) => Ok(seen.iter().map(real).collect()),
         (GpuSpec::All, true) => Ok(vec![simulated(0)]),
         (GpuSpec::List(list), true) => Ok(list.iter().map(|&i| simulated(i)).collect()),
-        (GpuSpec::List(list), false) => list
-            .iter()
-            .map(|&i| {
-                seen.iter().find(|g| g.index == i).map(real).ok_or_else(|| {
-                    format!(
-                        "--gpus: nvidia-smi sees no GPU {i}; it sees {}",
-                        seen.iter()
-                            .map(|g| format!("{} ({})", g.index, g.name))
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    )
+        (GpuSpec::List(list), false) => {
+            list.iter()
+                .map(|&i| {
+                    seen.iter().find(|g| g.index == i).map(real).ok_or_else(|| {
+                        ConfigError::NoSuchGpu {
+                            index: i,
+                            seen: seen
+                                .iter()
+                                .map(|g| format!("{} ({})", g.index, g.name))
+                                .collect::<Vec<_>>()
+                                .join(", "),
+                        }
+                    })
                 })
-            })
-            .collect(),
+                .collect()
+        }
     }
 }
 
@@ -328,11 +335,15 @@ mod tests {
 
     #[test]
     fn specs_parse_or_name_the_bad_entry() {
-        assert_eq!(GpuSpec::parse("all"), Ok(GpuSpec::All));
-        assert_eq!(GpuSpec::parse(" 0, 1,3"), Ok(GpuSpec::List(vec![0, 1, 3])));
-        assert!(GpuSpec::parse("0,x").unwrap_err().contains("\"x\""));
-        assert!(GpuSpec::parse("1,1").unwrap_err().contains("twice"));
-        assert!(GpuSpec::parse("").unwrap_err().contains("empty"));
+        let err = |s| GpuSpec::parse(s).unwrap_err().to_string();
+        assert_eq!(GpuSpec::parse("all").unwrap(), GpuSpec::All);
+        assert_eq!(
+            GpuSpec::parse(" 0, 1,3").unwrap(),
+            GpuSpec::List(vec![0, 1, 3])
+        );
+        assert!(err("0,x").contains("\"x\""));
+        assert!(err("1,1").contains("twice"));
+        assert!(err("").contains("empty"));
         assert!(GpuSpec::parse("-1").is_err());
     }
 
@@ -356,7 +367,9 @@ mod tests {
         assert_eq!(all[1].budget_bytes, 2000 << 20);
         let two = select(&GpuSpec::List(vec![2]), &seen, &p, Some(5)).unwrap();
         assert_eq!((two[0].uuid.as_str(), two[0].budget_bytes), ("GPU-cc", 5));
-        let err = select(&GpuSpec::List(vec![1]), &seen, &p, None).unwrap_err();
+        let err = select(&GpuSpec::List(vec![1]), &seen, &p, None)
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains("no GPU 1") && err.contains("0 (A), 2 (C)"),
             "{err}"

@@ -25,6 +25,7 @@ use tracing::{Instrument, error, info, warn};
 
 use crate::coldstart::ColdStart;
 use crate::config::{Config, ListenAddr};
+use crate::error::ConfigError;
 use crate::metrics::{Metrics, MetricsRegistry};
 use crate::node::Manifest;
 use crate::planning::{Command, Planner};
@@ -36,6 +37,8 @@ use crate::store::{Store, StoreError};
 pub enum RunError {
     #[error("invalid configuration: {0}")]
     Config(String),
+    #[error("invalid configuration: {0}")]
+    Invalid(#[from] ConfigError),
     #[error("{what}: {source}")]
     Io {
         what: String,
@@ -187,7 +190,7 @@ pub(crate) async fn run_domains(
     manifest: Option<Arc<Manifest>>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), RunError> {
-    config.validate().map_err(RunError::Config)?;
+    config.validate()?;
     if domains.is_empty() {
         return Err(RunError::Config("nothing to serve".into()));
     }
