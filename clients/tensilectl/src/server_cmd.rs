@@ -115,7 +115,7 @@ fn unreachable(
         }
         Some(ErrorKind::PermissionDenied) => (
             "Permission denied: this user may not connect to the socket".into(),
-            "the scheduler's operator opens it to you (tensile-scheduler --socket-mode 0660 and its group, or deploy/tensile-open-sockets)",
+            "the scheduler's operator opens it to you (tensile-scheduler --socket-mode 0660 and its group, or 0666 for every local user)",
         ),
         _ => (innermost.to_string(), START),
     };
