@@ -16,6 +16,7 @@ against a real scheduler serving two simulated GPUs.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.machinery
 import importlib.util
 import json
@@ -665,8 +666,10 @@ def status_as_nobody(server: Path) -> subprocess.CompletedProcess[str] | None:
     return subprocess.run([TENSILECTL, "status", "--server", f"unix:{server}"], **run)
 
 
-def start_scheduler(log: Path, *extra: str) -> tuple[subprocess.Popen[bytes], Path]:
-    """A real tensile-scheduler serving two simulated GPUs, 1000 MB each, in a fresh world-readable directory."""
+@contextlib.contextmanager
+def running_scheduler(log: Path, *extra: str) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+    """A real tensile-scheduler serving two simulated GPUs, 1000 MB each, in a
+    fresh world-readable directory; stopped (SIGTERM) and removed after."""
     d = Path(tempfile.mkdtemp(prefix="tensile-deploy-", dir="/tmp"))
     d.chmod(0o755)  # as systemd's RuntimeDirectory and the kubelet's hostPath make it
     with log.open("wb") as out:
@@ -675,13 +678,6 @@ def start_scheduler(log: Path, *extra: str) -> tuple[subprocess.Popen[bytes], Pa
             stdout=out,
             stderr=subprocess.STDOUT,
         )
-    return proc, d
-
-
-@pytest.fixture
-def scheduler(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
-    """The scheduler as the deploy files start it (their --socket-mode)."""
-    proc, d = start_scheduler(tmp_path / "scheduler.log", "--socket-mode", deploy_socket_modes()["systemd unit"])
     try:
         yield proc, d
     finally:
@@ -693,6 +689,13 @@ def scheduler(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
                 proc.kill()
                 proc.wait()
         shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def scheduler(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+    """The scheduler as the deploy files start it (their --socket-mode)."""
+    with running_scheduler(tmp_path / "scheduler.log", "--socket-mode", deploy_socket_modes()["systemd unit"]) as running:
+        yield running
 
 
 def tensilectl(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -755,19 +758,10 @@ def test_a_real_scheduler_opened_to_every_user_and_found_by_the_taskprolog(sched
 
 def test_a_scheduler_without_socket_mode_is_closed_to_other_users(tmp_path):
     # The control for the test above: the mode comes from the flag.
-    proc, d = start_scheduler(tmp_path / "scheduler.log")
-    try:
+    with running_scheduler(tmp_path / "scheduler.log") as (_, d):
         wait_for(lambda: (d / "gpus.json").exists(), "the scheduler's gpus.json")
         for n in (0, 1):
             assert not stat.S_IMODE((d / f"gpu{n}.sock").stat().st_mode) & stat.S_IWOTH
         closed = status_as_nobody(d / "gpu1.sock")
         if closed is not None:
             assert closed.returncode != 0 and "Permission denied" in closed.stderr, closed.stderr
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        shutil.rmtree(d, ignore_errors=True)
