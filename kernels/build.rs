@@ -10,7 +10,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=csrc/shim.cpp");
     println!("cargo:rerun-if-env-changed=LIBTORCH");
     println!("cargo:rerun-if-env-changed=LIBTORCH_CXX11_ABI");
-    let lib = PathBuf::from(std::env::var("DEP_TCH_LIBTORCH_LIB")?);
+    let lib = tensile_libtorch_link::libtorch_lib()
+        .ok_or("torch-sys reported no DEP_TCH_LIBTORCH_LIB")?;
     let root = match std::env::var("LIBTORCH") {
         Ok(dir) => PathBuf::from(dir),
         // torch-sys reports `<libtorch>/lib`; the headers are beside it.
@@ -35,9 +36,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .flag("-DGLOG_USE_GLOG_EXPORT")
         .file("csrc/shim.cpp")
         .compile("tensile_kernels_shim");
-    println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
-    if lib.join("libtorch_cuda.so").exists() {
-        println!("cargo:rustc-link-arg=-Wl,--no-as-needed,-ltorch_cuda,--as-needed");
-    }
+    tensile_libtorch_link::link(tensile_libtorch_link::Cuda::Always);
     Ok(())
 }

@@ -7,8 +7,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed={proto}");
     let fds = protox::compile([proto], ["proto"])?;
     prost_build::Config::new().compile_fds(fds)?;
-    if let Ok(lib) = std::env::var("DEP_TCH_LIBTORCH_LIB") {
-        println!("cargo:rustc-link-arg=-Wl,-rpath,{lib}");
-    }
+    tensile_libtorch_link::link(tensile_libtorch_link::Cuda::Never);
     Ok(())
 }

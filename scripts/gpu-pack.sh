@@ -109,7 +109,7 @@ cat "$OUT/MANIFEST"
 if command -v readelf >/dev/null && [[ -n $("$PY" -c 'import torch, os; print(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cuda.so"))' 2>/dev/null | xargs -r ls 2>/dev/null) ]]; then
   for b in tensile-worker tensile-latency; do
     readelf -d "$OUT/bin/$b" | grep -q 'libtorch_cuda' ||
-      die "$b does not link libtorch_cuda: it would never see a GPU (see worker/build.rs)"
+      die "$b does not link libtorch_cuda: it would never see a GPU (see libtorch-link/src/lib.rs)"
   done
 fi
 

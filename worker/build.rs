@@ -1,17 +1,7 @@
 //! Gives the `tensile-worker` binary and its tests an rpath to libtorch, so
-//! they run without `LD_LIBRARY_PATH`. With `TENSILE_LINK_CUDA=1` (what
-//! `scripts/gpu-pack.sh` sets) it also forces libtorch's CUDA library in:
-//! loading it registers the CUDA backend, and since nothing here names one
-//! of its symbols the linker (`--as-needed`) would drop it, and the binary
-//! would never see a GPU. Builds for this CPU machine leave it out, so that
-//! every worker does not load the CUDA libraries for nothing.
+//! they run without `LD_LIBRARY_PATH`; with `TENSILE_LINK_CUDA=1` (what
+//! `scripts/gpu-pack.sh` sets) libtorch's CUDA library forced in, so that
+//! it sees a GPU ([`tensile_libtorch_link`]).
 fn main() {
-    println!("cargo:rerun-if-env-changed=TENSILE_LINK_CUDA");
-    if let Ok(lib) = std::env::var("DEP_TCH_LIBTORCH_LIB") {
-        println!("cargo:rustc-link-arg=-Wl,-rpath,{lib}");
-        let cuda = std::path::Path::new(&lib).join("libtorch_cuda.so").exists();
-        if cuda && std::env::var("TENSILE_LINK_CUDA").as_deref() == Ok("1") {
-            println!("cargo:rustc-link-arg=-Wl,--no-as-needed,-ltorch_cuda,--as-needed");
-        }
-    }
+    tensile_libtorch_link::link(tensile_libtorch_link::Cuda::IfAsked);
 }

@@ -294,6 +294,7 @@ mod tests {
         assert_eq!(format_mb(250_000), "0.25 MB");
         assert_eq!(format_mb(1_234_567), "1.23 MB");
         assert_eq!(format_mb(0), "0 MB");
+        assert_eq!(format_mb(3_000_000_000), "3000 MB");
         assert_eq!(format_mb(u64::MAX), "18446744073709.55 MB");
     }
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # By hand only, never in CI: a one-host Slurm cluster with the recipe of
 # deploy/slurm/ (its gres.conf, the slurm.conf excerpt's lines, the
-# TaskProlog, the scheduler on /run/tensile opened by tensile-open-sockets)
+# TaskProlog, the scheduler on /run/tensile, its sockets open to every user
+# by --socket-mode 0666)
 # and jobs of an ordinary user that find their GPU's scheduler through it.
 #
 #   apt-get install slurmctld slurmd slurm-client munge     (Debian 12: Slurm 22.05)
@@ -104,9 +105,12 @@ echo
 echo "== the node's scheduler, as tensile-scheduler.service starts it (systemd makes $sockets 0755)"
 mkdir -m 0755 "$sockets"
 "$bin/tensile-scheduler" --gpus 0,1 --socket-dir "$sockets" --device a6000 --budget-mb 1500 --state none \
-  >"$work/log/tensile-scheduler.log" 2>&1 &
+  --socket-mode 0666 >"$work/log/tensile-scheduler.log" 2>&1 &
 pids+=($!)
-show deploy/tensile-open-sockets "$sockets" 60
+# Up once gpus.json is there (written when every socket listens), as the
+# unit's ExecStartPost waits.
+for _ in $(seq 300); do [[ -f $sockets/gpus.json ]] && break; sleep 0.2; done
+[[ -f $sockets/gpus.json ]] || die "the scheduler wrote no $sockets/gpus.json: $work/log/tensile-scheduler.log"
 show ls -l "$sockets"
 
 echo

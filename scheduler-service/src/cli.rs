@@ -16,6 +16,7 @@ use tensile_proto::tls::ServerTlsFiles;
 
 use crate::coldstart::ModelsSpec;
 use crate::config::{Config, ListenAddr};
+use crate::error::ConfigError;
 use crate::node::{Gpu, GpuSpec, SmiGpu};
 
 /// The TENSILE Memory Scheduler: plans GPU memory (swaps, prefetches,
@@ -207,20 +208,16 @@ pub struct FileConfig {
 /// A Unix socket's mode in octal: `0660`, `660` or `0o660`, at most 0777,
 /// and with read and write for the owner (the scheduler's own clients, and
 /// its check for a live scheduler at start, connect as it).
-pub fn parse_socket_mode(s: &str) -> Result<u32, String> {
+pub fn parse_socket_mode(s: &str) -> Result<u32, ConfigError> {
     let t = s.trim();
     let digits = t.strip_prefix("0o").unwrap_or(t);
     let mode = (!digits.is_empty() && digits.bytes().all(|b| (b'0'..=b'7').contains(&b)))
         .then(|| u32::from_str_radix(digits, 8).ok())
         .flatten()
         .filter(|m| *m <= 0o777)
-        .ok_or_else(|| {
-            format!("{t:?} is not a file mode: expected octal permission bits such as 0660 (at most 0777)")
-        })?;
+        .ok_or_else(|| ConfigError::NotAMode(t.to_string()))?;
     if mode & 0o600 != 0o600 {
-        return Err(format!(
-            "{t:?} leaves the scheduler's own user unable to connect: give the owner read and write (0600 or more, e.g. 0660)"
-        ));
+        return Err(ConfigError::OwnerCannotConnect(t.to_string()));
     }
     Ok(mode)
 }
@@ -235,11 +232,11 @@ pub enum RecomputeFirstValue {
 }
 
 impl RecomputeFirstValue {
-    fn resolve(&self) -> Result<RecomputeFirst, String> {
+    fn resolve(&self) -> Result<RecomputeFirst, ConfigError> {
         match self {
             RecomputeFirstValue::Flag(true) => Ok(RecomputeFirst::Always),
             RecomputeFirstValue::Flag(false) => Ok(RecomputeFirst::Never),
-            RecomputeFirstValue::Name(s) => RecomputeFirst::parse(s),
+            RecomputeFirstValue::Name(s) => RecomputeFirst::parse(s).map_err(ConfigError::Invalid),
         }
     }
 }
@@ -253,7 +250,7 @@ pub enum GpusValue {
 }
 
 impl GpusValue {
-    fn spec(&self) -> Result<GpuSpec, String> {
+    fn spec(&self) -> Result<GpuSpec, ConfigError> {
         match self {
             GpusValue::Text(s) => GpuSpec::parse(s),
             GpusValue::List(l) => {
@@ -283,25 +280,24 @@ pub struct Resolved {
     pub notes: Vec<String>,
 }
 
-fn seconds(flag: &str, v: f64) -> Result<Duration, String> {
+fn seconds(flag: &'static str, v: f64) -> Result<Duration, ConfigError> {
     if v.is_finite() && v > 0.0 && v < 1e7 {
         Ok(Duration::from_secs_f64(v))
     } else {
-        Err(format!(
-            "--{flag} must be a positive number of seconds, got {v}"
-        ))
+        Err(ConfigError::NotSeconds { flag, value: v })
     }
 }
 
 impl Args {
     /// Flags over the file over defaults, checked; the GPUs are those
     /// `nvidia-smi` lists.
-    pub fn resolve(&self) -> Result<Resolved, String> {
+    pub fn resolve(&self) -> Result<Resolved, ConfigError> {
         self.resolve_with(&crate::node::nvidia_smi)
     }
 
     /// [`Args::resolve`], with the node's GPUs listed by `smi`.
-    pub fn resolve_with(&self, smi: &dyn Fn() -> Vec<SmiGpu>) -> Result<Resolved, String> {
+    pub fn resolve_with(&self, smi: &dyn Fn() -> Vec<SmiGpu>) -> Result<Resolved, ConfigError> {
+        let invalid = |m: String| Err(ConfigError::Invalid(m));
         let file = match &self.config {
             Some(p) => read_file(p)?,
             None => FileConfig::default(),
@@ -321,11 +317,10 @@ impl Args {
             (None, Some(v)) => Some(v.spec()?),
             (None, None) => None,
         };
-        if spec.is_some() && !listen.is_empty() {
-            return Err(format!(
-                "--listen {} and --gpus cannot go together: --gpus serves each GPU on its own socket in --socket-dir (gpuN.sock), --listen one device on the addresses given; drop one",
-                listen[0]
-            ));
+        if spec.is_some()
+            && let Some(first) = listen.first()
+        {
+            return Err(ConfigError::ListenWithGpus(first.clone()));
         }
         let socket_dir = self
             .socket_dir
@@ -349,8 +344,7 @@ impl Args {
             self.tls_key.clone().or(file.tls_key.clone()),
             self.tls_client_ca.clone().or(file.tls_client_ca.clone()),
         )
-        .and_then(|f| f.map(|f| f.load()).transpose())
-        .map_err(|e| e.to_string())?;
+        .and_then(|f| f.map(|f| f.load()).transpose())?;
         let tcp: Vec<&ListenAddr> = listen
             .iter()
             .filter(|a| matches!(a, ListenAddr::Tcp(_)))
@@ -372,11 +366,7 @@ impl Args {
                 None if insecure => notes.push(format!(
                     "WARNING: listening on {a} without TLS (--insecure)"
                 )),
-                None => {
-                    return Err(format!(
-                        "--listen {a} is not a loopback address: jobs' tokens would cross the network in clear; give it TLS (--tls-cert and --tls-key), or add --insecure to allow plaintext"
-                    ));
-                }
+                None => return Err(ConfigError::PlaintextOffHost((*a).clone())),
             }
         }
         if let Some(t) = &tls
@@ -389,12 +379,11 @@ impl Args {
         }
         let (device, note) = match self.device.clone().or(file.device.clone()) {
             Some(name) => (
-                tensile_latency_model::device_profile(&name)
-                    .map_err(|e| format!("--device: {e}"))?,
+                tensile_latency_model::device_profile(&name).map_err(ConfigError::Device)?,
                 format!("device {name:?} (--device)"),
             ),
             None if spec.is_some() => (
-                DeviceProfile::builtin("a6000").map_err(|e| e.to_string())?,
+                DeviceProfile::builtin("a6000")?,
                 "device profile a6000 (the copy link of every GPU)".to_string(),
             ),
             None => default_device()?,
@@ -403,7 +392,7 @@ impl Args {
         let mut config = Config::new(device);
         let budget = match self.budget_mb.or(file.budget_mb.map(Mb::whole)) {
             Some(mb) if mb.bytes() == 0 => {
-                return Err("budget_mb must be positive".into());
+                return invalid("budget_mb must be positive".into());
             }
             Some(mb) => Some(mb.bytes()),
             None => None,
@@ -441,10 +430,9 @@ impl Args {
                 .or(file.admin_token_file.as_deref()),
         )?;
         if let Some(m) = self.metrics_listen.clone().or(file.metrics_listen.clone()) {
-            let addr: SocketAddr = m
-                .replace("localhost:", "127.0.0.1:")
-                .parse()
-                .map_err(|_| format!("--metrics-listen {m:?}: expected IP:PORT"))?;
+            let addr: SocketAddr = m.replace("localhost:", "127.0.0.1:").parse().map_err(|_| {
+                ConfigError::Invalid(format!("--metrics-listen {m:?}: expected IP:PORT"))
+            })?;
             config.metrics_listen = Some(addr);
         }
         config.state_dir = match self.state.clone().or(file.state.clone()).as_deref() {
@@ -457,7 +445,7 @@ impl Args {
         }
         if let Some(mb) = self.max_graph_mb.or(file.max_graph_mb.map(Mb::whole)) {
             if mb.bytes() == 0 || mb > Mb::whole(4096) {
-                return Err(format!(
+                return invalid(format!(
                     "--max-graph-mb must be above 0 and at most 4096, got {mb}"
                 ));
             }
@@ -469,7 +457,7 @@ impl Args {
                 "roofline" => ModelsSpec::Roofline,
                 dir if Path::new(dir).is_dir() => ModelsSpec::Dir(PathBuf::from(dir)),
                 dir => {
-                    return Err(format!(
+                    return invalid(format!(
                         "--latency-models {dir:?}: expected auto, roofline or a model directory"
                     ));
                 }
@@ -489,14 +477,17 @@ impl Args {
         };
         if let Some(s) = self.gate_slack.or(file.gate_slack) {
             if !(s.is_finite() && (0.0..=1.0).contains(&s)) {
-                return Err(format!("--gate-slack must be in 0..=1, got {s}"));
+                return invalid(format!("--gate-slack must be in 0..=1, got {s}"));
             }
             config.gate_slack = s;
         }
         config.tls = tls;
         config.socket_mode = match (self.socket_mode, &file.socket_mode) {
             (Some(m), _) => Some(m),
-            (None, Some(s)) => Some(parse_socket_mode(s).map_err(|e| format!("socket_mode: {e}"))?),
+            (None, Some(s)) => Some(
+                parse_socket_mode(s)
+                    .map_err(|e| ConfigError::Invalid(format!("socket_mode: {e}")))?,
+            ),
             (None, None) => None,
         };
         config.validate()?;
@@ -508,24 +499,28 @@ impl Args {
     }
 }
 
-fn read_file(path: &Path) -> Result<FileConfig, String> {
-    let text =
-        std::fs::read_to_string(path).map_err(|e| format!("--config {}: {e}", path.display()))?;
-    toml::from_str(&text).map_err(|e| format!("--config {}: {e}", path.display()))
+fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::ReadFile {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    toml::from_str(&text).map_err(|e| ConfigError::ParseFile {
+        path: path.to_path_buf(),
+        source: Box::new(e),
+    })
 }
 
 /// The admin token: from the file, else `TENSILE_ADMIN_TOKEN`; never a
 /// flag value (it would show in `ps`).
-fn admin_token(file: Option<&Path>) -> Result<Option<String>, String> {
+fn admin_token(file: Option<&Path>) -> Result<Option<String>, ConfigError> {
     if let Some(p) = file {
-        let t = std::fs::read_to_string(p)
-            .map_err(|e| format!("--admin-token-file {}: {e}", p.display()))?;
+        let t = std::fs::read_to_string(p).map_err(|source| ConfigError::ReadAdminToken {
+            path: p.to_path_buf(),
+            source,
+        })?;
         let t = t.trim().to_string();
         if t.is_empty() {
-            return Err(format!(
-                "--admin-token-file {}: the file is empty",
-                p.display()
-            ));
+            return Err(ConfigError::EmptyAdminToken(p.to_path_buf()));
         }
         return Ok(Some(t));
     }
@@ -546,8 +541,8 @@ fn default_state_dir() -> Option<PathBuf> {
 
 /// The local GPU's memory when `nvidia-smi` sees one (the a6000 profile's
 /// link model), else the a6000 profile; the note says which.
-fn default_device() -> Result<(DeviceProfile, String), String> {
-    let mut p = DeviceProfile::builtin("a6000").map_err(|e| e.to_string())?;
+fn default_device() -> Result<(DeviceProfile, String), ConfigError> {
+    let mut p = DeviceProfile::builtin("a6000")?;
     let smi = std::process::Command::new("nvidia-smi")
         .args([
             "--query-gpu=name,memory.total",
@@ -627,7 +622,9 @@ mod tests {
             named.unwrap().config.recompute_first,
             RecomputeFirst::ManyJobs
         );
-        let err = from_file("odd.toml", "recompute_first = \"sometimes\"\n").unwrap_err();
+        let err = from_file("odd.toml", "recompute_first = \"sometimes\"\n")
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains("recompute-first") && err.contains("sometimes"),
             "{err}"
@@ -638,7 +635,7 @@ mod tests {
             Serve::Listen(vec![ListenAddr::parse("127.0.0.1:0").unwrap()])
         );
 
-        let bad = |a: Args| a.resolve().unwrap_err();
+        let bad = |a: Args| a.resolve().unwrap_err().to_string();
         assert!(
             bad(Args {
                 listen: vec!["0.0.0.0:1".into()],
@@ -671,13 +668,17 @@ mod tests {
             .contains("loopback")
         );
         std::fs::write(&file, "budget_mbb = 1\n").unwrap();
+        let err = Args {
+            config: Some(file.clone()),
+            ..Args::default()
+        }
+        .resolve()
+        .unwrap_err();
         assert!(
-            bad(Args {
-                config: Some(file),
-                ..Args::default()
-            })
-            .contains("unknown field")
+            matches!(&err, ConfigError::ParseFile { path, .. } if *path == file),
+            "{err:?}"
         );
+        assert!(err.to_string().contains("unknown field"), "{err}");
     }
 
     fn two_gpus() -> Vec<SmiGpu> {
@@ -729,6 +730,8 @@ mod tests {
         }
         .resolve_with(&none)
         .unwrap_err();
+        assert!(matches!(err, ConfigError::ListenWithGpus(_)), "{err:?}");
+        let err = err.to_string();
         assert!(err.contains("--listen") && err.contains("--gpus"), "{err}");
         // A GPU nvidia-smi does not list.
         let err = Args {
@@ -737,7 +740,11 @@ mod tests {
         }
         .resolve_with(&two_gpus)
         .unwrap_err();
-        assert!(err.contains("no GPU 3"), "{err}");
+        assert!(
+            matches!(err, ConfigError::NoSuchGpu { index: 3, .. }),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("no GPU 3"), "{err}");
         // The file: a list, or text.
         let toml = dir.path().join("s.toml");
         for text in ["gpus = [1]\n", "gpus = \"1\"\n"] {
@@ -760,7 +767,8 @@ mod tests {
             ..Args::default()
         }
         .resolve_with(&two_gpus)
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("\"one\""), "{err}");
     }
 }

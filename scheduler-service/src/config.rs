@@ -11,6 +11,7 @@ use tensile_latency_model::DeviceProfile;
 use tensile_planner::RecomputeFirst;
 
 use crate::coldstart::ModelsSpec;
+use crate::error::ConfigError;
 
 /// Where to listen.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,18 +23,18 @@ pub enum ListenAddr {
 impl ListenAddr {
     /// `unix:PATH` or `HOST:PORT` (an IP address; `localhost` is taken
     /// as 127.0.0.1).
-    pub fn parse(s: &str) -> Result<ListenAddr, String> {
+    pub fn parse(s: &str) -> Result<ListenAddr, ConfigError> {
         if let Some(path) = s.strip_prefix("unix:") {
             let path = path.trim_start_matches("//");
             if path.is_empty() {
-                return Err(format!("--listen {s:?}: unix: needs a path"));
+                return Err(ConfigError::UnixWithoutPath(s.to_string()));
             }
             return Ok(ListenAddr::Unix(PathBuf::from(path)));
         }
         let s2 = s.replace("localhost:", "127.0.0.1:");
-        s2.parse::<SocketAddr>().map(ListenAddr::Tcp).map_err(|_| {
-            format!("--listen {s:?}: expected unix:PATH or IP:PORT (e.g. 127.0.0.1:50051)")
-        })
+        s2.parse::<SocketAddr>()
+            .map(ListenAddr::Tcp)
+            .map_err(|_| ConfigError::NotAnAddress(s.to_string()))
     }
 
     pub fn is_loopback(&self) -> bool {
@@ -128,30 +129,31 @@ impl Config {
     }
 
     /// The checks `run` relies on.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |m: String| Err(ConfigError::Invalid(m));
         if !(self.gate_slack.is_finite() && (0.0..=1.0).contains(&self.gate_slack)) {
-            return Err(format!(
+            return invalid(format!(
                 "the gate slack must be in 0..=1 (a share of the period), got {}",
                 self.gate_slack
             ));
         }
         if self.budget_bytes == 0 {
-            return Err("the memory budget must be positive".into());
+            return invalid("the memory budget must be positive".into());
         }
         if self.lease < Duration::from_millis(100) {
-            return Err(format!(
+            return invalid(format!(
                 "the lease must be at least 0.1 s, got {:?}",
                 self.lease
             ));
         }
         if !(self.replan_threshold.is_finite() && self.replan_threshold >= 0.0) {
-            return Err(format!(
+            return invalid(format!(
                 "the re-plan threshold must be finite and >= 0, got {}",
                 self.replan_threshold
             ));
         }
         if !(self.ewma_weight > 0.0 && self.ewma_weight <= 1.0) {
-            return Err(format!(
+            return invalid(format!(
                 "the EWMA weight must be in (0, 1], got {}",
                 self.ewma_weight
             ));
@@ -159,16 +161,16 @@ impl Config {
         if let Some(m) = self.metrics_listen
             && !m.ip().is_loopback()
         {
-            return Err(format!(
+            return invalid(format!(
                 "--metrics-listen {m}: metrics are served on loopback only"
             ));
         }
         if let Some(t) = &self.admin_token
             && t.trim().is_empty()
         {
-            return Err("the admin token is empty".into());
+            return invalid("the admin token is empty".into());
         }
-        self.device.validate().map_err(|e| e.to_string())
+        Ok(self.device.validate()?)
     }
 
     /// The gRPC decode limit: the graph limit plus room for the rest of
@@ -187,20 +189,25 @@ mod tests {
     #[test]
     fn listen_addresses_parse_or_say_what_is_expected() {
         assert_eq!(
-            ListenAddr::parse("unix:/tmp/s.sock"),
-            Ok(ListenAddr::Unix("/tmp/s.sock".into()))
+            ListenAddr::parse("unix:/tmp/s.sock").unwrap(),
+            ListenAddr::Unix("/tmp/s.sock".into())
         );
         assert_eq!(
-            ListenAddr::parse("127.0.0.1:5000").map(|a| a.is_loopback()),
-            Ok(true)
+            ListenAddr::parse("127.0.0.1:5000")
+                .map(|a| a.is_loopback())
+                .ok(),
+            Some(true)
         );
         assert_eq!(
-            ListenAddr::parse("0.0.0.0:5000").map(|a| a.is_loopback()),
-            Ok(false)
+            ListenAddr::parse("0.0.0.0:5000")
+                .map(|a| a.is_loopback())
+                .ok(),
+            Some(false)
         );
         assert!(
             ListenAddr::parse("nowhere")
                 .unwrap_err()
+                .to_string()
                 .contains("expected unix:PATH or IP:PORT")
         );
         assert!(ListenAddr::parse("unix:").is_err());

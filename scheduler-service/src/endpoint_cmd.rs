@@ -1,6 +1,6 @@
 //! `tensile-scheduler endpoint`: the endpoint rule (`tensile_proto::endpoint`)
 //! for shell scripts and scripts in other interpreters (the Slurm task
-//! prolog, `tensile-open-sockets`), so that no script carries a copy of it.
+//! prolog), so that no script carries a copy of it.
 
 use std::path::PathBuf;
 

@@ -40,5 +40,5 @@ pub mod store;
 pub mod token;
 
 pub use config::{Config, ListenAddr};
-pub use error::Error;
+pub use error::{ConfigError, Error};
 pub use server::{Listener, RunError, run};

@@ -6,10 +6,12 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use prometheus_client::encoding::{EncodeMetric, MetricEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
@@ -65,7 +67,6 @@ const JOB_TABLE_WALK_WAIT_SECONDS: (&str, &str) = (
 );
 
 type F64Counter = Counter<f64, std::sync::atomic::AtomicU64>;
-type HistogramFamily = Family<Labels, Histogram, fn() -> Histogram>;
 
 fn planning_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.0005, 2.0, 16))
@@ -93,17 +94,175 @@ impl Default for TableWaits {
     }
 }
 
+/// One metric's series, keyed by their labels: a [`Family`] whose series
+/// without labels (the single device's) is written bare (`name 3`, as a
+/// plain metric is, not `name{} 3`). A registry holds either the single
+/// device's series or GPUs' ones, never both.
+#[derive(Debug, Clone)]
+struct Series<M>(Family<Labels, M, fn() -> M>);
+
+impl<M: EncodeMetric + TypedMetric + Clone + std::fmt::Debug + Send + Sync + 'static> Series<M> {
+    /// A new metric `name` in `registry`, its series made by `make`.
+    fn register(registry: &mut Registry, (name, help): (&str, &str), make: fn() -> M) -> Self {
+        let s = Series(Family::new_with_constructor(make));
+        registry.register(name, help, s.clone());
+        s
+    }
+
+    /// The series labelled `labels`, created (at zero) if new.
+    fn of(&self, labels: &Labels) -> M {
+        self.0.get_or_create_owned(labels)
+    }
+}
+
+impl<M: TypedMetric> TypedMetric for Series<M> {
+    const TYPE: MetricType = M::TYPE;
+}
+
+impl<M: EncodeMetric + TypedMetric> EncodeMetric for Series<M> {
+    fn encode(&self, encoder: MetricEncoder<'_>) -> Result<(), std::fmt::Error> {
+        match self.0.get(&Labels::new()) {
+            Some(bare) => bare.encode(encoder),
+            None => self.0.encode(encoder),
+        }
+    }
+
+    fn metric_type(&self) -> MetricType {
+        M::TYPE
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// Every metric of a scheduler, registered once; each planning domain
+/// takes its series from them ([`MetricsRegistry::domain`]).
+#[derive(Debug)]
+struct Families {
+    jobs: Series<Gauge>,
+    replans: Series<Counter>,
+    plans_published: Series<Counter>,
+    planning_seconds: Series<Histogram>,
+    planning_capped: Series<Counter>,
+    plans_withheld: Series<Counter>,
+    reports: Series<Counter>,
+    stall_seconds: Series<F64Counter>,
+    passive_swaps: Series<Counter>,
+    leases_lapsed: Series<Counter>,
+    budget_bytes: Series<Gauge>,
+    sum_of_peaks_bytes: Series<Gauge>,
+    reported_peak_bytes: Series<Gauge>,
+    queue_length: Series<Gauge>,
+    published_bytes: Series<Gauge>,
+    max_published_over_budget_bytes: Series<Gauge>,
+    table_wait_job: Series<Histogram>,
+    table_wait_walk: Series<Histogram>,
+}
+
+/// The metrics of one scheduler: one registry (prefix
+/// `tensile_scheduler`), served at `/metrics`, with a series per planning
+/// domain. The single device's series are unlabelled; a scheduler serving
+/// GPUs labels each GPU's `gpu="N"` (the node's index).
+#[derive(Debug, Clone)]
+pub struct MetricsRegistry {
+    registry: Arc<Registry>,
+    families: Arc<Families>,
+}
+
+impl Default for MetricsRegistry {
+    fn default() -> MetricsRegistry {
+        MetricsRegistry::new()
+    }
+}
+
+impl MetricsRegistry {
+    pub fn new() -> MetricsRegistry {
+        let mut registry = Registry::with_prefix("tensile_scheduler");
+        let r = &mut registry;
+        let families = Families {
+            jobs: Series::register(r, JOBS, Gauge::default),
+            replans: Series::register(r, REPLANS, Counter::default),
+            plans_published: Series::register(r, PLANS_PUBLISHED, Counter::default),
+            planning_seconds: Series::register(r, PLANNING_SECONDS, planning_histogram),
+            planning_capped: Series::register(r, PLANNING_CAPPED, Counter::default),
+            plans_withheld: Series::register(r, PLANS_WITHHELD, Counter::default),
+            reports: Series::register(r, REPORTS, Counter::default),
+            stall_seconds: Series::register(r, STALL_SECONDS, F64Counter::default),
+            passive_swaps: Series::register(r, PASSIVE_SWAPS, Counter::default),
+            leases_lapsed: Series::register(r, LEASES_LAPSED, Counter::default),
+            budget_bytes: Series::register(r, BUDGET_BYTES, Gauge::default),
+            sum_of_peaks_bytes: Series::register(r, SUM_OF_PEAKS_BYTES, Gauge::default),
+            reported_peak_bytes: Series::register(r, REPORTED_PEAK_BYTES, Gauge::default),
+            queue_length: Series::register(r, QUEUE_LENGTH, Gauge::default),
+            table_wait_job: Series::register(r, JOB_TABLE_WAIT_SECONDS, table_wait_histogram),
+            table_wait_walk: Series::register(r, JOB_TABLE_WALK_WAIT_SECONDS, table_wait_histogram),
+            published_bytes: Series::register(r, PUBLISHED_BYTES, Gauge::default),
+            max_published_over_budget_bytes: Series::register(
+                r,
+                MAX_PUBLISHED_OVER_BUDGET_BYTES,
+                Gauge::default,
+            ),
+        };
+        MetricsRegistry {
+            registry: Arc::new(registry),
+            families: Arc::new(families),
+        }
+    }
+
+    /// The handles of a planning domain's series, created at zero now so
+    /// that each shows from the start: `None`, the single device
+    /// (unlabelled); `Some(index)`, GPU `index` of the node (`gpu` label).
+    pub fn domain(&self, gpu: Option<u32>) -> Metrics {
+        let base: Labels = gpu.map(|i| ("gpu", i.to_string())).into_iter().collect();
+        let f = &self.families;
+        Metrics {
+            registry: self.registry.clone(),
+            jobs: f.jobs.clone(),
+            replans: f.replans.clone(),
+            plans_published: f.plans_published.of(&base),
+            planning_seconds: f.planning_seconds.of(&base),
+            planning_capped: f.planning_capped.of(&base),
+            plans_withheld: f.plans_withheld.of(&base),
+            reports: f.reports.of(&base),
+            stall_seconds: f.stall_seconds.of(&base),
+            passive_swaps: f.passive_swaps.of(&base),
+            leases_lapsed: f.leases_lapsed.of(&base),
+            budget_bytes: f.budget_bytes.of(&base),
+            sum_of_peaks_bytes: f.sum_of_peaks_bytes.of(&base),
+            reported_peak_bytes: f.reported_peak_bytes.of(&base),
+            queue_length: f.queue_length.of(&base),
+            published_bytes: f.published_bytes.of(&base),
+            max_published_over_budget_bytes: f.max_published_over_budget_bytes.of(&base),
+            table_wait_seconds: TableWaits {
+                job: f.table_wait_job.of(&base),
+                walk: f.table_wait_walk.of(&base),
+            },
+            base,
+        }
+    }
+
+    /// The registry every domain's series are in.
+    pub fn registry(&self) -> Arc<Registry> {
+        self.registry.clone()
+    }
+
+    /// The metrics as OpenMetrics text.
+    pub fn encode(&self) -> String {
+        encode(&self.registry)
+    }
+}
+
 /// One planning domain's metrics (the single device's, or one GPU's):
-/// handles, cheap to update from any task. Those of the GPUs of one
-/// scheduler are series of one registry ([`NodeMetrics`]), told apart by
-/// their `gpu` label.
+/// handles into its scheduler's [`MetricsRegistry`], cheap to update from
+/// any task.
 #[derive(Debug)]
 pub struct Metrics {
     registry: Arc<Registry>,
     /// `[("gpu", N)]`, or nothing for the single device.
     base: Labels,
-    jobs: Family<Labels, Gauge>,
-    replans: Family<Labels, Counter>,
+    jobs: Series<Gauge>,
+    replans: Series<Counter>,
     pub plans_published: Counter,
     pub planning_seconds: Histogram,
     pub planning_capped: Counter,
@@ -129,62 +288,9 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    /// The single device's metrics, in a registry of their own, unlabelled.
+    /// The single device's metrics, in a registry of their own.
     pub fn new() -> Metrics {
-        let mut registry = Registry::with_prefix("tensile_scheduler");
-        let jobs = Family::<Labels, Gauge>::default();
-        let replans = Family::<Labels, Counter>::default();
-        registry.register(JOBS.0, JOBS.1, jobs.clone());
-        registry.register(REPLANS.0, REPLANS.1, replans.clone());
-        fn plain<M: prometheus_client::registry::Metric + Clone>(
-            r: &mut Registry,
-            (name, help): (&str, &str),
-            m: M,
-        ) -> M {
-            r.register(name, help, m.clone());
-            m
-        }
-        let r = &mut registry;
-        let plans_published = plain(r, PLANS_PUBLISHED, Counter::default());
-        let planning_seconds = plain(r, PLANNING_SECONDS, planning_histogram());
-        let planning_capped = plain(r, PLANNING_CAPPED, Counter::default());
-        let plans_withheld = plain(r, PLANS_WITHHELD, Counter::default());
-        let reports = plain(r, REPORTS, Counter::default());
-        let stall_seconds = plain(r, STALL_SECONDS, F64Counter::default());
-        let passive_swaps = plain(r, PASSIVE_SWAPS, Counter::default());
-        let leases_lapsed = plain(r, LEASES_LAPSED, Counter::default());
-        let budget_bytes = plain(r, BUDGET_BYTES, Gauge::default());
-        let sum_of_peaks_bytes = plain(r, SUM_OF_PEAKS_BYTES, Gauge::default());
-        let reported_peak_bytes = plain(r, REPORTED_PEAK_BYTES, Gauge::default());
-        let queue_length = plain(r, QUEUE_LENGTH, Gauge::default());
-        let table_wait_seconds = TableWaits {
-            job: plain(r, JOB_TABLE_WAIT_SECONDS, table_wait_histogram()),
-            walk: plain(r, JOB_TABLE_WALK_WAIT_SECONDS, table_wait_histogram()),
-        };
-        let published_bytes = plain(r, PUBLISHED_BYTES, Gauge::default());
-        let max_published_over_budget_bytes =
-            plain(r, MAX_PUBLISHED_OVER_BUDGET_BYTES, Gauge::default());
-        Metrics {
-            registry: Arc::new(registry),
-            base: Labels::new(),
-            jobs,
-            replans,
-            plans_published,
-            planning_seconds,
-            planning_capped,
-            plans_withheld,
-            reports,
-            stall_seconds,
-            passive_swaps,
-            leases_lapsed,
-            budget_bytes,
-            sum_of_peaks_bytes,
-            reported_peak_bytes,
-            queue_length,
-            published_bytes,
-            max_published_over_budget_bytes,
-            table_wait_seconds,
-        }
+        MetricsRegistry::new().domain(None)
     }
 
     /// The registry these metrics are served from.
@@ -206,129 +312,12 @@ impl Metrics {
 
     /// One more re-plan for `reason`.
     pub fn reason(&self, reason: &str) {
-        self.replans
-            .get_or_create(&self.labels("reason", reason))
-            .inc();
+        self.replans.of(&self.labels("reason", reason)).inc();
     }
 
     /// `n` jobs are in `state`.
     pub fn set_jobs(&self, state: &str, n: i64) {
-        self.jobs.get_or_create(&self.labels("state", state)).set(n);
-    }
-}
-
-/// The metrics of a scheduler serving GPUs: one registry, every series
-/// labelled with its GPU (`gpu="N"`, the node's index).
-#[derive(Debug)]
-pub struct NodeMetrics {
-    registry: Arc<Registry>,
-    jobs: Family<Labels, Gauge>,
-    replans: Family<Labels, Counter>,
-    counters: [Family<Labels, Counter>; 6],
-    gauges: [Family<Labels, Gauge>; 6],
-    stall_seconds: Family<Labels, F64Counter>,
-    planning_seconds: HistogramFamily,
-    table_wait_seconds: [HistogramFamily; 2],
-}
-
-impl Default for NodeMetrics {
-    fn default() -> NodeMetrics {
-        NodeMetrics::new()
-    }
-}
-
-impl NodeMetrics {
-    pub fn new() -> NodeMetrics {
-        let mut registry = Registry::with_prefix("tensile_scheduler");
-        let jobs = Family::<Labels, Gauge>::default();
-        let replans = Family::<Labels, Counter>::default();
-        registry.register(JOBS.0, JOBS.1, jobs.clone());
-        registry.register(REPLANS.0, REPLANS.1, replans.clone());
-        let counters: [Family<Labels, Counter>; 6] = Default::default();
-        for (f, (name, help)) in counters.iter().zip([
-            PLANS_PUBLISHED,
-            PLANNING_CAPPED,
-            REPORTS,
-            PASSIVE_SWAPS,
-            LEASES_LAPSED,
-            PLANS_WITHHELD,
-        ]) {
-            registry.register(name, help, f.clone());
-        }
-        let gauges: [Family<Labels, Gauge>; 6] = Default::default();
-        for (f, (name, help)) in gauges.iter().zip([
-            BUDGET_BYTES,
-            SUM_OF_PEAKS_BYTES,
-            REPORTED_PEAK_BYTES,
-            QUEUE_LENGTH,
-            PUBLISHED_BYTES,
-            MAX_PUBLISHED_OVER_BUDGET_BYTES,
-        ]) {
-            registry.register(name, help, f.clone());
-        }
-        let stall_seconds = Family::<Labels, F64Counter>::default();
-        registry.register(STALL_SECONDS.0, STALL_SECONDS.1, stall_seconds.clone());
-        let planning_seconds = Family::<Labels, Histogram, fn() -> Histogram>::new_with_constructor(
-            planning_histogram,
-        );
-        registry.register(
-            PLANNING_SECONDS.0,
-            PLANNING_SECONDS.1,
-            planning_seconds.clone(),
-        );
-        let table_wait_seconds =
-            [JOB_TABLE_WAIT_SECONDS, JOB_TABLE_WALK_WAIT_SECONDS].map(|(name, help)| {
-                let f = HistogramFamily::new_with_constructor(table_wait_histogram);
-                registry.register(name, help, f.clone());
-                f
-            });
-        NodeMetrics {
-            registry: Arc::new(registry),
-            jobs,
-            replans,
-            counters,
-            gauges,
-            stall_seconds,
-            planning_seconds,
-            table_wait_seconds,
-        }
-    }
-
-    /// The handles of GPU `index`'s series (created at 0 now, so that
-    /// every GPU shows from the start).
-    pub fn gpu(&self, index: u32) -> Metrics {
-        let base: Labels = vec![("gpu", index.to_string())];
-        let counter = |i: usize| self.counters[i].get_or_create(&base).clone();
-        let gauge = |i: usize| self.gauges[i].get_or_create(&base).clone();
-        Metrics {
-            registry: self.registry.clone(),
-            jobs: self.jobs.clone(),
-            replans: self.replans.clone(),
-            plans_published: counter(0),
-            planning_capped: counter(1),
-            reports: counter(2),
-            passive_swaps: counter(3),
-            leases_lapsed: counter(4),
-            plans_withheld: counter(5),
-            budget_bytes: gauge(0),
-            sum_of_peaks_bytes: gauge(1),
-            reported_peak_bytes: gauge(2),
-            queue_length: gauge(3),
-            published_bytes: gauge(4),
-            max_published_over_budget_bytes: gauge(5),
-            stall_seconds: self.stall_seconds.get_or_create(&base).clone(),
-            planning_seconds: self.planning_seconds.get_or_create(&base).clone(),
-            table_wait_seconds: TableWaits {
-                job: self.table_wait_seconds[0].get_or_create(&base).clone(),
-                walk: self.table_wait_seconds[1].get_or_create(&base).clone(),
-            },
-            base,
-        }
-    }
-
-    /// The registry every GPU's series are in.
-    pub fn registry(&self) -> Arc<Registry> {
-        self.registry.clone()
+        self.jobs.of(&self.labels("state", state)).set(n);
     }
 }
 
@@ -369,4 +358,90 @@ pub async fn serve(
 /// Binds the metrics address (loopback only: checked by the config).
 pub async fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
     tokio::net::TcpListener::bind(addr).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The sample lines of an OpenMetrics page: (series, value).
+    fn samples(text: &str) -> Vec<(&str, &str)> {
+        text.lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| l.rsplit_once(' '))
+            .collect()
+    }
+
+    /// A series' metric name, without its labels.
+    fn name(series: &str) -> &str {
+        series.split('{').next().unwrap_or(series)
+    }
+
+    #[test]
+    fn the_single_device_is_unlabelled_and_gpus_labelled_by_one_registry() {
+        let single = MetricsRegistry::new();
+        let device = single.domain(None);
+        device.reports.inc();
+        device.budget_bytes.set(7);
+        device.reason("budget");
+        let node = MetricsRegistry::new();
+        let (gpu0, gpu3) = (node.domain(Some(0)), node.domain(Some(3)));
+        gpu3.reports.inc();
+        gpu3.budget_bytes.set(9);
+        gpu0.reason("budget");
+
+        let text = single.encode();
+        assert_eq!(text, device.encode());
+        let lines = samples(&text);
+        assert!(
+            lines.contains(&("tensile_scheduler_reports_total", "1")),
+            "{text}"
+        );
+        assert!(
+            lines.contains(&("tensile_scheduler_budget_bytes", "7")),
+            "{text}"
+        );
+        assert!(
+            lines.contains(&("tensile_scheduler_replans_total{reason=\"budget\"}", "1")),
+            "{text}"
+        );
+        assert!(
+            lines
+                .iter()
+                .all(|(s, _)| !s.contains("gpu=") && !s.contains("{}")),
+            "{text}"
+        );
+
+        let text = node.encode();
+        let lines = samples(&text);
+        for want in [
+            ("tensile_scheduler_reports_total{gpu=\"3\"}", "1"),
+            ("tensile_scheduler_reports_total{gpu=\"0\"}", "0"),
+            ("tensile_scheduler_budget_bytes{gpu=\"3\"}", "9"),
+            (
+                "tensile_scheduler_replans_total{gpu=\"0\",reason=\"budget\"}",
+                "1",
+            ),
+        ] {
+            assert!(lines.contains(&want), "no {want:?} in\n{text}");
+        }
+        assert!(lines.iter().all(|(s, _)| s.contains("gpu=\"")), "{text}");
+        // The same metrics either way, each one family.
+        let names = |t: &str| {
+            let mut n: Vec<String> = samples(t)
+                .iter()
+                .map(|(s, _)| name(s).to_string())
+                .collect();
+            n.dedup();
+            n.sort();
+            n.dedup();
+            n
+        };
+        assert_eq!(names(&single.encode()), names(&text));
+        assert_eq!(
+            text.matches("# TYPE tensile_scheduler_reports counter")
+                .count(),
+            1
+        );
+    }
 }

@@ -13,7 +13,7 @@ use tensile_proto::endpoint::{GPUS_FILE, GpuEntry, GpusFile, gpu_socket_name};
 use tracing::warn;
 
 use crate::config::{Config, ListenAddr};
-use crate::metrics::NodeMetrics;
+use crate::error::ConfigError;
 use crate::server::{Domain, Listener, RunError, run_domains};
 
 /// Which GPUs to serve: `--gpus all` or `--gpus 0,1,3`.
@@ -26,22 +26,26 @@ pub enum GpuSpec {
 
 impl GpuSpec {
     /// `all`, or indices separated by commas.
-    pub fn parse(s: &str) -> Result<GpuSpec, String> {
+    pub fn parse(s: &str) -> Result<GpuSpec, ConfigError> {
         let s = s.trim();
         if s.eq_ignore_ascii_case("all") {
             return Ok(GpuSpec::All);
         }
         if s.is_empty() {
-            return Err("--gpus is empty: give `all` or GPU indices such as 0,1".into());
+            return Err(ConfigError::NoGpus);
         }
         let mut list = Vec::new();
         for part in s.split(',') {
             let part = part.trim();
-            let i: u32 = part.parse().map_err(|_| {
-                format!("--gpus {s:?}: {part:?} is not a GPU index (expected `all` or indices such as 0,1,3)")
+            let i: u32 = part.parse().map_err(|_| ConfigError::NotAGpuIndex {
+                spec: s.to_string(),
+                part: part.to_string(),
             })?;
             if list.contains(&i) {
-                return Err(format!("--gpus {s:?}: GPU {i} is named twice"));
+                return Err(ConfigError::GpuTwice {
+                    spec: s.to_string(),
+                    index: i,
+                });
             }
             list.push(i);
         }
@@ -112,7 +116,7 @@ pub fn select(
     seen: &[SmiGpu],
     profile: &DeviceProfile,
     budget: Option<u64>,
-) -> Result<Vec<Gpu>, String> {
+) -> Result<Vec<Gpu>, ConfigError> {
     let real = |g: &SmiGpu| Gpu {
         index: g.index,
         uuid: g.uuid.clone(),
@@ -133,36 +137,51 @@ pub fn select(
         (GpuSpec::All, false) => Ok(seen.iter().map(real).collect()),
         (GpuSpec::All, true) => Ok(vec![simulated(0)]),
         (GpuSpec::List(list), true) => Ok(list.iter().map(|&i| simulated(i)).collect()),
-        (GpuSpec::List(list), false) => list
-            .iter()
-            .map(|&i| {
-                seen.iter().find(|g| g.index == i).map(real).ok_or_else(|| {
-                    format!(
-                        "--gpus: nvidia-smi sees no GPU {i}; it sees {}",
-                        seen.iter()
-                            .map(|g| format!("{} ({})", g.index, g.name))
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    )
+        (GpuSpec::List(list), false) => {
+            list.iter()
+                .map(|&i| {
+                    seen.iter().find(|g| g.index == i).map(real).ok_or_else(|| {
+                        ConfigError::NoSuchGpu {
+                            index: i,
+                            seen: seen
+                                .iter()
+                                .map(|g| format!("{} ({})", g.index, g.name))
+                                .collect::<Vec<_>>()
+                                .join(", "),
+                        }
+                    })
                 })
-            })
-            .collect(),
+                .collect()
+        }
     }
 }
 
 /// `DIR/gpus.json`: written whole and atomically (a temporary file renamed
-/// over it), again when a GPU's budget changes, removed at shutdown.
+/// over it) once every socket listens, again when a GPU's budget changes
+/// (by that GPU's planning task, the owner of its budget), removed at
+/// shutdown.
 #[derive(Debug)]
 pub struct Manifest {
     dir: PathBuf,
-    file: Mutex<GpusFile>,
+    file: Mutex<Kept>,
+}
+
+/// The file's contents, and whether it is on disk (written, not yet
+/// removed).
+#[derive(Debug)]
+struct Kept {
+    file: GpusFile,
+    on_disk: bool,
 }
 
 impl Manifest {
     pub fn new(dir: PathBuf, file: GpusFile) -> Manifest {
         Manifest {
             dir,
-            file: Mutex::new(file),
+            file: Mutex::new(Kept {
+                file,
+                on_disk: false,
+            }),
         }
     }
 
@@ -170,7 +189,7 @@ impl Manifest {
         self.dir.join(GPUS_FILE)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, GpusFile> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Kept> {
         // Every change replaces a field whole: a poisoned lock holds a
         // consistent file.
         self.file.lock().unwrap_or_else(|p| p.into_inner())
@@ -179,8 +198,10 @@ impl Manifest {
     /// Writes the file (mode 0644: it holds no secret, and clients of other
     /// users that may reach the sockets must read it).
     pub fn write(&self) -> Result<(), RunError> {
-        let file = self.lock();
-        self.write_locked(&file)
+        let mut kept = self.lock();
+        self.write_locked(&kept.file)?;
+        kept.on_disk = true;
+        Ok(())
     }
 
     fn write_locked(&self, file: &GpusFile) -> Result<(), RunError> {
@@ -205,17 +226,27 @@ impl Manifest {
         Ok(())
     }
 
-    /// GPU `index`'s budget is now `bytes`.
+    /// GPU `index`'s budget is now `bytes`: the file is rewritten if it is
+    /// on disk, else the budget waits for its first writing (none after its
+    /// removal).
     pub fn set_budget(&self, index: u32, bytes: u64) -> Result<(), RunError> {
-        let mut file = self.lock();
-        if let Some(g) = file.gpus.iter_mut().find(|g| g.index == index) {
-            g.budget_bytes = bytes;
+        let mut kept = self.lock();
+        let Some(g) = kept.file.gpus.iter_mut().find(|g| g.index == index) else {
+            return Ok(());
+        };
+        if g.budget_bytes == bytes {
+            return Ok(());
         }
-        self.write_locked(&file)
+        g.budget_bytes = bytes;
+        if kept.on_disk {
+            self.write_locked(&kept.file)?;
+        }
+        Ok(())
     }
 
     pub fn remove(&self) {
-        let _guard = self.lock();
+        let mut kept = self.lock();
+        kept.on_disk = false;
         let _ = std::fs::remove_file(self.path());
     }
 }
@@ -266,7 +297,6 @@ pub async fn run_gpus(
     if gpus.is_empty() {
         return Err(RunError::Config("no GPU to serve".into()));
     }
-    let metrics = NodeMetrics::new();
     let mut domains = Vec::new();
     let mut entries = Vec::new();
     for g in gpus {
@@ -281,7 +311,6 @@ pub async fn run_gpus(
             listeners: vec![listener],
             device,
             budget_bytes: g.budget_bytes,
-            metrics: metrics.gpu(g.index),
         });
         entries.push(GpuEntry {
             index: g.index,
@@ -306,11 +335,15 @@ mod tests {
 
     #[test]
     fn specs_parse_or_name_the_bad_entry() {
-        assert_eq!(GpuSpec::parse("all"), Ok(GpuSpec::All));
-        assert_eq!(GpuSpec::parse(" 0, 1,3"), Ok(GpuSpec::List(vec![0, 1, 3])));
-        assert!(GpuSpec::parse("0,x").unwrap_err().contains("\"x\""));
-        assert!(GpuSpec::parse("1,1").unwrap_err().contains("twice"));
-        assert!(GpuSpec::parse("").unwrap_err().contains("empty"));
+        let err = |s| GpuSpec::parse(s).unwrap_err().to_string();
+        assert_eq!(GpuSpec::parse("all").unwrap(), GpuSpec::All);
+        assert_eq!(
+            GpuSpec::parse(" 0, 1,3").unwrap(),
+            GpuSpec::List(vec![0, 1, 3])
+        );
+        assert!(err("0,x").contains("\"x\""));
+        assert!(err("1,1").contains("twice"));
+        assert!(err("").contains("empty"));
         assert!(GpuSpec::parse("-1").is_err());
     }
 
@@ -334,7 +367,9 @@ mod tests {
         assert_eq!(all[1].budget_bytes, 2000 << 20);
         let two = select(&GpuSpec::List(vec![2]), &seen, &p, Some(5)).unwrap();
         assert_eq!((two[0].uuid.as_str(), two[0].budget_bytes), ("GPU-cc", 5));
-        let err = select(&GpuSpec::List(vec![1]), &seen, &p, None).unwrap_err();
+        let err = select(&GpuSpec::List(vec![1]), &seen, &p, None)
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains("no GPU 1") && err.contains("0 (A), 2 (C)"),
             "{err}"
@@ -365,7 +400,15 @@ mod tests {
                 gpus: vec![entry(0), entry(1)],
             },
         );
+        // A budget set before the first writing waits for it.
+        m.set_budget(0, 9).unwrap();
+        assert!(GpusFile::read(dir.path()).unwrap().is_none());
         m.write().unwrap();
+        assert_eq!(
+            GpusFile::read(dir.path()).unwrap().unwrap().gpus[0].budget_bytes,
+            9
+        );
+        m.set_budget(0, 10).unwrap();
         m.set_budget(1, 7).unwrap();
         let back = GpusFile::read(dir.path()).unwrap().unwrap();
         assert_eq!(back.gpus[0].budget_bytes, 10);
@@ -375,6 +418,9 @@ mod tests {
         // Nothing but the file is left behind.
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
         m.remove();
+        assert!(GpusFile::read(dir.path()).unwrap().is_none());
+        // Nor is it written again after its removal (at shutdown).
+        m.set_budget(1, 8).unwrap();
         assert!(GpusFile::read(dir.path()).unwrap().is_none());
     }
 }

@@ -45,6 +45,7 @@ use tracing::{debug, error, info, warn};
 use crate::base::{Base, BaseSource};
 use crate::error::Error;
 use crate::metrics::Metrics;
+use crate::node::Manifest;
 use crate::state::{Job, JobState, Shared};
 use crate::store::Store;
 
@@ -146,7 +147,11 @@ pub struct Planner {
     replanner: Replanner,
     queue: Vec<(u64, NewJob)>,
     admitted: BTreeMap<u64, Admitted>,
+    /// The budget (`u64::MAX`: none); written by [`Planner::set_budget`]
+    /// alone.
     budget: u64,
+    /// On a node: this GPU's index and the gpus.json its budget is kept in.
+    manifest: Option<(u32, Arc<Manifest>)>,
     cap: Duration,
     store: Option<Arc<Store>>,
     device: String,
@@ -196,16 +201,14 @@ impl Planner {
         let mut replanner = Replanner::new(config);
         replanner.threshold = threshold;
         replanner.weight = weight;
-        let budget = config.budget_bytes.unwrap_or(u64::MAX);
-        metrics
-            .budget_bytes
-            .set(i64::try_from(budget).unwrap_or(i64::MAX));
-        Planner {
+        let budget = config.budget_bytes;
+        let mut planner = Planner {
             shared,
             replanner,
             queue: Vec::new(),
             admitted: BTreeMap::new(),
-            budget,
+            budget: u64::MAX,
+            manifest: None,
             cap,
             store,
             device,
@@ -220,6 +223,41 @@ impl Planner {
             gated_in_force: None,
             reached: BTreeMap::new(),
             max_over: 0,
+        };
+        planner.set_budget(budget);
+        planner
+    }
+
+    /// This GPU's planner, which keeps its budget in `manifest` (the node's
+    /// gpus.json) as GPU `index`'s.
+    pub(crate) fn keeping_manifest(mut self, index: u32, manifest: Arc<Manifest>) -> Planner {
+        self.manifest = Some((index, manifest));
+        self
+    }
+
+    /// The budget is now `budget` (none: no limit): the one place it is
+    /// written, for the task itself, the re-planner's configuration, the
+    /// status the handlers read, the metric and, on a node, gpus.json.
+    /// (gpus.json is on disk only from when every socket listens: before,
+    /// the new budget is kept for its first writing.)
+    fn set_budget(&mut self, budget: Option<u64>) {
+        self.budget = budget.unwrap_or(u64::MAX);
+        let mut config = *self.replanner.config();
+        if config.budget_bytes != budget {
+            config.budget_bytes = budget;
+            self.replanner.set_config(config);
+        }
+        self.shared.memory().budget_bytes = self.budget;
+        self.metrics
+            .budget_bytes
+            .set(i64::try_from(self.budget).unwrap_or(i64::MAX));
+        if let Some((index, manifest)) = &self.manifest
+            && let Err(e) = manifest.set_budget(*index, self.budget)
+        {
+            // A small file written whole: on this task, so that writes
+            // keep the order of the changes and the RPC's reply comes
+            // after the file says the new budget.
+            warn!("the budget is set, but gpus.json still says the old one: {e}");
         }
     }
 
@@ -319,14 +357,11 @@ impl Planner {
                 due
             }
             Command::Budget { bytes, reply } => {
-                self.budget = bytes;
-                let mut config = *self.replanner.config();
-                config.budget_bytes = Some(bytes);
-                self.replanner.set_config(config);
-                self.shared.memory().budget_bytes = bytes;
-                self.metrics
-                    .budget_bytes
-                    .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+                self.set_budget(Some(bytes));
+                // A budget set, even the one in force, re-plans from
+                // scratch (a changed configuration: the re-planner starts
+                // over).
+                self.replanner.set_config(*self.replanner.config());
                 let changed = self.admit();
                 let _ = reply.send(changed);
                 self.metrics.reason("budget");

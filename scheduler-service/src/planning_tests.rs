@@ -715,3 +715,62 @@ fn jobs_updated_from_many_threads_while_the_table_is_walked_lose_nothing() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_budget_change_is_written_by_the_planning_task_everywhere_before_it_answers() {
+    use tensile_proto::endpoint::{GpuEntry, GpusFile, gpu_socket_name};
+    let dir = tempfile::tempdir().unwrap();
+    let entry = |index| GpuEntry {
+        index,
+        uuid: format!("sim-{index}"),
+        name: "simulated a6000".into(),
+        memory_bytes: 1 << 30,
+        budget_bytes: 1 << 30,
+        socket: gpu_socket_name(index),
+    };
+    let manifest = Arc::new(crate::node::Manifest::new(
+        dir.path().to_path_buf(),
+        GpusFile {
+            gpus: vec![entry(0), entry(1)],
+        },
+    ));
+    manifest.write().unwrap();
+    let shared = Arc::new(Shared::new(1 << 30));
+    let mut config = PlannerConfig::new(CopyModel::duplex(1e10, 1e10, 1_000));
+    config.budget_bytes = Some(1 << 30);
+    let metrics = Arc::new(Metrics::new());
+    let planner = Planner::new(
+        shared.clone(),
+        config,
+        0.3,
+        0.9,
+        Duration::from_secs(30),
+        None,
+        "test".into(),
+        metrics.clone(),
+    )
+    .keeping_manifest(1, manifest.clone());
+    assert_eq!(metrics.budget_bytes.get(), 1 << 30);
+    let (tx, rx) = mpsc::channel(8);
+    let cancel = CancellationToken::new();
+    let task = tokio::spawn(planner.run(rx, cancel.clone()));
+
+    let (reply, answer) = tokio::sync::oneshot::channel();
+    tx.send(Command::Budget {
+        bytes: 300_000_000,
+        reply,
+    })
+    .await
+    .unwrap();
+    answer.await.unwrap();
+    // By the answer, the file, the status and the metric say it.
+    let file = GpusFile::read(dir.path()).unwrap().unwrap();
+    assert_eq!(
+        file.gpus.iter().map(|g| g.budget_bytes).collect::<Vec<_>>(),
+        [1 << 30, 300_000_000]
+    );
+    assert_eq!(shared.memory().budget_bytes, 300_000_000);
+    assert_eq!(metrics.budget_bytes.get(), 300_000_000);
+    cancel.cancel();
+    task.await.unwrap();
+}

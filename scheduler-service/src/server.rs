@@ -25,7 +25,8 @@ use tracing::{Instrument, error, info, warn};
 
 use crate::coldstart::ColdStart;
 use crate::config::{Config, ListenAddr};
-use crate::metrics::Metrics;
+use crate::error::ConfigError;
+use crate::metrics::{Metrics, MetricsRegistry};
 use crate::node::Manifest;
 use crate::planning::{Command, Planner};
 use crate::service::Service;
@@ -36,6 +37,8 @@ use crate::store::{Store, StoreError};
 pub enum RunError {
     #[error("invalid configuration: {0}")]
     Config(String),
+    #[error("invalid configuration: {0}")]
+    Invalid(#[from] ConfigError),
     #[error("{what}: {source}")]
     Io {
         what: String,
@@ -151,7 +154,6 @@ pub async fn run(
         listeners,
         device: config.device.clone(),
         budget_bytes: config.budget_bytes,
-        metrics: Metrics::new(),
     };
     run_domains(vec![domain], config, None, shutdown).await
 }
@@ -165,7 +167,6 @@ pub(crate) struct Domain {
     pub(crate) listeners: Vec<Listener>,
     pub(crate) device: tensile_latency_model::DeviceProfile,
     pub(crate) budget_bytes: u64,
-    pub(crate) metrics: Metrics,
 }
 
 /// What the domains of one scheduler share: cancellation, the tasks and
@@ -179,7 +180,8 @@ struct Running {
 }
 
 /// Serves `domains` until `shutdown`: they share the latency store, the
-/// cold-start models, job ids and one metrics endpoint; `manifest`
+/// cold-start models, job ids and one metrics registry and endpoint (each
+/// domain's series labelled with its GPU, the single device's unlabelled); `manifest`
 /// (gpus.json) is written once every socket listens and removed first at
 /// shutdown.
 pub(crate) async fn run_domains(
@@ -188,7 +190,7 @@ pub(crate) async fn run_domains(
     manifest: Option<Arc<Manifest>>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), RunError> {
-    config.validate().map_err(RunError::Config)?;
+    config.validate()?;
     if domains.is_empty() {
         return Err(RunError::Config("nothing to serve".into()));
     }
@@ -209,7 +211,7 @@ pub(crate) async fn run_domains(
         "scheduler starting"
     );
     let cold = Arc::new(cold);
-    let registry = domains[0].metrics.registry();
+    let metrics = MetricsRegistry::new();
     let ids = Arc::new(AtomicU64::new(1));
     let mut running = Running {
         cancel: CancellationToken::new(),
@@ -225,8 +227,10 @@ pub(crate) async fn run_domains(
         own.validate()
             .map_err(|e| RunError::Config(format!("{}: {e}", domain_name(domain.gpu))))?;
         let gpu = domain.gpu.zip(manifest.clone());
+        let domain_metrics = metrics.domain(domain.gpu);
         start_domain(
             domain,
+            domain_metrics,
             own,
             &mut running,
             Common {
@@ -247,6 +251,7 @@ pub(crate) async fn run_domains(
             })?;
         info!("metrics on http://{addr}/metrics");
         let c = running.cancel.clone();
+        let registry = metrics.registry();
         running.tasks.spawn(async move {
             if let Err(e) = crate::metrics::serve(l, registry, c).await {
                 error!("metrics endpoint: {e}");
@@ -313,7 +318,8 @@ struct Common {
     cold: Arc<ColdStart>,
     store: Option<Arc<Store>>,
     ids: Arc<AtomicU64>,
-    /// The GPU's index and the manifest its budget is kept in.
+    /// The GPU's index and the manifest its budget is kept in (by the
+    /// domain's planning task).
     gpu: Option<(u32, Arc<Manifest>)>,
 }
 
@@ -324,6 +330,7 @@ fn domain_name(gpu: Option<u32>) -> String {
 /// Starts a domain's planning task, lease reaper and servers.
 async fn start_domain(
     domain: Domain,
+    metrics: Metrics,
     config: Config,
     running: &mut Running,
     common: Common,
@@ -340,7 +347,7 @@ async fn start_domain(
             "planning domain"
         )
     });
-    let metrics = Arc::new(domain.metrics);
+    let metrics = Arc::new(metrics);
     let shared = Arc::new(
         Shared::sharing_ids(config.budget_bytes, common.ids)
             .timing_waits(metrics.table_wait_seconds.clone()),
@@ -348,11 +355,10 @@ async fn start_domain(
     let cancel = running.cancel.clone();
     let (tx, rx) = mpsc::channel(4096);
     let mut pc = tensile_plan_job::planner_config(&config.device, Some(config.budget_bytes), false);
-    pc.budget_bytes = Some(config.budget_bytes);
     pc.coordinate = config.gates;
     pc.gate_slack = config.gate_slack;
     pc.recompute_first = config.recompute_first;
-    let planner = Planner::new(
+    let mut planner = Planner::new(
         shared.clone(),
         pc,
         config.replan_threshold,
@@ -362,6 +368,9 @@ async fn start_domain(
         config.device.name.clone(),
         metrics.clone(),
     );
+    if let Some((index, manifest)) = common.gpu {
+        planner = planner.keeping_manifest(index, manifest);
+    }
     running.plannings.push(tokio::spawn(
         planner.run(rx, cancel.clone()).instrument(span.clone()),
     ));
@@ -383,7 +392,6 @@ async fn start_domain(
         common.store,
         metrics,
         cancel.clone(),
-        common.gpu,
     );
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<MemorySchedulerServer<Service>>().await;

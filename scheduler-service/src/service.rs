@@ -31,7 +31,6 @@ use crate::coldstart::{ColdStart, SOURCE_MEASURED, SOURCE_STORE};
 use crate::config::Config;
 use crate::error::Error;
 use crate::metrics::Metrics;
-use crate::node::Manifest;
 use crate::planning::{Command, NewJob};
 use crate::state::{Job, JobState, Shared, Update};
 use crate::store::{Store, fingerprint};
@@ -52,14 +51,11 @@ struct Inner {
     store: Option<Arc<Store>>,
     metrics: Arc<Metrics>,
     cancel: CancellationToken,
-    /// The GPU this service plans and the gpus.json its budget is kept in
-    /// (a scheduler serving GPUs); none for the single device.
-    gpu: Option<(u32, Arc<Manifest>)>,
 }
 
 impl Service {
-    /// The service of one planning domain: the single device, or the GPU
-    /// `gpu` names (with the gpus.json its budget is kept in).
+    /// The service of one planning domain: the single device, or a GPU of
+    /// the node.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         shared: Arc<Shared>,
@@ -69,7 +65,6 @@ impl Service {
         store: Option<Arc<Store>>,
         metrics: Arc<Metrics>,
         cancel: CancellationToken,
-        gpu: Option<(u32, Arc<Manifest>)>,
     ) -> Service {
         Service {
             inner: Arc::new(Inner {
@@ -80,7 +75,6 @@ impl Service {
                 store,
                 metrics,
                 cancel,
-                gpu,
             }),
         }
     }
@@ -582,18 +576,6 @@ impl pb::memory_scheduler_server::MemoryScheduler for Service {
             changed = changed.len(),
             "memory budget set"
         );
-        if let Some((index, manifest)) = self.inner.gpu.clone() {
-            let bytes = req.budget_bytes;
-            let kept = match tokio::task::spawn_blocking(move || manifest.set_budget(index, bytes))
-                .await
-            {
-                Ok(r) => r.map_err(|e| e.to_string()),
-                Err(e) => Err(e.to_string()),
-            };
-            if let Err(e) = kept {
-                tracing::warn!("the budget is set, but gpus.json still says the old one: {e}");
-            }
-        }
         let shared = &self.inner.shared;
         Ok(Response::new(pb::SetMemoryBudgetResponse {
             budget_bytes: req.budget_bytes,

@@ -9,13 +9,14 @@ Kubernetes 1.30's schemas, strictly (kubernetes-validate, which bundles
 them), and checked for what a schema cannot see (the scheduler takes no GPU,
 the job mounts the scheduler's socket directory); the systemd unit goes
 through ``systemd-analyze verify``; the Slurm TaskProlog runs on fake Slurm
-environments; and ``tensile-open-sockets``, the TaskProlog and the
-Kubernetes probe's command run against a real scheduler serving two
-simulated GPUs.
+environments; and the scheduler as the deploy files start it (its
+``--socket-mode``), the TaskProlog and the Kubernetes probe's command run
+against a real scheduler serving two simulated GPUs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.machinery
 import importlib.util
 import json
@@ -43,7 +44,6 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 PROLOG = DEPLOY / "slurm" / "tensile-taskprolog"
-OPEN_SOCKETS = DEPLOY / "tensile-open-sockets"
 SCHEDULER = os.environ.get("TENSILE_SCHEDULER", str(ROOT / "target" / "debug" / "tensile-scheduler"))
 WORKER = os.environ.get("TENSILE_WORKER", str(ROOT / "target" / "debug" / "tensile-worker"))
 TENSILECTL = os.environ.get("TENSILECTL", str(ROOT / "target" / "debug" / "tensilectl"))
@@ -359,7 +359,7 @@ def test_the_scheduler_daemonset_sees_every_gpu_and_takes_none():
     assert volumes["sockets"]["type"] == "DirectoryOrCreate"
     state = args[args.index("--state") + 1]
     assert mounts["state"] == state == volumes["state"]["path"]
-    assert c["lifecycle"]["postStart"]["exec"]["command"][:2] == ["tensile-open-sockets", SOCKET_DIR]
+    assert "lifecycle" not in c, "the scheduler opens its own sockets (--socket-mode)"
     for probe in ("readinessProbe", "livenessProbe"):
         script = c[probe]["exec"]["command"][-1]
         assert f"{SOCKET_DIR}/gpu*.sock" in script and "tensilectl status --server" in script
@@ -386,13 +386,36 @@ def test_the_commands_the_manifests_run_are_in_the_image():
         if c.cmd == "COPY" and c.value[-1].startswith("/usr/local/bin/"):
             dest = c.value[-1]
             in_image.update(Path(s).name for s in c.value[:-1]) if dest.endswith("/") else in_image.add(Path(dest).name)
-    assert in_image == {"tensile-scheduler", "tensile-worker", "tensilectl", "tensile-open-sockets"}
+    assert in_image == {"tensile-scheduler", "tensile-worker", "tensilectl"}
     ds = resource("DaemonSet", "tensile-scheduler")["spec"]["template"]["spec"]["containers"][0]
     job = resource("Job", "tensile-sample")["spec"]["template"]["spec"]["containers"][0]
     assert ds["command"][0] in in_image and job["command"][0] in in_image
-    assert ds["lifecycle"]["postStart"]["exec"]["command"][0] in in_image
     image = {ds["image"], job["image"]}
     assert image == {"tensile:0.1.0"}, "one image, the tag deploy/README.md builds"
+
+
+def deploy_socket_modes() -> dict[str, str]:
+    """The ``--socket-mode`` each way of starting the node's scheduler passes:
+    the DaemonSet, the image's CMD, the systemd unit."""
+    ds = resource("DaemonSet", "tensile-scheduler")["spec"]["template"]["spec"]["containers"][0]
+    cmd = list(next(c for c in dockerfile_commands() if c.cmd == "CMD").value)
+    unit = (DEPLOY / "slurm" / "tensile-scheduler.service").read_text()
+    exec_start = re.search(r"^ExecStart=(.*)$", unit, flags=re.M)
+    assert exec_start
+    modes = {}
+    for where, args in (("DaemonSet", ds["args"]), ("Dockerfile CMD", cmd), ("systemd unit", exec_start.group(1).split())):
+        assert "--socket-mode" in args, f"{where} starts the scheduler without --socket-mode: other users' jobs could not connect"
+        modes[where] = args[args.index("--socket-mode") + 1]
+    return modes
+
+
+def test_every_deploy_file_opens_the_sockets_to_every_user_and_nothing_else():
+    assert set(deploy_socket_modes().values()) == {"0666"}
+    # Nothing else changes modes: no script, no hook.
+    assert not (DEPLOY / "tensile-open-sockets").exists()
+    for path in [*DEPLOY.rglob("*"), *(ROOT / "scripts").rglob("*")]:
+        if path.is_file():
+            assert "tensile-open-sockets" not in path.read_text(errors="replace") or path.name == "README.md", path
 
 
 def test_the_flags_the_deploy_files_pass_exist():
@@ -404,7 +427,7 @@ def test_the_flags_the_deploy_files_pass_exist():
     exec_start = re.search(r"^ExecStart=(.*)$", unit, flags=re.M)
     assert exec_start
     scheduler_flags = flags_of(ds["args"]) | flags_of(list(cmd)) | flags_of(exec_start.group(1).split())
-    assert {"--gpus", "--socket-dir", "--state"} <= scheduler_flags
+    assert {"--gpus", "--socket-dir", "--state", "--socket-mode"} <= scheduler_flags
     scheduler_help = help_text(SCHEDULER)
     for flag in scheduler_flags:
         assert re.search(rf"{flag}\b", scheduler_help), f"tensile-scheduler has no {flag}"
@@ -454,10 +477,12 @@ def test_the_systemd_unit_verifies_and_serves_the_taskprolog_directory(tmp_path)
     unit = (DEPLOY / "slurm" / "tensile-scheduler.service").read_text()
     execs = re.findall(r"^(ExecStart|ExecStartPost)=(\S+) (.*)$", unit, flags=re.M)
     assert [e[0] for e in execs] == ["ExecStart", "ExecStartPost"]
-    (_, _, start_args), (_, _, post_args) = execs
+    (_, _, start_args), (_, post, post_args) = execs
     start = start_args.split()
     assert start[start.index("--socket-dir") + 1] == load_prolog().DEFAULT_SOCKET_DIR == SOCKET_DIR
-    assert post_args.split()[0] == SOCKET_DIR
+    # Started once the scheduler has written gpus.json (every socket listens).
+    assert post == "/bin/sh" and f"[ -f {SOCKET_DIR}/gpus.json ]" in post_args
+    assert re.search(r"^TimeoutStartSec=\d+$", unit, flags=re.M), "the wait for gpus.json is bounded"
     assert re.search(r"^RuntimeDirectory=tensile$", unit, flags=re.M), "systemd makes /run/tensile"
     state = start[start.index("--state") + 1]
     assert re.search(rf"^StateDirectory={Path(state).name}$", unit, flags=re.M)
@@ -604,7 +629,7 @@ def test_the_taskprolog_names_a_broken_gpus_json(node):
 
 def test_the_taskprolog_runs_as_installed(node):
     # slurmd executes the file itself: its shebang and mode must work.
-    assert PROLOG.stat().st_mode & stat.S_IXOTH and OPEN_SOCKETS.stat().st_mode & stat.S_IXOTH
+    assert PROLOG.stat().st_mode & stat.S_IXOTH
     interpreter = PROLOG.read_text().splitlines()[0].removeprefix("#!")
     if not Path(interpreter).exists():
         pytest.skip(f"{interpreter} (the TaskProlog's interpreter on compute nodes) is not on this machine")
@@ -641,17 +666,18 @@ def status_as_nobody(server: Path) -> subprocess.CompletedProcess[str] | None:
     return subprocess.run([TENSILECTL, "status", "--server", f"unix:{server}"], **run)
 
 
-@pytest.fixture
-def scheduler(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
-    """A real tensile-scheduler serving two simulated GPUs, 1000 MB each, in a fresh world-readable directory."""
+@contextlib.contextmanager
+def running_scheduler(log: Path, *extra: str) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+    """A real tensile-scheduler serving two simulated GPUs, 1000 MB each, in a
+    fresh world-readable directory; stopped (SIGTERM) and removed after."""
     d = Path(tempfile.mkdtemp(prefix="tensile-deploy-", dir="/tmp"))
     d.chmod(0o755)  # as systemd's RuntimeDirectory and the kubelet's hostPath make it
-    log = (tmp_path / "scheduler.log").open("wb")
-    proc = subprocess.Popen(
-        [SCHEDULER, "--gpus", "0,1", "--socket-dir", str(d), "--device", "a6000", "--budget-mb", "1000", "--state", "none"],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [SCHEDULER, "--gpus", "0,1", "--socket-dir", str(d), "--device", "a6000", "--budget-mb", "1000", "--state", "none", *extra],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
         yield proc, d
     finally:
@@ -662,8 +688,14 @@ def scheduler(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        log.close()
         shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def scheduler(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+    """The scheduler as the deploy files start it (their --socket-mode)."""
+    with running_scheduler(tmp_path / "scheduler.log", "--socket-mode", deploy_socket_modes()["systemd unit"]) as running:
+        yield running
 
 
 def tensilectl(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -673,14 +705,8 @@ def tensilectl(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[s
 
 def test_a_real_scheduler_opened_to_every_user_and_found_by_the_taskprolog(scheduler):
     proc, d = scheduler
-    wait_for(lambda: (d / "gpus.json").exists() and (d / "gpu1.sock").exists(), "the scheduler's sockets")
-    before = status_as_nobody(d / "gpu1.sock")
-    if before is not None:
-        assert before.returncode != 0 and "Permission denied" in before.stderr, "a socket is closed to other users at first"
-    # tensile-open-sockets waits for the scheduler to be up, then opens its sockets.
-    opened = open_sockets(str(d), "20")
-    assert opened.returncode == 0, opened.stderr
-    assert opened.stdout.strip() == f"tensile-open-sockets: 2 socket(s) in {d} open to every local user"
+    # Once gpus.json names them, the sockets are open to every user.
+    wait_for(lambda: (d / "gpus.json").exists(), "the scheduler's gpus.json")
     for n in (0, 1):
         assert stat.S_IMODE((d / f"gpu{n}.sock").stat().st_mode) == 0o666
     assert not (d / "gpus.json").stat().st_mode & stat.S_IWOTH, "only the sockets are opened"
@@ -730,27 +756,12 @@ def test_a_real_scheduler_opened_to_every_user_and_found_by_the_taskprolog(sched
     assert dead.returncode != 0
 
 
-def open_sockets(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """tensile-open-sockets with the scheduler binary it asks for the sockets."""
-    env = {**os.environ, "TENSILE_SCHEDULER_BIN": SCHEDULER, **(env or {})}
-    return subprocess.run([str(OPEN_SOCKETS), *args], env=env, capture_output=True, text=True, timeout=60)
-
-
-def test_open_sockets_names_what_never_came(tmp_path):
-    out = open_sockets(str(tmp_path), "1")
-    assert out.returncode == 1
-    assert f"after 1s there is still no {tmp_path}/gpus.json" in out.stderr
-    (tmp_path / "gpus.json").write_text('{"gpus": []}')
-    out = open_sockets(str(tmp_path), "1")
-    assert out.returncode == 1 and f"still no valid {tmp_path}/gpus.json" in out.stderr and "lists no GPU" in out.stderr
-    write_gpus_json(tmp_path, {0: GB, 1: GB})
-    s = listen(tmp_path / "gpu0.sock")
-    try:
-        out = open_sockets(str(tmp_path), "1")
-    finally:
-        s.close()
-    assert out.returncode == 1 and f"still no {tmp_path}/gpu1.sock" in out.stderr
-    out = open_sockets(str(tmp_path), "soon")
-    assert out.returncode == 2 and "TIMEOUT_S must be a whole number" in out.stderr
-    out = open_sockets(str(tmp_path), "1", env={"TENSILE_SCHEDULER_BIN": str(tmp_path / "nope")})
-    assert out.returncode == 1 and "not found (set TENSILE_SCHEDULER_BIN" in out.stderr
+def test_a_scheduler_without_socket_mode_is_closed_to_other_users(tmp_path):
+    # The control for the test above: the mode comes from the flag.
+    with running_scheduler(tmp_path / "scheduler.log") as (_, d):
+        wait_for(lambda: (d / "gpus.json").exists(), "the scheduler's gpus.json")
+        for n in (0, 1):
+            assert not stat.S_IMODE((d / f"gpu{n}.sock").stat().st_mode) & stat.S_IWOTH
+        closed = status_as_nobody(d / "gpu1.sock")
+        if closed is not None:
+            assert closed.returncode != 0 and "Permission denied" in closed.stderr, closed.stderr

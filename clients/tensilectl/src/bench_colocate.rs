@@ -11,7 +11,8 @@ use tensile_experiments::run_colocate;
 use crate::config::ColocateCommand;
 use crate::plot::{Bars, render_bars};
 use crate::progress::Progress;
-use crate::report::{bytes, device_names};
+use crate::report::device_names;
+use tensile_cli::format_mb;
 
 pub(crate) fn run(c: &ColocateCommand) -> Result<()> {
     let config = &c.config;
@@ -67,7 +68,7 @@ fn print_report(r: &ColocateReport) {
         tensile_cli::outln!();
         tensile_cli::outln!(
             "{case} on {device}, budget {}",
-            bytes(rows.first().map_or(0, |x| x.budget_bytes))
+            format_mb(rows.first().map_or(0, |x| x.budget_bytes))
         );
         tensile_cli::outln!(
             "{:>8} {:>5} {:>4} {:>10} {:>10} {:>10} {:>10} {:>6} {:>6} {:>7} {:>6} {:>8} {:>6} {:>7}  result",
@@ -91,7 +92,7 @@ fn print_report(r: &ColocateReport) {
                 (Some(e), _) => format!("does not run: {e}"),
                 (None, true) if x.eor <= EOR_TARGET => "fits".to_string(),
                 (None, true) => format!("fits, EOR over {EOR_TARGET}"),
-                (None, false) => format!("OVER the budget by {}", bytes(x.over_bytes)),
+                (None, false) => format!("OVER the budget by {}", format_mb(x.over_bytes)),
             };
             let result = if x.error.is_none() && slower_than_turns(x) {
                 format!("{result}; SLOWER than taking turns")
@@ -103,10 +104,10 @@ fn print_report(r: &ColocateReport) {
                 x.fraction,
                 x.batch,
                 x.seed,
-                bytes(x.vanilla_peak_bytes),
-                bytes(x.predicted_peak_bytes),
-                bytes(x.peak_bytes),
-                bytes(x.bound_peak_bytes),
+                format_mb(x.vanilla_peak_bytes),
+                format_mb(x.predicted_peak_bytes),
+                format_mb(x.peak_bytes),
+                format_mb(x.bound_peak_bytes),
                 x.msr,
                 x.msr_bound,
                 x.eor,

@@ -6,7 +6,7 @@ use tensile_plan_job::{PlanReport, plan_job};
 use tensile_proto::plan_json::plan_to_json;
 
 use crate::config::PlanCommand;
-use crate::report::bytes;
+use tensile_cli::format_mb;
 
 pub(crate) fn run(c: &PlanCommand) -> Result<()> {
     let outcome = plan_job(&c.graph, &c.profile, &c.options)?;
@@ -35,10 +35,10 @@ fn print_text(r: &PlanReport) {
     }
     tensile_cli::outln!(
         "  peak      vanilla {}  planned {}  (msr {:.3}; lower bound {})",
-        bytes(r.vanilla_peak_bytes),
-        bytes(r.planned_peak_bytes),
+        format_mb(r.vanilla_peak_bytes),
+        format_mb(r.planned_peak_bytes),
         r.msr,
-        bytes(r.lower_bound_bytes)
+        format_mb(r.lower_bound_bytes)
     );
     tensile_cli::outln!(
         "  time      vanilla {:.2} ms  planned {:.2} ms",
@@ -51,7 +51,7 @@ fn print_text(r: &PlanReport) {
         r.swap_ins,
         r.releases,
         r.recomputed_ops,
-        bytes(r.swapped_bytes)
+        format_mb(r.swapped_bytes)
     );
     tensile_cli::outln!("  planned in {:.2} ms", r.plan_ms);
     for d in &r.diagnostics {

@@ -2,6 +2,7 @@
 //! as human-readable text.
 
 use serde::Serialize;
+use tensile_cli::format_mb;
 use tensile_graph::{Graph, Liveness, Phase};
 use tensile_latency_model::DeviceProfile;
 
@@ -61,25 +62,22 @@ impl GraphStats {
         );
         tensile_cli::outln!("tensors              {}", self.tensors);
         tensile_cli::outln!("params               {}", self.params);
-        tensile_cli::outln!("param bytes          {}", bytes(self.param_bytes));
-        tensile_cli::outln!("persistent bytes     {}", bytes(self.persistent_bytes));
-        tensile_cli::outln!("resident at start    {}", bytes(self.start_bytes));
+        tensile_cli::outln!("param bytes          {}", format_mb(self.param_bytes));
+        tensile_cli::outln!("persistent bytes     {}", format_mb(self.persistent_bytes));
+        tensile_cli::outln!("resident at start    {}", format_mb(self.start_bytes));
         tensile_cli::outln!(
             "vanilla peak         {}{}",
-            bytes(self.vanilla_peak_bytes),
+            format_mb(self.vanilla_peak_bytes),
             self.vanilla_peak_op
                 .as_deref()
                 .map(|o| format!(" (during {o})"))
                 .unwrap_or_default()
         );
-        tensile_cli::outln!("keep-all peak        {}", bytes(self.keep_all_peak_bytes));
+        tensile_cli::outln!(
+            "keep-all peak        {}",
+            format_mb(self.keep_all_peak_bytes)
+        );
     }
-}
-
-/// Bytes for people, in MB (10^6 bytes) as the `--*-mb` flags take them:
-/// `300 MB`, `1.53 MB`.
-pub(crate) fn bytes(n: u64) -> String {
-    tensile_cli::format_mb(n)
 }
 
 /// The devices' names, comma separated (what a benchmark runs on).
@@ -89,17 +87,4 @@ pub(crate) fn device_names(devices: &[DeviceProfile]) -> String {
         .map(|d| d.name.as_str())
         .collect::<Vec<_>>()
         .join(", ")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::bytes;
-
-    #[test]
-    fn bytes_read_in_the_unit_of_the_mb_flags() {
-        assert_eq!(bytes(0), "0 MB");
-        assert_eq!(bytes(1_500_000), "1.5 MB");
-        assert_eq!(bytes(250_000), "0.25 MB");
-        assert_eq!(bytes(3_000_000_000), "3000 MB");
-    }
 }

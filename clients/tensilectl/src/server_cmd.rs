@@ -19,7 +19,7 @@ use tensile_proto::tls::ClientTls;
 use tonic::transport::Channel;
 
 use crate::args::{BudgetArgs, PlanArgs, StatusArgs, WatchArgs};
-use crate::report::bytes;
+use tensile_cli::format_mb;
 
 pub(crate) type Client = MemorySchedulerClient<Channel>;
 
@@ -115,7 +115,7 @@ fn unreachable(
         }
         Some(ErrorKind::PermissionDenied) => (
             "Permission denied: this user may not connect to the socket".into(),
-            "the scheduler's operator opens it to you (tensile-scheduler --socket-mode 0660 and its group, or deploy/tensile-open-sockets)",
+            "the scheduler's operator opens it to you (tensile-scheduler --socket-mode 0660 and its group, or 0666 for every local user)",
         ),
         _ => (innermost.to_string(), START),
     };
@@ -387,11 +387,11 @@ fn print_status(out: &StatusJson) {
     tensile_cli::outln!(
         "{}: budget {} of {}; planned peaks add up to {} (vanilla {}), aligned {}",
         out.device,
-        bytes(out.budget_bytes),
-        bytes(out.device_bytes),
-        bytes(out.sum_of_peaks_bytes),
-        bytes(out.vanilla_sum_of_peaks_bytes),
-        bytes(out.aligned_peak_bytes)
+        format_mb(out.budget_bytes),
+        format_mb(out.device_bytes),
+        format_mb(out.sum_of_peaks_bytes),
+        format_mb(out.vanilla_sum_of_peaks_bytes),
+        format_mb(out.aligned_peak_bytes)
     );
     if !out.layout.is_empty() {
         let why = if out.layout_note.is_empty() {
@@ -429,10 +429,10 @@ fn print_status(out: &StatusJson) {
             j.priority,
             j.plan_version,
             j.iterations_reported,
-            bytes(j.vanilla_peak_bytes),
-            bytes(j.planned_peak_bytes),
-            bytes(j.reported_peak_bytes),
-            bytes(j.base_bytes),
+            format_mb(j.vanilla_peak_bytes),
+            format_mb(j.planned_peak_bytes),
+            format_mb(j.reported_peak_bytes),
+            format_mb(j.base_bytes),
             j.base_source,
             gate_cell(j.gate_period_ns, j.gate_phase_ns),
             j.latency_source
@@ -483,7 +483,7 @@ pub(crate) fn budget(a: &BudgetArgs) -> Result<()> {
             .context("SetMemoryBudget")?;
         Ok::<_, anyhow::Error>(r.into_inner())
     })??;
-    tensile_cli::outln!("budget set to {}", bytes(r.budget_bytes));
+    tensile_cli::outln!("budget set to {}", format_mb(r.budget_bytes));
     for j in &r.changed {
         tensile_cli::outln!(
             "  job {} {:?} is now {}",
@@ -544,8 +544,8 @@ async fn watch_stream(c: &mut Client, job: u64, token: &str) -> Result<()> {
                     "job {job} plan v{}: {} events, peak {} (vanilla {}), {:.2} ms per iteration",
                     p.version,
                     p.events.len(),
-                    bytes(pr.planned_peak_bytes),
-                    bytes(pr.vanilla_peak_bytes),
+                    format_mb(pr.planned_peak_bytes),
+                    format_mb(pr.vanilla_peak_bytes),
                     pr.planned_iteration_s * 1e3
                 );
             }
@@ -581,8 +581,8 @@ async fn watch_status(c: &mut Client, job: u64) -> Result<()> {
                     j.name,
                     state_name(j.state),
                     j.plan_version,
-                    bytes(p.planned_peak_bytes),
-                    bytes(p.vanilla_peak_bytes)
+                    format_mb(p.planned_peak_bytes),
+                    format_mb(p.vanilla_peak_bytes)
                 );
                 last = Some(now);
             }
@@ -658,8 +658,8 @@ pub(crate) fn plan(a: &PlanArgs, server: &str) -> Result<()> {
     tensile_cli::outln!("{} planned by the scheduler at {server}", graph.name());
     tensile_cli::outln!(
         "  peak      vanilla {}  planned {}",
-        bytes(p.vanilla_peak_bytes),
-        bytes(p.planned_peak_bytes)
+        format_mb(p.vanilla_peak_bytes),
+        format_mb(p.planned_peak_bytes)
     );
     tensile_cli::outln!(
         "  time      vanilla {:.2} ms  planned {:.2} ms  (latencies: {})",
@@ -673,7 +673,7 @@ pub(crate) fn plan(a: &PlanArgs, server: &str) -> Result<()> {
         count(pb::EventKind::SwapIn),
         count(pb::EventKind::Release),
         p.recomputed_ops,
-        bytes(p.swapped_bytes)
+        format_mb(p.swapped_bytes)
     );
     tensile_cli::outln!("  planned in {:.2} ms", r.planning_s * 1e3);
     for d in &r.diagnostics {

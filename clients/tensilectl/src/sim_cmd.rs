@@ -11,7 +11,7 @@ use tensile_graph::Graph;
 
 use crate::config::SimCommand;
 use crate::plot::{Chart, Series, render_svg};
-use crate::report::bytes;
+use tensile_cli::format_mb;
 
 pub(crate) fn run(c: &SimCommand) -> Result<()> {
     let n = c.graphs.len();
@@ -75,8 +75,8 @@ fn print_table(r: &SimReport) {
         tensile_cli::outln!(
             "{:<28} {:>11} {:>11} {:>7.3} {:>7.3} {:>7.3} {:>9.2}ms {:>8.2}ms {:>8.4} {:>8} {:>7.4} {:>7}",
             m.name,
-            bytes(m.peak_vanilla_bytes),
-            bytes(m.peak_bytes),
+            format_mb(m.peak_vanilla_bytes),
+            format_mb(m.peak_bytes),
             m.msr,
             m.msr_vs_keepall,
             m.msr_max,
@@ -108,7 +108,7 @@ fn print_table(r: &SimReport) {
         tensile_cli::outln!(
             "note: {} went over its memory budget by up to {} (nothing more could be evicted)",
             m.name,
-            bytes(m.over_budget_bytes)
+            format_mb(m.over_budget_bytes)
         );
     }
     tensile_cli::outln!(
@@ -117,15 +117,15 @@ fn print_table(r: &SimReport) {
     if let (Some(peak), Some(msr)) = (r.bound_peak_bytes, r.msr_bound) {
         tensile_cli::outln!(
             "bound: no swap plan that adds no time goes under {} on this link (msr {msr:.3}, ours {:.3})",
-            bytes(peak),
+            format_mb(peak),
             r.system.msr
         );
     }
     if ours {
         tensile_cli::outln!(
             "predicted global peak: sum of peaks {}, aligned {}",
-            bytes(r.predicted_sum_of_peaks_bytes),
-            bytes(r.predicted_aligned_peak_bytes)
+            format_mb(r.predicted_sum_of_peaks_bytes),
+            format_mb(r.predicted_aligned_peak_bytes)
         );
     }
 }

@@ -7,7 +7,8 @@ use tensile_graph::zoo::{self, ZooConfig};
 
 use crate::args::ZooArgs;
 use crate::input;
-use crate::report::{GraphStats, bytes};
+use crate::report::GraphStats;
+use tensile_cli::format_mb;
 
 #[derive(Debug, Serialize)]
 struct ZooEntry {
@@ -70,9 +71,9 @@ pub(crate) fn run(args: &ZooArgs) -> Result<()> {
             e.resolution,
             e.stats.ops,
             e.stats.tensors,
-            bytes(e.stats.persistent_bytes),
-            bytes(e.stats.vanilla_peak_bytes),
-            bytes(e.stats.keep_all_peak_bytes),
+            format_mb(e.stats.persistent_bytes),
+            format_mb(e.stats.vanilla_peak_bytes),
+            format_mb(e.stats.keep_all_peak_bytes),
         );
     }
     Ok(())

@@ -127,6 +127,19 @@ async fn one_process_serves_each_gpu_on_its_own_socket() {
     ] {
         assert!(body.lines().any(|l| l == line), "no {line:?} in\n{body}");
     }
+    // Every series says its GPU, and both GPUs have each metric.
+    let samples = metric_samples(&body);
+    assert!(samples.len() > 20, "{body}");
+    assert!(samples.iter().all(|l| l.contains("gpu=\"")), "{body}");
+    for gpu in ["gpu=\"0\"", "gpu=\"1\""] {
+        let mut names: Vec<&str> = samples
+            .iter()
+            .filter(|l| l.contains(gpu))
+            .filter_map(|l| l.split('{').next())
+            .collect();
+        names.dedup();
+        assert!(names.len() >= 17, "{gpu}: {names:?}");
+    }
     // Each metric is one family (one TYPE line), whatever the GPUs.
     assert_eq!(
         body.matches("# TYPE tensile_scheduler_reports counter")

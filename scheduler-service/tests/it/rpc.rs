@@ -303,5 +303,14 @@ async fn metrics_are_served_on_loopback_and_count_what_happened() {
         body.contains("tensile_scheduler_planning_seconds_count 2"),
         "{body}"
     );
+    // The single device's series carry no gpu label, nor an empty label set.
+    let samples = metric_samples(&body);
+    assert!(samples.len() > 20, "{body}");
+    assert!(
+        samples
+            .iter()
+            .all(|l| !l.contains("gpu=") && !l.contains("{}")),
+        "{body}"
+    );
     s.stop().await;
 }

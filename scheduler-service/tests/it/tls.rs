@@ -309,6 +309,11 @@ fn a_public_address_is_allowed_with_tls_and_the_file_names_the_files() {
     }
     .resolve()
     .unwrap_err();
+    assert!(
+        matches!(e, tensile_scheduler::ConfigError::PlaintextOffHost(_)),
+        "{e:?}"
+    );
+    let e = e.to_string();
     assert!(e.contains("--tls-cert") && e.contains("--insecure"), "{e}");
     // A flag wins over the file; a key that is not the certificate's is
     // named.
@@ -318,7 +323,8 @@ fn a_public_address_is_allowed_with_tls_and_the_file_names_the_files() {
         ..Args::default()
     }
     .resolve()
-    .unwrap_err();
+    .unwrap_err()
+    .to_string();
     assert!(
         e.contains("client-key.pem is not the key of the certificate in --tls-cert"),
         "{e}"
@@ -329,6 +335,7 @@ fn a_public_address_is_allowed_with_tls_and_the_file_names_the_files() {
         ..Args::default()
     }
     .resolve()
-    .unwrap_err();
+    .unwrap_err()
+    .to_string();
     assert!(e.contains("needs --tls-key"), "{e}");
 }

@@ -192,3 +192,11 @@ pub(crate) async fn scrape(port: u16) -> String {
     conn.read_to_string(&mut body).await.unwrap();
     body
 }
+
+/// The sample lines of a metrics page (not the comments, not the HTTP
+/// header), series and value as written.
+pub(crate) fn metric_samples(page: &str) -> Vec<&str> {
+    page.lines()
+        .filter(|l| l.starts_with("tensile_scheduler_"))
+        .collect()
+}
