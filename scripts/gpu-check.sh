@@ -162,7 +162,7 @@ elif has_bins "$BIN_DIR"; then
   # A cargo profile folder: the test executables are found through cargo.
   BINS=$BIN_DIR
   TESTS=$RESULTS/test-executables
-  if [[ ! -x $TESTS/worker-it || ! -x $TESTS/swap-executor-lib ]]; then
+  if [[ ! -x $TESTS/worker-it || ! -x $TESTS/swap-executor-lib || ! -x $TESTS/latency-train-lib ]]; then
     command -v cargo >/dev/null || die "no test executables in $TESTS and no cargo to find them (use a bundle from scripts/gpu-pack.sh)"
     profile_flag=()
     [[ $(basename "$BIN_DIR") == release ]] && profile_flag=(--release)
@@ -174,6 +174,9 @@ elif has_bins "$BIN_DIR"; then
     exe=$(cargo test --locked "${profile_flag[@]}" -p tensile-swap-executor --lib --no-run --message-format=json 2>/dev/null |
       "$PY" "$HERE/test_exes.py") || die "cargo could not build the swap executor's test executable"
     ln -sf "$exe" "$TESTS/swap-executor-lib"
+    exe=$(cargo test --locked "${profile_flag[@]}" -p tensile-latency-train --lib --no-run --message-format=json 2>/dev/null |
+      "$PY" "$HERE/test_exes.py") || die "cargo could not build the latency profiler's test executable"
+    ln -sf "$exe" "$TESTS/latency-train-lib"
   fi
 else
   die "no tensile-worker, tensilectl and tensile-scheduler in $BIN_DIR or $BIN_DIR/bin (run scripts/gpu-pack.sh)"

@@ -4,7 +4,8 @@
 # (git-ignored): release builds of tensile-worker, tensilectl,
 # tensile-latency and tensile-scheduler, of the Python package's Rust core (tensile._core, in
 # python/; gpu-check.sh puts it in the package) and the GPU test
-# executables (the worker's `it` tests, the swap executor's unit tests),
+# executables (the worker's `it` tests, the swap executor's and the latency
+# profiler's unit tests),
 # with their debug info stripped, a COMMIT file and a MANIFEST. What travels to the GPU machine is limited (64 MiB
 # with the working tree), so it fails when the bundle is over
 # GPU_BUNDLE_MAX_MIB (default 56), and strips every symbol when the bundle
@@ -51,6 +52,8 @@ WORKER_IT=$(cargo test --release --locked -p tensile-worker --test it --no-run -
   "$PY" scripts/gpu_check/test_exes.py) || die "no test executable for tensile-worker's it tests"
 SWAP_LIB=$(cargo test --release --locked -p tensile-swap-executor --lib --no-run --message-format=json |
   "$PY" scripts/gpu_check/test_exes.py) || die "no test executable for tensile-swap-executor's unit tests"
+LATENCY_LIB=$(cargo test --release --locked -p tensile-latency-train --lib --no-run --message-format=json |
+  "$PY" scripts/gpu_check/test_exes.py) || die "no test executable for tensile-latency-train's unit tests"
 
 # Copies $1 to $2 without its debug info (symbols kept: panics name their
 # functions), or with nothing but what runs when $3 is "all".
@@ -73,6 +76,7 @@ pack() {
   strip_to target/release/lib_core.so "$OUT/python/_core.abi3.so" "$how"
   strip_to "$WORKER_IT" "$OUT/tests/worker-it" "$how"
   strip_to "$SWAP_LIB" "$OUT/tests/swap-executor-lib" "$how"
+  strip_to "$LATENCY_LIB" "$OUT/tests/latency-train-lib" "$how"
 }
 
 bytes() { du -cb "$@" | tail -n1 | cut -f1; }

@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SUITES = [
     ("worker", "worker-it", "on_a_gpu", "worker/tests/it: the CUDA copy engine over the worker's tensors"),
     ("swap-executor", "swap-executor-lib", "cuda::", "swap-executor/src/cuda.rs: driver and device errors"),
+    ("latency-clock", "latency-train-lib", "on_cuda", "latency-train/src/measure/clock.rs: kernels timed by CUDA events"),
 ]
 #: SKIPPED lines that are no skip of a GPU test: the swap executor's test
 #: skips its no-driver half where there is a GPU.
