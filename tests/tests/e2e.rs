@@ -692,6 +692,7 @@ fn flood(
                     graph: Some(proto.clone()),
                     settings: None,
                     op_latency_s: Vec::new(),
+                    process: String::new(),
                 };
                 let Ok(job) = c.register_job(request).await else {
                     tokio::time::sleep(Duration::from_millis(50)).await;
