@@ -553,6 +553,10 @@ impl Planner {
             }
         }
         let free = self.budget.saturating_sub(held);
+        // As the jobs admitted meanwhile left them.
+        for (_, job) in &mut self.queue {
+            Planner::carry(&self.processes, &self.shared, job);
+        }
         let queue: Vec<(u64, u64, Option<u64>)> = self
             .queue
             .iter()

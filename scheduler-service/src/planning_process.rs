@@ -54,7 +54,10 @@ impl Processes {
 impl Planner {
     /// A job registered: it joins its process (made with its base when it
     /// is the first). A larger base registered by a later job raises the
-    /// process's until one is measured; the carrier is re-planned with it.
+    /// process's until one is measured; the carrier is re-planned with it
+    /// (unless a joint plan is in flight: its re-planner, which comes back
+    /// in place of this one, would not have it; the process's jobs register
+    /// one base as a rule, and a measurement corrects the rest).
     pub(super) fn join_process(&mut self, job: &NewJob) {
         let Some(key) = &job.process else { return };
         self.processes.of_job.insert(job.id, key.clone());
@@ -71,7 +74,8 @@ impl Planner {
         if let Some(c) = p.carrier {
             self.shared.job_mut(job.id, |j| j.base_job = c);
         }
-        let raise = p.base.source() != BaseSource::Measured
+        let raise = !self.in_flight
+            && p.base.source() != BaseSource::Measured
             && job.base.source() == BaseSource::Registered
             && job.base.bytes() > p.base.bytes();
         if raise {
