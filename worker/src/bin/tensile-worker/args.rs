@@ -70,7 +70,9 @@ pub(crate) struct Args {
     /// profile says. On CUDA the worker measures it itself after its first
     /// iterations (NVML's figure for the process less the storages' peak)
     /// and reports it; the scheduler plans with the measured figure when
-    /// it differs materially from this one.
+    /// it differs materially from this one. With several jobs in this
+    /// process (--copies, --job), the whole process's, which the scheduler
+    /// counts once for them.
     #[arg(long, value_name = "MB", value_parser = tensile_cli::parse_positive_mb, allow_negative_numbers = true)]
     pub(crate) base_mb: Option<Mb>,
     /// How long to wait for the scheduler's first plan (queued jobs wait
