@@ -29,6 +29,9 @@ pub enum BaseSource {
     Registered,
     /// The job's reports (`ReportLatenciesRequest.base_bytes`).
     Measured,
+    /// None of its own: another job of its process counts the process's
+    /// base (`JobStatus.base_job`).
+    Process,
 }
 
 impl BaseSource {
@@ -38,6 +41,7 @@ impl BaseSource {
             BaseSource::Profile => "profile",
             BaseSource::Registered => "registered",
             BaseSource::Measured => "measured",
+            BaseSource::Process => "process",
         }
     }
 }

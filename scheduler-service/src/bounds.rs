@@ -114,9 +114,37 @@ pub fn name(x: &str) -> Result<&str, Error> {
     Ok(x)
 }
 
+/// A job's process key (`RegisterJobRequest.process`): "" (a process of
+/// its own) or at most `MAX_NAME_BYTES` bytes with no control characters
+/// (it is shown in status tables).
+pub fn process(x: &str) -> Result<Option<String>, Error> {
+    if x.len() > MAX_NAME_BYTES {
+        return Err(Error::InvalidArgument(format!(
+            "process has {} bytes: at most {MAX_NAME_BYTES}",
+            x.len()
+        )));
+    }
+    if let Some(c) = x.chars().find(|c| c.is_control()) {
+        return Err(Error::InvalidArgument(format!(
+            "process contains the control character {c:?}"
+        )));
+    }
+    Ok((!x.is_empty()).then(|| x.to_string()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_process_key_is_empty_or_short_and_printable() {
+        assert_eq!(process("").ok(), Some(None));
+        assert_eq!(process("h:12:ab").ok(), Some(Some("h:12:ab".into())));
+        let e = process(&"p".repeat(MAX_NAME_BYTES + 1)).unwrap_err();
+        assert!(e.to_string().contains("process has 257 bytes"), "{e}");
+        let e = process("a\nb").unwrap_err();
+        assert!(e.to_string().contains("process contains"), "{e}");
+    }
 
     #[test]
     fn the_ranges_refuse_what_they_are_for() {

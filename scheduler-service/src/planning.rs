@@ -82,6 +82,9 @@ pub struct NewJob {
     /// The base in `settings`, and where it came from.
     pub base: Base,
     pub fingerprint: String,
+    /// The process it runs in (`RegisterJobRequest.process`), whose base
+    /// the process's jobs count once ([`process`]); `None`: its own.
+    pub process: Option<String>,
 }
 
 /// The answer to a report.
@@ -182,6 +185,9 @@ pub struct Planner {
     /// The largest excess of the plans in force over the budget after any
     /// publication.
     max_over: u64,
+    /// The processes of jobs registered with a process key, whose base
+    /// one admitted job of each counts ([`process`]).
+    processes: process::Processes,
 }
 
 impl Planner {
@@ -223,6 +229,7 @@ impl Planner {
             gated_in_force: None,
             reached: BTreeMap::new(),
             max_over: 0,
+            processes: process::Processes::default(),
         };
         planner.set_budget(budget);
         planner
@@ -325,6 +332,7 @@ impl Planner {
     fn apply(&mut self, cmd: Command) -> bool {
         match cmd {
             Command::Add(job) => {
+                self.join_process(&job);
                 self.seq += 1;
                 self.queue.push((self.seq, job));
                 !self.admit().is_empty()
@@ -336,12 +344,14 @@ impl Planner {
                     self.save_blocking(id);
                     self.admitted.remove(&id);
                     let _ = self.replanner.remove_job(JobId(id));
+                    self.leave_process(id, true);
                     self.metrics.reason("departure");
                     self.admit();
                     self.note_in_force();
                     true
                 } else {
                     self.queue.retain(|(_, j)| j.id != id);
+                    self.forget_queued(id);
                     self.admit();
                     false
                 }
@@ -424,30 +434,34 @@ impl Planner {
     /// re-planner, its lower bound and its status, and admits again
     /// (queued jobs may fit now, or need more). True when a re-plan is due.
     fn rebase(&mut self, id: u64, measured: u64) -> bool {
-        let Some(adm) = self.admitted.get_mut(&id) else {
-            return false;
+        // A job of a process with a key: the process's base, planned with
+        // the job that carries it.
+        let (id, base) = if self.in_process(id) {
+            match self.observe_process_base(id, measured) {
+                Some((carrier, bytes)) => (carrier, Base::new(bytes, BaseSource::Measured)),
+                None => return false,
+            }
+        } else {
+            let Some(adm) = self.admitted.get(&id) else {
+                return false;
+            };
+            let mut base = adm.base.clone();
+            match base.observe(measured) {
+                Some(_) => (id, base),
+                None => {
+                    // The falls seen so far are kept.
+                    if let Some(adm) = self.admitted.get_mut(&id) {
+                        adm.base = base;
+                    }
+                    return false;
+                }
+            }
         };
-        let was = adm.base.bytes();
-        let Some(bytes) = adm.base.observe(measured) else {
-            return false;
-        };
-        if let Err(e) = self.replanner.set_base_bytes(JobId(id), bytes) {
-            warn!(job = id, "cannot plan the measured base: {e}");
+        let was = self.admitted.get(&id).map_or(0, |a| a.base.bytes());
+        let bytes = base.bytes();
+        if !self.plan_base(id, base) {
             return false;
         }
-        adm.lower_bound = adm.working_set.saturating_add(bytes);
-        // What the planner reached for it moves with its base.
-        adm.need = adm
-            .need
-            .saturating_sub(was)
-            .saturating_add(bytes)
-            .max(adm.lower_bound);
-        let lower_bound = adm.lower_bound;
-        self.shared.job_mut(id, |j| {
-            j.base_bytes = bytes;
-            j.base_source = BaseSource::Measured;
-            j.lower_bound = lower_bound;
-        });
         info!(
             job = id,
             was,
@@ -513,7 +527,18 @@ impl Planner {
             .sort_by_key(|(seq, j)| (Reverse(j.priority), *seq));
         let mut changed = Vec::new();
         let mut held = self.reserved();
-        while let Some((_, head)) = self.queue.first() {
+        // Each queued job counted with its process's base or none
+        // ([`Planner::carry`]).
+        for (_, job) in &mut self.queue {
+            Planner::carry(&self.processes, &self.shared, job);
+        }
+        while let Some((_, head)) = self.queue.first_mut() {
+            // Again: the job admitted before it may carry its process's
+            // base now.
+            Planner::carry(&self.processes, &self.shared, head);
+            let Some((_, head)) = self.queue.first() else {
+                break;
+            };
             let need = self.need(head);
             if held.saturating_add(need) > self.budget {
                 break;
@@ -550,6 +575,7 @@ impl Planner {
                 Ok(()) => {
                     held = held.saturating_add(need);
                     self.admitted.insert(id, admitted);
+                    self.admitted_in_process(id);
                     self.fresh.push(fresh);
                     if self.set_state(id, JobState::Planning) {
                         changed.push(id);
@@ -562,6 +588,10 @@ impl Planner {
             }
         }
         let free = self.budget.saturating_sub(held);
+        // As the jobs admitted meanwhile left them.
+        for (_, job) in &mut self.queue {
+            Planner::carry(&self.processes, &self.shared, job);
+        }
         let queue: Vec<(u64, u64, Option<u64>)> = self
             .queue
             .iter()
@@ -973,6 +1003,9 @@ impl Planner {
 
 #[path = "planning_publish.rs"]
 mod publish;
+
+#[path = "planning_process.rs"]
+mod process;
 
 #[cfg(test)]
 #[path = "planning_tests.rs"]

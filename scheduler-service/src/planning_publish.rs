@@ -22,6 +22,7 @@ impl Planner {
         };
         let _ = self.replanner.remove_job(JobId(id));
         self.late.retain(|j| j.id != id);
+        self.leave_process(id, false);
         self.fresh.retain(|j| j.id != id);
         let mut job = a.job;
         if let Some(ns) = self.replanner_estimates_or(id, &job.latencies) {

@@ -51,6 +51,28 @@ async fn register_with_base(
     g: &Arc<Graph>,
     base: u64,
 ) -> u64 {
+    register_in(
+        shared,
+        tx,
+        id,
+        g,
+        Base::new(base, BaseSource::Profile),
+        None,
+    )
+    .await
+}
+
+/// [`register`] with `base`, in `process` (a process key) or a process of
+/// its own.
+async fn register_in(
+    shared: &Shared,
+    tx: &mpsc::Sender<Command>,
+    id: u64,
+    g: &Arc<Graph>,
+    base_of_job: Base,
+    process: Option<&str>,
+) -> u64 {
+    let base = base_of_job.bytes();
     let lower_bound = Liveness::analyze(g).largest_working_set(g) + base;
     let (updates, _) = watch::channel(Update {
         state: JobState::Queued("waiting for admission".into()),
@@ -67,7 +89,9 @@ async fn register_with_base(
             priority: 0,
             lower_bound,
             base_bytes: base,
-            base_source: BaseSource::Profile,
+            base_source: base_of_job.source(),
+            process: process.unwrap_or_default().to_string(),
+            base_job: 0,
             latency_source: "test",
             lease_until: tokio::time::Instant::now() + Duration::from_secs(60),
             subscribers: 0,
@@ -89,8 +113,9 @@ async fn register_with_base(
         },
         priority: 0,
         lower_bound,
-        base: Base::new(base, BaseSource::Profile),
+        base: base_of_job,
         fingerprint: format!("f{id}"),
+        process: process.map(String::from),
     }))
     .await
     .unwrap();
@@ -273,6 +298,7 @@ async fn a_joint_plan_that_does_not_fit_beside_a_fast_plan_goes_out_in_part() {
                     lower_bound: 10,
                     base: Base::new(0, BaseSource::Profile),
                     fingerprint: String::new(),
+                    process: None,
                 },
                 seq: id,
                 working_set: 10,
@@ -560,6 +586,110 @@ async fn admission_counts_a_measured_base_and_a_process_base_shared_by_its_jobs_
     }
     assert_eq!(base_of(&shared, 1).0, 150 * MB);
     plan_after(&shared, 4, 0).await;
+    cancel.cancel();
+    task.await.unwrap();
+}
+
+/// Job `id`'s (base, where it came from, the job counting its process's
+/// base).
+fn process_base_of(shared: &Shared, id: u64) -> (u64, &'static str, u64) {
+    shared
+        .job(id, |j| (j.base_bytes, j.base_source.name(), j.base_job))
+        .unwrap()
+}
+
+/// Waits until job `id` is queued for want of memory; why.
+async fn queued_reason(shared: &Shared, id: u64) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match shared.job(id, Job::state).unwrap() {
+            JobState::Queued(why) if why != "waiting for admission" => return why,
+            JobState::Queued(_) if Instant::now() < deadline => {}
+            other => panic!("job {id} is {other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_of_one_process_count_its_base_once_and_hand_it_over() {
+    let g = mlp();
+    let ops = g.ops().len();
+    let ws = Liveness::analyze(&g).largest_working_set(&g);
+    // Room for both jobs' working sets and one base of 600 MB, not two.
+    let base = 600 * MB;
+    let budget = 2 * ws + base + 400 * MB;
+    let registered = || Base::new(base, BaseSource::Registered);
+    let planning = |shared: &Arc<Shared>| {
+        let mut config = PlannerConfig::new(CopyModel::duplex(1e10, 1e10, 1_000));
+        config.budget_bytes = Some(budget);
+        slow_planning(shared, config, None, Duration::ZERO)
+    };
+    // Two processes: the second job waits, short of a base's worth.
+    let shared = Arc::new(Shared::new(budget));
+    let (tx, cancel, task) = planning(&shared);
+    register_in(&shared, &tx, 1, &g, registered(), Some("host:1:a")).await;
+    plan_after(&shared, 1, 0).await;
+    register_in(&shared, &tx, 2, &g, registered(), Some("host:2:b")).await;
+    let why = queued_reason(&shared, 2).await;
+    eprintln!(
+        "two processes under {} MB: job 2 queued: {why}",
+        budget / MB
+    );
+    assert!(why.contains("200 MB short"), "{why}");
+    assert_eq!(process_base_of(&shared, 2), (base, "registered", 0));
+    cancel.cancel();
+    task.await.unwrap();
+
+    // One process: both admitted, the first job planned with the base, the
+    // second with none.
+    let shared = Arc::new(Shared::new(budget));
+    let (tx, cancel, task) = planning(&shared);
+    let key = Some("host:7:c");
+    register_in(&shared, &tx, 1, &g, registered(), key).await;
+    let (v1, peak1) = plan_after(&shared, 1, 0).await;
+    register_in(&shared, &tx, 2, &g, registered(), key).await;
+    let (v2, peak2) = plan_after(&shared, 2, 0).await;
+    assert_eq!(process_base_of(&shared, 1), (base, "registered", 1));
+    assert_eq!(process_base_of(&shared, 2), (0, "process", 1));
+    assert_eq!(base_of(&shared, 2).2, ws);
+    assert!(peak1 >= base && peak2 < base, "peaks {peak1} and {peak2}");
+    // The joint plan that follows holds both under the budget.
+    let (v1, peak1) = plan_after(&shared, 1, v1).await;
+    let (_, peak2) = plans(&shared, &[2])[0];
+    eprintln!(
+        "one process under {} MB: both admitted, planned peaks {:.1} + {:.1} MB (base {} MB counted once)",
+        budget / MB,
+        peak1 as f64 / 1e6,
+        peak2 as f64 / 1e6,
+        base / MB
+    );
+    assert!(peak1 + peak2 <= budget, "{peak1} + {peak2} > {budget}");
+    // A base measured by the second job is the process's: planned with the
+    // first.
+    report_base(&tx, 2, ops, 900 * MB).await;
+    assert_eq!(process_base_of(&shared, 1), (900 * MB, "measured", 1));
+    assert_eq!(process_base_of(&shared, 2), (0, "process", 1));
+    let (_, peak1) = plan_after(&shared, 1, v1).await;
+    assert!(peak1 >= 900 * MB, "{peak1}");
+    // The first job leaves: the second takes the base over.
+    shared.remove(1, "unregistered");
+    tx.send(Command::Remove(1)).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, peak2) = plans(&shared, &[2])[0];
+        if process_base_of(&shared, 2) == (900 * MB, "measured", 2) && peak2 >= 900 * MB {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "job 2 did not take the base over: {:?}, peak {peak2}",
+            process_base_of(&shared, 2)
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(base_of(&shared, 2).2, ws + 900 * MB);
+    assert!(plans(&shared, &[2])[0].0 > v2);
     cancel.cancel();
     task.await.unwrap();
 }

@@ -190,6 +190,8 @@ fn job_status(id: u64, j: &Job) -> pb::JobStatus {
         base_source: j.base_source.name().to_string(),
         reported_base_bytes: j.reported_base,
         gate: plan.as_ref().and_then(|p| p.gate).map(gate_to_proto),
+        process: j.process.clone(),
+        base_job: j.base_job,
     }
 }
 
@@ -268,6 +270,7 @@ impl pb::memory_scheduler_server::MemoryScheduler for Service {
         let req = request.into_inner();
         let inner = &self.inner;
         bounds::name(&req.name)?;
+        let process = bounds::process(&req.process)?;
         let graph = graph_in(req.graph, &inner.config, "RegisterJobRequest").await?;
         let (settings, priority, base_source) = settings_in(req.settings, &inner.config.device)?;
         let given = if req.op_latency_s.is_empty() {
@@ -324,6 +327,8 @@ impl pb::memory_scheduler_server::MemoryScheduler for Service {
                 lower_bound,
                 base_bytes: settings.base_bytes,
                 base_source,
+                process: process.clone().unwrap_or_default(),
+                base_job: 0,
                 latency_source: source,
                 lease_until: self.lease_until(),
                 subscribers: 0,
@@ -353,6 +358,7 @@ impl pb::memory_scheduler_server::MemoryScheduler for Service {
             lower_bound,
             base: Base::new(settings.base_bytes, base_source),
             fingerprint: fp,
+            process,
         }))
         .await?;
         // Admission happens first thing in the planning task; its verdict

@@ -69,6 +69,10 @@ pub struct Job {
     /// The base the job is planned with, and where it came from.
     pub base_bytes: u64,
     pub base_source: BaseSource,
+    /// The process it registered in ("": none), and the job of that
+    /// process whose plans count the process's base (0: none admitted).
+    pub process: String,
+    pub base_job: u64,
     pub latency_source: &'static str,
     pub lease_until: Instant,
     /// Open plan streams (for status and logs: an open stream does not

@@ -118,6 +118,11 @@ class Job:
         out = ["--model", self.model, "--batch", str(self.batch)]
         return out + (["--resolution", str(self.resolution)] if self.resolution else [])
 
+    def spec(self, name: str) -> str:
+        """The job as one ``tensile-worker --job`` spec, named ``name``."""
+        out = f"model={self.model},batch={self.batch},name={name}"
+        return out + (f",resolution={self.resolution}" if self.resolution else "")
+
 
 @dataclasses.dataclass
 class Ctx:
@@ -196,8 +201,8 @@ def summarize(its: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
             else None
         ),
         # The base the worker measured (the process's device memory by NVML
-        # less its storages' peak; each copy's share when one process trains
-        # several), median over the iterations that carry it: absent on the
+        # less its storages' peak; the whole process's when it trains
+        # several jobs, from a worker with --job), median over the iterations that carry it: absent on the
         # CPU, before the worker's own warm-up and where NVML failed.
         "measured_base_mb": (
             round(statistics.median(it["base_bytes"] for it in steady if "base_bytes" in it) / 1e6, 1)
@@ -282,6 +287,12 @@ def copies_supported(ctx: Ctx) -> bool:
     return "--copies" in worker_help(ctx)
 
 
+def jobs_supported(ctx: Ctx) -> bool:
+    """Whether this tensile-worker trains different jobs in one process
+    (``--job SPEC``, repeated)."""
+    return "--job <SPEC>" in worker_help(ctx)
+
+
 def wait_for_socket(sock: Path, p: subprocess.Popen[str], seconds: float) -> str:
     end = time.time() + seconds
     while time.time() < end:
@@ -334,7 +345,9 @@ def pair(
     ctx: Ctx, job: Job, extra: list[str], tag: str, traces: Path, one_process: bool = False
 ) -> tuple[list[dict[str, Any]], list[str], tuple[int, int], float | None]:
     """Two copies of ``job`` at once, as two worker processes or, with
-    ``one_process``, as one process that trains both (``--copies 2``):
+    ``one_process``, as one process that trains both as two jobs of its own
+    (``--job SPEC --job SPEC``; ``--copies 2`` for a worker without
+    ``--job``), registered at the scheduler as jobs of one process:
     their summaries, their errors, the sum of the processes' nvidia-smi
     peaks and the most nvidia-smi saw them hold in one poll (0, 0 when not
     sampled), and the copies' joint storage peak (from memory traces
@@ -344,14 +357,19 @@ def pair(
     names = ("a", "b")
     if one_process:
         files = [traces / f"{tag}.{i}.trace" for i in range(len(names))]
-        procs = [("ab", ["--copies", str(len(names)), "--memory-trace", str(traces / f"{tag}.trace")])]
+        if jobs_supported(ctx):
+            how = [a for name in names for a in ("--job", job.spec(f"{job.model}-{name}"))]
+        else:
+            how = ["--copies", str(len(names))]
+        procs = [("ab", [*how, "--memory-trace", str(traces / f"{tag}.trace")])]
     else:
         files = [traces / f"{tag}-{name}.trace" for name in names]
         procs = [(name, ["--name", f"{job.model}-{name}", "--memory-trace", str(f)]) for name, f in zip(names, files)]
     with proc.SmiSampler() as smi:
         for name, own in procs:
             log = ctx.logs() / f"colocate-{tag}-{name}.log"
-            cmd = [ctx.exe("tensile-worker"), *job.args(), *ctx.worker_args(), *own, *extra]
+            which = [] if one_process and "--job" in own else job.args()
+            cmd = [ctx.exe("tensile-worker"), *which, *ctx.worker_args(), *own, *extra]
             p = proc.start(cmd, log, proc.tch_env())
             smi.pids.add(p.pid)
             started.append((name, p, log))
@@ -361,8 +379,10 @@ def pair(
     jobs, errors = [], []
     for name, pid, r in runs:
         its = iterations(r.stdout)
-        # One process prints both copies' lines, each naming its copy.
-        copies = [[it for it in its if it.get("copy") == i] for i in range(len(names))] if one_process else [its]
+        # One process prints both jobs' lines, each naming its job (or copy).
+        copies = (
+            [[it for it in its if it.get("job", it.get("copy")) == i] for i in range(len(names))] if one_process else [its]
+        )
         for i, mine in enumerate(copies):
             s = summarize(mine, ctx.warmup)
             s["name"] = f"{job.model}-{names[i] if one_process else name}"
@@ -401,8 +421,8 @@ def colocate(ctx: Ctx, job: Job, given_base_mb: int | None = None) -> int:
                     results.add_row(ctx.results, step, row)
                     continue
                 one_process = tag == "one-process"
-                if one_process and not copies_supported(ctx):
-                    row.update(status="failed", reason="this tensile-worker has no --copies")
+                if one_process and not (jobs_supported(ctx) or copies_supported(ctx)):
+                    row.update(status="failed", reason="this tensile-worker has neither --job nor --copies")
                     results.add_row(ctx.results, step, row)
                     continue
                 budget = colocate_budget(

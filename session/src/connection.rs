@@ -243,6 +243,7 @@ impl Connection {
             graph: Some(tensile_proto::convert::graph_to_proto(&self.graph)),
             settings: Some(settings),
             op_latency_s: self.last_measured.clone(),
+            process: self.config.process.clone().unwrap_or_default(),
         };
         let job = match self.call(client.register_job(request)).await {
             Ok(r) => r,

@@ -79,6 +79,12 @@ pub struct SessionConfig {
     /// profile says. A base the reports measure ([`Report::base_bytes`])
     /// replaces it at the scheduler when the two differ materially.
     pub base_bytes: Option<u64>,
+    /// The process the job runs in, a key the process's jobs share and no
+    /// other process uses (`RegisterJobRequest.process`): the scheduler
+    /// counts the process's base once for all its jobs. With one, `base_bytes`
+    /// and the reports' [`Report::base_bytes`] are the whole process's.
+    /// `None`: a process of its own.
+    pub process: Option<String>,
     /// Longest pause between reconnection attempts.
     pub max_backoff: Duration,
     /// Longest wait for the answer to one unary call (`None`: no limit;
@@ -109,8 +115,9 @@ pub struct Report {
     pub peak_bytes: u64,
     /// Device bytes the job's process holds outside the job's storages,
     /// as measured in the process (the CUDA context, the libraries'
-    /// workspaces, the allocator's slack; a process that runs several
-    /// jobs reports each its share); 0: not measured. The scheduler plans
+    /// workspaces, the allocator's slack): the whole process's when the
+    /// job registered with [`SessionConfig::process`], else the job's
+    /// share; 0: not measured. The scheduler plans
     /// the job with it in place of the base it registered with when the
     /// two differ materially.
     pub base_bytes: u64,

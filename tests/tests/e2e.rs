@@ -17,7 +17,8 @@
 //!   no job is left behind.
 //! - `--copies 2`: two copies of a job in one worker process are two jobs
 //!   at the scheduler, each trains bit-identical to its vanilla run, and
-//!   together they hold the budget they share.
+//!   together they hold the budget they share; `--job` twice: two different
+//!   models in one process, whose base the scheduler counts once, likewise.
 //! - `tensilectl demo`, the main command, on small jobs: the planned jobs
 //!   together (on one memory ledger) stay within the budget at every
 //!   moment, vanilla capped at the planned runs' memory runs out, and the
@@ -549,7 +550,8 @@ fn trace(path: &Path) -> Vec<(f64, u64)> {
 }
 
 /// `--copies 2`: one process trains two copies of a job as two jobs of the
-/// scheduler (named apart, each planned with half the process's base),
+/// scheduler (named apart, registered in one process whose base one of
+/// them is planned with, the other with none),
 /// each copy ends bit-identical to the job's vanilla run alone, and the
 /// two hold their storages together within `--memory-mb`, 30% less than
 /// their vanilla peaks add up to.
@@ -586,8 +588,9 @@ fn copies_in_one_process_are_jobs_of_their_own_and_train_as_alone() {
     .to_vec();
     let p = job.spawn(&dir, "copies", 4, &policy);
     let log = file(&dir, "copies", &job, "log");
-    // Both copies are jobs of the scheduler, each planned with half the
-    // base (the CPU profile has none of its own).
+    // Both copies are jobs of the scheduler, one planned with the
+    // process's base and the other with none (the CPU profile has none of
+    // its own).
     let names = [0, 1].map(|i| format!("{}-{i}", job.name()));
     let deadline = Instant::now() + LIMIT;
     let planned = loop {
@@ -609,7 +612,9 @@ fn copies_in_one_process_are_jobs_of_their_own_and_train_as_alone() {
         );
         std::thread::sleep(Duration::from_millis(100));
     };
-    assert_eq!(planned, vec![peak + base_mb * 500_000; 2]);
+    let mut planned = planned;
+    planned.sort_unstable();
+    assert_eq!(planned, vec![peak, peak + base_mb * 1_000_000]);
     wait_ok(p, "two copies", &log, LIMIT);
     let vanilla = job.spawn(&dir, "vanilla", 4, &["--vanilla".to_string()]);
     wait_ok(
@@ -654,6 +659,136 @@ fn copies_in_one_process_are_jobs_of_their_own_and_train_as_alone() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `--job` twice: one process trains two different models under the
+/// scheduler; they register as jobs of one process, whose base (`--base-mb`)
+/// the scheduler plans once, with one of them; each ends bit-identical to
+/// its vanilla run alone, and together they hold `--memory-mb`.
+#[test]
+fn different_jobs_in_one_process_pay_one_base_and_train_as_alone() {
+    let _serial = one_at_a_time();
+    let dir = tempdir();
+    let jobs = [("resnet50", "r"), ("densenet121", "d")].map(|(model, tag)| {
+        let job = Job {
+            model,
+            batch: 2,
+            resolution: 32,
+            seed: 1,
+        };
+        (job, tag)
+    });
+    let base_mb = 200;
+    let peaks: u64 = jobs.iter().map(|(j, _)| j.vanilla_peak()).sum();
+    let storages_mb = peaks * 7 / 10 / 1_000_000;
+    let budget_mb = storages_mb + base_mb;
+    let sched = start_scheduler(&dir, budget_mb, 10.0);
+    let mut cmd = Command::new(bin("tensile-worker"));
+    for (j, tag) in &jobs {
+        cmd.arg("--job").arg(format!(
+            "model={},batch={},resolution={},seed={},name={tag}",
+            j.model, j.batch, j.resolution, j.seed
+        ));
+    }
+    let log = dir.join("both.log");
+    let child = cmd
+        .args([
+            "--iterations",
+            "4",
+            "--threads",
+            "1",
+            "--link-gbps",
+            "2",
+            "--json",
+        ])
+        .args(["--base-mb", &base_mb.to_string()])
+        .args(["--memory-mb", &storages_mb.to_string()])
+        .arg("--save-params")
+        .arg(dir.join("both.safetensors"))
+        .arg("--memory-trace")
+        .arg(dir.join("both.mem"))
+        .arg("--scheduler")
+        .arg(format!("unix:{}", sched.socket.display()))
+        .env("RUST_BACKTRACE", "0")
+        .stdout(std::fs::File::create(dir.join("both.jsonl")).expect("stdout file"))
+        .stderr(std::fs::File::create(&log).expect("stderr file"))
+        .spawn()
+        .expect("start tensile-worker");
+    let p = Proc(child);
+    // Both planned: one process, its base on one job.
+    let deadline = Instant::now() + LIMIT;
+    let seen = loop {
+        let s = status(&sched.socket).expect("status");
+        let planned: Vec<&pb::JobStatus> = ["r", "d"]
+            .iter()
+            .filter_map(|n| {
+                s.jobs
+                    .iter()
+                    .find(|j| j.name == *n && j.prediction.is_some())
+            })
+            .collect();
+        if planned.len() == 2 {
+            break planned.into_iter().cloned().collect::<Vec<_>>();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no plans for both jobs: {s:?}\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(
+        !seen[0].process.is_empty() && seen[0].process == seen[1].process,
+        "{seen:?}"
+    );
+    let carrier = seen
+        .iter()
+        .find(|j| j.base_job == j.job_id)
+        .expect("a job counts the base");
+    let other = seen
+        .iter()
+        .find(|j| j.job_id != carrier.job_id)
+        .expect("two jobs");
+    assert_eq!(
+        (carrier.base_bytes, carrier.base_source.as_str()),
+        (base_mb * 1_000_000, "registered")
+    );
+    assert_eq!(
+        (other.base_bytes, other.base_source.as_str(), other.base_job),
+        (0, "process", carrier.job_id)
+    );
+    let sum: u64 = seen
+        .iter()
+        .map(|j| j.prediction.as_ref().map_or(0, |p| p.planned_peak_bytes))
+        .sum();
+    eprintln!(
+        "two jobs in one process under {budget_mb} MB: planned peaks add up to {:.1} MB, base {base_mb} MB counted once (job {})",
+        sum as f64 / 1e6,
+        carrier.job_id
+    );
+    assert!(sum <= budget_mb * 1_000_000, "{sum} past {budget_mb} MB");
+    wait_ok(p, "two jobs", &log, LIMIT);
+    let traces = [0, 1].map(|i| trace(&dir.join(format!("both.{i}.mem"))));
+    let held = tensile_executor::trace::joint_peak(&[&traces[0][..], &traces[1][..]]);
+    assert!(held > 0 && held <= storages_mb * 1_000_000, "{held}");
+    for (i, (job, _)) in jobs.iter().enumerate() {
+        let vanilla = job.spawn(&dir, "vanilla", 4, &["--vanilla".to_string()]);
+        wait_ok(
+            vanilla,
+            "vanilla",
+            &file(&dir, "vanilla", job, "log"),
+            LIMIT,
+        );
+        let want = std::fs::read(file(&dir, "vanilla", job, "safetensors")).expect("parameters");
+        let got = std::fs::read(dir.join(format!("both.{i}.safetensors"))).expect("parameters");
+        assert!(
+            got == want,
+            "{} in one process trained differently from alone",
+            job.model
+        );
+    }
+    drop(sched);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Sends `signal` (`STOP`, `CONT`) to a worker with the system's `kill`.
 fn signal(p: &Proc, signal: &str) {
     let ok = Command::new("kill")
@@ -692,6 +827,7 @@ fn flood(
                     graph: Some(proto.clone()),
                     settings: None,
                     op_latency_s: Vec::new(),
+                    process: String::new(),
                 };
                 let Ok(job) = c.register_job(request).await else {
                     tokio::time::sleep(Duration::from_millis(50)).await;

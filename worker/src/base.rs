@@ -21,11 +21,12 @@
 //! cannot be read (the CPU, NVML missing or failing, said once), a job
 //! reports no base (0).
 //!
-//! Jobs that share the process (`tensile-worker --copies N`) pay its base
-//! once: each reports its share, the process's figure divided by the jobs
-//! still running (rounded up, so that the shares add up to at least the
-//! whole; a job whose iterations are over leaves the scheduler, and the
-//! others' shares grow to cover the base it paid).
+//! Jobs that share the process (`tensile-worker --copies N` or `--job`
+//! repeated) pay its base once: each reports the process's whole figure,
+//! and the scheduler, to which they registered as jobs of this one process
+//! (`RegisterJobRequest.process`), counts it once for all of them (with
+//! one of them; when that one's iterations are over, another takes it
+//! over).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
@@ -173,9 +174,8 @@ impl BaseMeter {
     }
 
     /// Job `job` ended an iteration: measures when the window is whole,
-    /// and returns the job's share of the process's base as last measured,
-    /// among the jobs still running (`None`: not measured yet, or not
-    /// measurable).
+    /// and returns the process's base as last measured, the whole of it
+    /// (`None`: not measured yet, or not measurable).
     pub fn iteration_done(&self, job: usize) -> Option<u64> {
         let mut s = self.lock();
         if job >= self.jobs || s.off {
@@ -201,8 +201,7 @@ impl BaseMeter {
                 }
             }
         }
-        let running = s.left.iter().filter(|l| !**l).count().max(1);
-        s.measured.map(|b| b.div_ceil(running as u64))
+        s.measured
     }
 
     /// Job `job` switched plans at its iteration's end: the cache the
@@ -345,7 +344,7 @@ mod tests {
     }
 
     #[test]
-    fn jobs_of_one_process_report_shares_of_one_base_over_their_joint_peak() {
+    fn jobs_of_one_process_report_one_base_over_their_joint_peak() {
         let (m, fake, _) = meter(2);
         for _ in 0..WARMUP {
             assert_eq!(m.iteration_done(0), None);
@@ -363,11 +362,14 @@ mod tests {
         assert_eq!(m.iteration_done(0), None);
         assert_eq!(m.iteration_done(1), None, "job 0 has one end in it");
         // Job 0's second end: a whole iteration of each in the window.
-        assert_eq!(m.iteration_done(0), Some(600 * MB));
-        // Each reports half of the process's 1200 MB: one base, not two.
-        assert_eq!(m.iteration_done(1), Some(600 * MB));
-        // A job that has left is not waited for, and the one left pays
-        // the whole base: the window's peak still has job 1's 500 MB.
+        // The process's 1200 MB: one base over their joint peak (1500
+        // MB), not two over their own.
+        assert_eq!(m.iteration_done(0), Some(1200 * MB));
+        // Each reports the process's whole base (the scheduler counts it
+        // once for the process).
+        assert_eq!(m.iteration_done(1), Some(1200 * MB));
+        // A job that has left is not waited for: the window's peak still
+        // has job 1's 500 MB.
         m.left(1, 500 * MB);
         fake.used.store(2000 * MB, Ordering::Relaxed);
         assert_eq!(m.iteration_done(0), Some(1500 * MB));

@@ -66,8 +66,8 @@ pub struct IterationReport {
     pub allocator_peak_bytes: Option<u64>,
     /// On CUDA, once measured (after the first iterations): the device
     /// bytes the process holds outside its jobs' storages (NVML's figure
-    /// for the process less the storages' peak; see `base`), this job's
-    /// share of them when the process trains several. Absent on the CPU,
+    /// for the process less the storages' peak; see `base`), the whole
+    /// process's when it trains several jobs. Absent on the CPU,
     /// before the first measurement and where it cannot be measured.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub base_bytes: Option<u64>,

@@ -411,8 +411,9 @@ impl<'g, K: Kernels> Worker<'g, K> {
 
     /// Measures the process's base with `meter` ([`BaseMeter`]), as its
     /// job number `job`: the meter learns what this job's storages hold,
-    /// and every report from now on carries the job's share of the
-    /// process's base once measured (`IterationReport::base_bytes`).
+    /// and every report from now on carries the process's base once
+    /// measured, the whole of it (`IterationReport::base_bytes`; the
+    /// scheduler counts it once for the jobs of the process).
     pub fn set_base_meter(&mut self, meter: Arc<BaseMeter>, job: usize) {
         meter.grew(self.mem);
         if let Some((old, job)) = self.base.replace((meter, job)) {

@@ -159,6 +159,8 @@ impl Session {
             priority,
             allow_recompute,
             base_bytes,
+            // A process of its own (the hook runs one job per process).
+            process: None,
             max_backoff: seconds(max_backoff_s, "max_backoff_s")?,
             call_timeout: Some(seconds(call_timeout_s, "call_timeout_s")?),
             tls,

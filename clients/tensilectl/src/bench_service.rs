@@ -483,6 +483,7 @@ async fn worker(
             graph: Some(tensile_proto::convert::graph_to_proto(&g)),
             settings: None,
             op_latency_s: Vec::new(),
+            process: String::new(),
         })
         .await
         .context("RegisterJob")?

@@ -193,6 +193,11 @@ struct JobJson {
     base_source: String,
     /// The base the job's last report measured (0: none yet).
     reported_base_bytes: u64,
+    /// The process it registered in ("": none given), and the job of that
+    /// process whose plans count the process's base (base_source "process":
+    /// another job's).
+    process: String,
+    base_job: u64,
     vanilla_peak_bytes: u64,
     planned_peak_bytes: u64,
     reported_peak_bytes: u64,
@@ -356,6 +361,8 @@ fn status_json(st: pb::GetStatusResponse) -> StatusJson {
                     base_bytes: j.base_bytes,
                     base_source: j.base_source.clone(),
                     reported_base_bytes: j.reported_base_bytes,
+                    process: j.process.clone(),
+                    base_job: j.base_job,
                     vanilla_peak_bytes: p.vanilla_peak_bytes,
                     planned_peak_bytes: p.planned_peak_bytes,
                     reported_peak_bytes: j.reported_peak_bytes,
@@ -372,7 +379,7 @@ fn status_json(st: pb::GetStatusResponse) -> StatusJson {
 const STATUS_LEGEND: &str = "\
 vanilla, planned: the job's predicted peak without a plan and with its newest plan, its base included
 measured: the peak of the job's last report (a worker: its storages; the hook: its held tensors on the CPU, the allocator's peak on CUDA)
-base: the device memory outside the job's storages its plans count, and where that figure came from
+base: the device memory outside the job's storages its plans count, and where that figure came from (job N: its process's base, counted once, with job N)
 gate: period/phase of its iterations when coordinated with the other jobs; free: it runs when it likes";
 
 /// A job's gate as `period/phase ms`, or `free`.
@@ -381,6 +388,43 @@ fn gate_cell(period_ns: Option<u64>, phase_ns: Option<u64>) -> String {
         (Some(p), Some(f)) => format!("{:.1}/{:.1} ms", p as f64 / 1e6, f as f64 / 1e6),
         _ => "free".to_string(),
     }
+}
+
+/// Where a job's base came from; for a job whose process's base another
+/// job counts, that job.
+fn base_cell(j: &JobJson) -> String {
+    if j.base_source == "process" {
+        match j.base_job {
+            0 => "process".to_string(),
+            n => format!("job {n}"),
+        }
+    } else {
+        j.base_source.clone()
+    }
+}
+
+/// One line per process that runs several of `jobs`: which, and the job
+/// that counts their one base.
+fn shared_processes(jobs: &[JobJson]) -> Vec<String> {
+    let mut by: std::collections::BTreeMap<&str, Vec<&JobJson>> = Default::default();
+    for j in jobs.iter().filter(|j| !j.process.is_empty()) {
+        by.entry(&j.process).or_default().push(j);
+    }
+    by.into_iter()
+        .filter(|(_, js)| js.len() > 1)
+        .map(|(p, js)| {
+            let ids: Vec<String> = js.iter().map(|j| j.job_id.to_string()).collect();
+            let carrier = js.iter().find(|j| j.base_job == j.job_id);
+            let base = carrier.map_or_else(
+                || "none of them admitted".to_string(),
+                |c| format!("{}, counted with job {}", format_mb(c.base_bytes), c.job_id),
+            );
+            format!(
+                "process {p}: jobs {} share one base ({base})",
+                ids.join(", ")
+            )
+        })
+        .collect()
 }
 
 fn print_status(out: &StatusJson) {
@@ -433,13 +477,16 @@ fn print_status(out: &StatusJson) {
             format_mb(j.planned_peak_bytes),
             format_mb(j.reported_peak_bytes),
             format_mb(j.base_bytes),
-            j.base_source,
+            base_cell(j),
             gate_cell(j.gate_period_ns, j.gate_phase_ns),
             j.latency_source
         );
         if !j.reason.is_empty() {
             tensile_cli::outln!("       {}", j.reason);
         }
+    }
+    for line in shared_processes(&out.jobs) {
+        tensile_cli::outln!("{line}");
     }
     if !out.jobs.is_empty() {
         tensile_cli::outln!("{STATUS_LEGEND}");
@@ -684,7 +731,48 @@ pub(crate) fn plan(a: &PlanArgs, server: &str) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::gate_cell;
+    use super::{JobJson, base_cell, gate_cell, shared_processes};
+
+    fn job(id: u64, process: &str, base_job: u64, base: u64, source: &str) -> JobJson {
+        JobJson {
+            job_id: id,
+            name: format!("j{id}"),
+            state: "active",
+            reason: String::new(),
+            priority: 0,
+            plan_version: 1,
+            ops: 1,
+            iterations_reported: 0,
+            latency_source: String::new(),
+            lower_bound_bytes: 0,
+            base_bytes: base,
+            base_source: source.into(),
+            reported_base_bytes: 0,
+            process: process.into(),
+            base_job,
+            vanilla_peak_bytes: 0,
+            planned_peak_bytes: 0,
+            reported_peak_bytes: 0,
+            gate_period_ns: None,
+            gate_phase_ns: None,
+        }
+    }
+
+    #[test]
+    fn jobs_of_one_process_are_named_together_with_the_job_counting_their_base() {
+        let jobs = [
+            job(1, "h:10:a", 1, 900_000_000, "measured"),
+            job(2, "h:10:a", 1, 0, "process"),
+            job(3, "h:11:b", 3, 700_000_000, "profile"),
+            job(4, "", 0, 700_000_000, "profile"),
+        ];
+        assert_eq!(
+            shared_processes(&jobs),
+            vec!["process h:10:a: jobs 1, 2 share one base (900 MB, counted with job 1)"]
+        );
+        assert_eq!(base_cell(&jobs[1]), "job 1");
+        assert_eq!(base_cell(&jobs[0]), "measured");
+    }
 
     #[test]
     fn a_gate_shows_its_period_and_phase_and_no_gate_reads_free() {

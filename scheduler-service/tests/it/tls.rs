@@ -234,6 +234,7 @@ async fn a_job_session_registers_over_mutual_tls() {
         priority: 0,
         allow_recompute: None,
         base_bytes: None,
+        process: None,
         max_backoff: Duration::from_millis(200),
         call_timeout: Some(Duration::from_secs(5)),
         tls: Some(tls),

@@ -121,6 +121,7 @@ pub(crate) fn register_req(name: &str, g: &Graph) -> pb::RegisterJobRequest {
         graph: Some(graph_to_proto(g)),
         settings: None,
         op_latency_s: Vec::new(),
+        process: String::new(),
     }
 }
 

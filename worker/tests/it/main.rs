@@ -11,6 +11,7 @@ mod common;
 mod cuda;
 mod gates;
 mod host_ops;
+mod jobs;
 mod ledger;
 mod mock;
 mod plans;

@@ -56,6 +56,7 @@ async fn register(socket: &std::path::Path, name: &str) -> (Client, pb::Register
             graph: Some(tensile_proto::convert::graph_to_proto(&g)),
             settings: None,
             op_latency_s: Vec::new(),
+            process: String::new(),
         })
         .await
         .unwrap()

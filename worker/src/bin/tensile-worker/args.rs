@@ -17,7 +17,7 @@ pub(crate) enum CopyKind {
 /// Trains one job with real kernels under a plan (or none), standalone.
 #[derive(Debug, Parser)]
 #[command(name = "tensile-worker", version)]
-#[command(group(ArgGroup::new("job").required(true).args(["model", "graph"])))]
+#[command(group(ArgGroup::new("job").required(true).args(["model", "graph", "jobs"])))]
 #[command(group(ArgGroup::new("policy").args(["plan", "vanilla", "scheduler"])))]
 pub(crate) struct Args {
     /// Zoo model name (see `tensilectl zoo`).
@@ -70,7 +70,9 @@ pub(crate) struct Args {
     /// profile says. On CUDA the worker measures it itself after its first
     /// iterations (NVML's figure for the process less the storages' peak)
     /// and reports it; the scheduler plans with the measured figure when
-    /// it differs materially from this one.
+    /// it differs materially from this one. With several jobs in this
+    /// process (--copies, --job), the whole process's, which the scheduler
+    /// counts once for them.
     #[arg(long, value_name = "MB", value_parser = tensile_cli::parse_positive_mb, allow_negative_numbers = true)]
     pub(crate) base_mb: Option<Mb>,
     /// How long to wait for the scheduler's first plan (queued jobs wait
@@ -159,8 +161,9 @@ pub(crate) struct Args {
     /// copies share one CUDA context, the libraries' handles and one
     /// caching allocator, so the memory a process holds outside its
     /// tensors (--base-mb) is paid once, not once per job: --base-mb is
-    /// then the whole process's, split evenly among the copies, and so is
-    /// the base the process measures (each copy reports its share). They share
+    /// then the whole process's, and so is the base the process measures:
+    /// the copies register as jobs of one process, whose base the
+    /// scheduler counts once. They share
     /// --memory-mb through --ledger, or through a private ledger of their
     /// own when none is named. Every copy starts from the same tensors
     /// (--seed, --init-params, --inputs). --memory-trace and --save-params
@@ -170,4 +173,26 @@ pub(crate) struct Args {
     #[arg(long, value_name = "N", default_value_t = 1,
           value_parser = clap::value_parser!(u16).range(1..=64))]
     pub(crate) copies: u16,
+    /// One job of several different ones this process trains at once,
+    /// repeated (in place of --model or --graph): KEY=VALUE pairs joined by
+    /// commas, e.g. `--job model=resnet50,batch=32 --job
+    /// model=bert_base,batch=8,resolution=128`. Keys: model or graph (one
+    /// of them), batch (default 16), resolution, optimizer (default adam),
+    /// plan (the job's plan file; else --vanilla or the scheduler, for all
+    /// the jobs), name (default: the graph's and the job's number), priority,
+    /// seed, init-params and inputs (default: the flags'), save-params and
+    /// memory-trace (default: the flags' with the job's number before the
+    /// extension). As with --copies, each job is a job of its own on a
+    /// thread of its own (its own plan, copies, guard, and at the scheduler
+    /// its own registration, plan stream and lease), and on a GPU they
+    /// share the process's CUDA context, handles and caching allocator, so
+    /// the process's base (--base-mb, or measured) is paid once: the
+    /// scheduler counts it once for the jobs of this process. They share
+    /// --memory-mb through --ledger, or through a private ledger of their
+    /// own when none is named. With --json each line names its job ("job":
+    /// N, by the order of the --job flags), without, each line starts with
+    /// "job N:".
+    #[arg(long = "job", value_name = "SPEC", num_args = 1,
+          conflicts_with_all = ["model", "graph", "copies", "plan", "name"])]
+    pub(crate) jobs: Vec<String>,
 }

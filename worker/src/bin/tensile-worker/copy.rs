@@ -1,6 +1,8 @@
-//! One copy of the job, trained on a thread of its own: its plan (a file,
-//! the scheduler's, or vanilla), kernels and initial tensors, its session
-//! with the scheduler, its report lines and files.
+//! One job of the process (one copy of `--copies`, or one `--job`),
+//! trained on a thread of its own: its plan (a file, the scheduler's, or
+//! vanilla), kernels and initial tensors, its session with the scheduler
+//! (registered in this process, whose base the scheduler counts once), its
+//! report lines and files.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -21,53 +23,52 @@ use tensile_worker::{
 };
 
 use crate::args::Args;
+use crate::spec::{JobSpec, numbered};
 
-/// Which of the process's copies of the job one thread trains.
+/// What the process trains several of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// Copies of one job (`--copies N`).
+    Copy,
+    /// Different jobs (`--job SPEC`, repeated).
+    Job,
+}
+
+/// Which of the process's jobs one thread trains.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct JobCopy {
     pub(crate) index: usize,
     pub(crate) of: usize,
+    pub(crate) kind: Kind,
 }
 
 impl JobCopy {
-    /// The copy's own file: `PATH` alone, else the copy's number before
-    /// the extension.
+    /// The job's own file: `PATH` alone, else (a copy's) the copy's number
+    /// before the extension. A `--job`'s paths are its own already.
     fn path(self, path: &Path) -> PathBuf {
-        if self.of == 1 {
+        if self.of == 1 || self.kind == Kind::Job {
             return path.to_path_buf();
         }
-        let stem = path
-            .file_stem()
-            .map_or_else(Default::default, |s| s.to_os_string());
-        let mut name = stem;
-        name.push(format!(".{}", self.index));
-        if let Some(ext) = path.extension() {
-            name.push(".");
-            name.push(ext);
-        }
-        path.with_file_name(name)
+        numbered(path, self.index)
     }
 
-    /// The job's name at the scheduler.
-    fn name(self, name: &str) -> String {
-        if self.of == 1 {
-            name.to_string()
-        } else {
-            format!("{name}-{}", self.index)
+    /// The job's name at the scheduler: the one given (a `--job`'s as
+    /// given, a copy's numbered), else the graph's, numbered when the
+    /// process trains several.
+    fn name(self, given: Option<&str>, graph: &str) -> String {
+        match (given, self.kind) {
+            (Some(name), Kind::Job) => name.to_string(),
+            _ if self.of == 1 => given.unwrap_or(graph).to_string(),
+            _ => format!("{}-{}", given.unwrap_or(graph), self.index),
         }
-    }
-
-    /// The copy's share of the process's base, rounded up so that the
-    /// shares add up to at least the whole.
-    fn base_share(self, bytes: u64) -> u64 {
-        bytes.div_ceil(self.of as u64)
     }
 }
 
-/// What the copies of one process share: the device, the copy engine's
+/// What the jobs of one process share: the device, the copy engine's
 /// kind, the host pool's settings, the memory ledger, where they print,
-/// the process's base meter.
+/// the process's base meter and its key at the scheduler.
 pub(crate) struct Shared {
+    pub(crate) process: String,
     pub(crate) device: Device,
     pub(crate) engine: Engine,
     pub(crate) host: HostConfig,
@@ -76,26 +77,33 @@ pub(crate) struct Shared {
     pub(crate) base: Arc<BaseMeter>,
 }
 
-/// One iteration's JSON line: the report, and its copy's number when the
-/// process trains several.
+/// One iteration's JSON line: the report, and its copy's or job's number
+/// when the process trains several.
 #[derive(Serialize)]
 pub(crate) struct Line<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     copy: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    job: Option<usize>,
     #[serde(flatten)]
     report: &'a IterationReport,
 }
 
 pub(crate) fn print(r: &IterationReport, copy: JobCopy, json: bool) -> Result<()> {
     let number = (copy.of > 1).then_some(copy.index);
+    let word = match copy.kind {
+        Kind::Copy => "copy",
+        Kind::Job => "job",
+    };
     if json {
         let line = Line {
-            copy: number,
+            copy: number.filter(|_| copy.kind == Kind::Copy),
+            job: number.filter(|_| copy.kind == Kind::Job),
             report: r,
         };
         tensile_cli::try_out(&format!("{}\n", serde_json::to_string(&line)?))?;
     } else {
-        let prefix = number.map_or_else(String::new, |n| format!("copy {n}: "));
+        let prefix = number.map_or_else(String::new, |n| format!("{word} {n}: "));
         // The base only once measured (on CUDA, after the first
         // iterations).
         let base = r.base_bytes.map_or_else(String::new, |b| {
@@ -119,10 +127,12 @@ pub(crate) fn print(r: &IterationReport, copy: JobCopy, json: bool) -> Result<()
 
 pub(crate) fn start_session(
     args: &Args,
+    spec: &JobSpec,
     g: &Graph,
     copy: JobCopy,
-    bars: &MultiProgress,
+    shared: &Shared,
 ) -> Result<Session> {
+    let bars = &shared.bars;
     let device_ordinal = tensile_proto::endpoint::device_ordinal(&args.device);
     // Found again at every connection; once here so that a scheduler that
     // cannot be found is a clear error at once.
@@ -135,10 +145,13 @@ pub(crate) fn start_session(
     let config = SessionConfig {
         server: args.scheduler.clone(),
         device_ordinal,
-        name: copy.name(args.name.as_deref().unwrap_or(g.name())),
-        priority: args.priority,
+        name: copy.name(spec.name.as_deref(), g.name()),
+        priority: spec.priority,
         allow_recompute: None,
-        base_bytes: args.base_mb.map(|m| copy.base_share(m.bytes())),
+        // The whole process's: the scheduler counts it once for the jobs
+        // registered in this process.
+        base_bytes: args.base_mb.map(Mb::bytes),
+        process: Some(shared.process.clone()),
         max_backoff: Duration::from_secs(2),
         call_timeout: None,
         tls,
@@ -156,26 +169,27 @@ pub(crate) fn start_session(
 /// own, its own session with the scheduler, its own files.
 pub(crate) fn run_copy(
     args: &Args,
+    spec: &JobSpec,
     g: &Graph,
     live: &Liveness,
     shared: &Shared,
     copy: JobCopy,
 ) -> Result<()> {
-    let session = if args.plan.is_none() && !args.vanilla {
-        Some(start_session(args, g, copy, &shared.bars)?)
+    let session = if spec.plan.is_none() && !args.vanilla {
+        Some(start_session(args, spec, g, copy, shared)?)
     } else {
         None
     };
-    let plan = first_plan(args, g, live, session.as_ref(), &shared.bars)?;
-    let mut worker = build_worker(args, g, live, shared, copy, &plan)?;
+    let plan = first_plan(args, spec, g, live, session.as_ref(), &shared.bars)?;
+    let mut worker = build_worker(args, spec, g, live, shared, copy, &plan)?;
     let bar = shared.bars.add(
         ProgressBar::new(args.iterations as u64).with_style(
             ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} iterations ({elapsed})")
                 .unwrap_or_else(|_| ProgressStyle::default_bar()),
         ),
     );
-    bar.set_message(copy.name(g.name()));
-    let mut trace = match &args.memory_trace {
+    bar.set_message(copy.name(spec.name.as_deref(), g.name()));
+    let mut trace = match &spec.memory_trace {
         Some(path) => {
             worker.record_memory();
             let path = copy.path(path);
@@ -214,7 +228,7 @@ pub(crate) fn run_copy(
                 .is_some_and(tensile_cli::StdoutError::reader_gone) => {}
         other => other?,
     }
-    finish(args, g, shared, copy, worker, trace, session)
+    finish(spec, g, shared, copy, worker, trace, session)
 }
 
 /// The plan of the first iteration: the file's, else the scheduler's first
@@ -222,12 +236,13 @@ pub(crate) fn run_copy(
 /// vanilla's.
 fn first_plan(
     args: &Args,
+    spec: &JobSpec,
     g: &Graph,
     live: &Liveness,
     session: Option<&Session>,
     bars: &MultiProgress,
 ) -> Result<Plan> {
-    if let Some(path) = &args.plan {
+    if let Some(path) = &spec.plan {
         let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
         return tensile_proto::plan_json::plan_from_json(&bytes, g)
             .with_context(|| format!("plan file {}", path.display()));
@@ -259,6 +274,7 @@ fn first_plan(
 /// meter and, for updates kept on the host, the CPU kernels.
 fn build_worker<'g>(
     args: &Args,
+    spec: &JobSpec,
     g: &'g Graph,
     live: &'g Liveness,
     shared: &Shared,
@@ -270,9 +286,9 @@ fn build_worker<'g>(
     let values = tensile_kernels::initial_values(
         g,
         shared.device,
-        args.seed,
-        args.init_params.as_deref(),
-        args.inputs.as_deref(),
+        spec.seed,
+        spec.init_params.as_deref(),
+        spec.inputs.as_deref(),
     )?;
     let initial = tensile_worker::initial_of(g, &values);
     let config = WorkerConfig {
@@ -300,7 +316,7 @@ fn build_worker<'g>(
 /// take seconds: the other jobs of the device get it now, and the trace
 /// says when it went), then goodbye to the scheduler.
 fn finish(
-    args: &Args,
+    spec: &JobSpec,
     g: &Graph,
     shared: &Shared,
     copy: JobCopy,
@@ -308,7 +324,7 @@ fn finish(
     trace: Option<std::io::BufWriter<std::fs::File>>,
     session: Option<Session>,
 ) -> Result<()> {
-    if let Some(path) = &args.save_params {
+    if let Some(path) = &spec.save_params {
         let path = copy.path(path);
         let values = worker.persistent_values()?;
         tensile_worker::save_params(g, values, &path)?;
@@ -332,18 +348,32 @@ mod tests {
 
     #[test]
     fn a_copys_files_carry_its_number_before_the_extension() {
-        let one = JobCopy { index: 0, of: 1 };
-        let second = JobCopy { index: 1, of: 3 };
+        let one = JobCopy {
+            index: 0,
+            of: 1,
+            kind: Kind::Copy,
+        };
+        let second = JobCopy {
+            index: 1,
+            of: 3,
+            kind: Kind::Copy,
+        };
         let p = |s: &str| PathBuf::from(s);
         assert_eq!(one.path(&p("out/trace.csv")), p("out/trace.csv"));
         assert_eq!(second.path(&p("out/trace.csv")), p("out/trace.1.csv"));
         assert_eq!(second.path(&p("trace")), p("trace.1"));
         assert_eq!(second.path(&p("a.b.pt")), p("a.b.1.pt"));
         assert_eq!(
-            (one.name("r50"), second.name("r50")),
-            ("r50".into(), "r50-1".into())
+            (one.name(None, "r50"), second.name(Some("x"), "r50")),
+            ("r50".into(), "x-1".into())
         );
-        // Shares of the base add up to at least the whole.
-        assert_eq!(second.base_share(1_000_000_001), 333_333_334);
+        // A --job's files and name are its own; unnamed, numbered.
+        let job = JobCopy {
+            kind: Kind::Job,
+            ..second
+        };
+        assert_eq!(job.path(&p("out/trace.7.csv")), p("out/trace.7.csv"));
+        assert_eq!(job.name(Some("bert"), "g"), "bert");
+        assert_eq!(job.name(None, "g"), "g-1");
     }
 }

@@ -3,26 +3,42 @@
 //! (`--vanilla`), for K iterations, with real copies to a capped host pool
 //! at a configured link bandwidth and a device memory budget. Prints one
 //! line (or one JSON object) per iteration; progress goes to stderr. With
-//! `--copies N` it trains N copies of the job at once, each on a thread of
-//! its own, as N jobs that share this one process (on a GPU: one CUDA
-//! context, one set of library handles, one caching allocator).
+//! `--copies N` it trains N copies of the job at once, and with `--job
+//! SPEC` repeated it trains different jobs at once, each on a thread of its
+//! own, as jobs that share this one process (on a GPU: one CUDA context,
+//! one set of library handles, one caching allocator), which they register
+//! at the scheduler so that it counts the process's base once.
 
 mod args;
 mod copy;
 mod setup;
+mod spec;
 
 use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
 use indicatif::MultiProgress;
-use tensile_graph::Liveness;
+use tensile_graph::{Graph, Liveness};
 
 use crate::args::Args;
-use crate::copy::{JobCopy, Shared, run_copy};
+use crate::copy::{JobCopy, Kind, Shared, run_copy};
+use crate::spec::JobSpec;
 
 fn main() -> Result<()> {
     let args = Args::parse();
+    // The jobs first: a bad --job spec is an error before anything loads.
+    let (specs, kind) = if args.jobs.is_empty() {
+        (vec![JobSpec::from_args(&args)?], Kind::Copy)
+    } else {
+        let specs = args
+            .jobs
+            .iter()
+            .enumerate()
+            .map(|(i, text)| JobSpec::parse(text, i, &args))
+            .collect::<Result<Vec<_>>>()?;
+        (specs, Kind::Job)
+    };
     let device = setup::device(&args.device)?;
     if device.is_cuda() {
         setup::allocator_settings(&args.cuda_alloc_conf)?;
@@ -39,17 +55,38 @@ fn main() -> Result<()> {
             .and_then(|()| std::fs::read_dir(dir).map(drop))
             .with_context(|| format!("--ledger {}: cannot use the directory", dir.display()))?;
     }
-    let g = setup::graph(&args)?;
-    let live = Liveness::analyze(&g);
-    let copies = usize::from(args.copies);
-    // Copies under one budget and no ledger named share a private one,
+    let graphs: Vec<(Graph, Liveness)> = specs
+        .iter()
+        .enumerate()
+        .map(|(i, spec)| {
+            let g = setup::graph(&spec.source).with_context(|| match kind {
+                Kind::Job => format!("--job {:?}", args.jobs[i]),
+                Kind::Copy => "the job".to_string(),
+            })?;
+            let live = Liveness::analyze(&g);
+            Ok((g, live))
+        })
+        .collect::<Result<_>>()?;
+    // The process's jobs: each spec once, or the one spec's copies.
+    let of = match kind {
+        Kind::Job => specs.len(),
+        Kind::Copy => usize::from(args.copies),
+    };
+    let units: Vec<(usize, JobCopy)> = (0..of)
+        .map(|index| {
+            let spec = if kind == Kind::Job { index } else { 0 };
+            (spec, JobCopy { index, of, kind })
+        })
+        .collect();
+    // Jobs under one budget and no ledger named share a private one,
     // removed when they are done.
     let private = match (&args.ledger, args.memory_mb) {
-        (None, Some(_)) if copies > 1 => Some(setup::private_ledger()?),
+        (None, Some(_)) if of > 1 => Some(setup::private_ledger()?),
         _ => None,
     };
     let bars = MultiProgress::new();
     let shared = Shared {
+        process: setup::process_key(),
         device,
         engine,
         host,
@@ -57,20 +94,23 @@ fn main() -> Result<()> {
             .ledger
             .clone()
             .or_else(|| private.as_ref().map(|d| d.path().to_path_buf())),
-        base: Arc::new(setup::base_meter(device, copies, &bars)),
+        base: Arc::new(setup::base_meter(device, of, &bars)),
         bars,
     };
-    if copies == 1 {
-        return run_copy(&args, &g, &live, &shared, JobCopy { index: 0, of: 1 });
+    if let [(spec, copy)] = units[..] {
+        let (g, live) = &graphs[spec];
+        return run_copy(&args, &specs[spec], g, live, &shared, copy);
     }
     let results: Vec<Result<()>> = std::thread::scope(|s| {
-        let threads: Vec<_> = (0..copies)
-            .map(|index| {
-                let copy = JobCopy { index, of: copies };
-                let (args, g, live, shared) = (&args, &g, &live, &shared);
+        let threads: Vec<_> = units
+            .iter()
+            .map(|&(spec, copy)| {
+                let (args, shared) = (&args, &shared);
+                let (spec, (g, live)) = (&specs[spec], &graphs[spec]);
+                let word = if kind == Kind::Job { "job" } else { "copy" };
                 std::thread::Builder::new()
-                    .name(format!("copy-{index}"))
-                    .spawn_scoped(s, move || run_copy(args, g, live, shared, copy))
+                    .name(format!("{word}-{}", copy.index))
+                    .spawn_scoped(s, move || run_copy(args, spec, g, live, shared, copy))
             })
             .collect();
         threads
@@ -78,21 +118,23 @@ fn main() -> Result<()> {
             .map(|t| match t {
                 Ok(handle) => handle
                     .join()
-                    .unwrap_or_else(|_| Err(anyhow::anyhow!("the copy's thread panicked"))),
-                Err(e) => Err(anyhow::Error::new(e).context("starting the copy's thread")),
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("its thread panicked"))),
+                Err(e) => Err(anyhow::Error::new(e).context("starting its thread")),
             })
             .collect()
     });
-    // Every copy ran to its end (one that fails does not stop the others);
+    // Every job ran to its end (one that fails does not stop the others);
     // each failure is named.
+    let word = if kind == Kind::Job { "job" } else { "copy" };
     let failed: Vec<String> = results
         .iter()
         .enumerate()
-        .filter_map(|(i, r)| r.as_ref().err().map(|e| format!("copy {i}: {e:#}")))
+        .filter_map(|(i, r)| r.as_ref().err().map(|e| format!("{word} {i}: {e:#}")))
         .collect();
     if !failed.is_empty() {
+        let what = if kind == Kind::Job { "jobs" } else { "copies" };
         bail!(
-            "{} of {copies} copies failed:\n{}",
+            "{} of {of} {what} failed:\n{}",
             failed.len(),
             failed.join("\n")
         );

@@ -15,6 +15,7 @@ use tensile_swap_executor::HostConfig;
 use tensile_worker::{BaseMeter, Engine};
 
 use crate::args::{Args, CopyKind};
+use crate::spec::Source;
 
 /// The process's base meter: on CUDA through NVML (said once, above the
 /// progress bars, when that cannot be read), on the CPU none.
@@ -74,25 +75,51 @@ pub(crate) fn engine(args: &Args, device: Device) -> Result<Engine> {
     })
 }
 
-pub(crate) fn graph(args: &Args) -> Result<Graph> {
-    if let Some(path) = &args.graph {
-        let limits = Limits::default();
-        let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-        return json::parse(&bytes, &limits)
-            .with_context(|| format!("graph file {}", path.display()));
-    }
-    let Some(name) = &args.model else {
-        bail!("name a zoo model with --model or give --graph FILE");
+/// A job's graph: its file, or the zoo model it names.
+pub(crate) fn graph(source: &Source) -> Result<Graph> {
+    let (name, batch, resolution, optimizer) = match source {
+        Source::File(path) => {
+            let limits = Limits::default();
+            let bytes =
+                std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+            return json::parse(&bytes, &limits)
+                .with_context(|| format!("graph file {}", path.display()));
+        }
+        Source::Zoo {
+            model,
+            batch,
+            resolution,
+            optimizer,
+        } => (model, *batch, *resolution, optimizer),
     };
-    let (optimizer, step) =
-        tensile_graph::builder::Optimizer::with_step_from_name(&args.optimizer)?;
+    let (optimizer, step) = tensile_graph::builder::Optimizer::with_step_from_name(optimizer)?;
     let config = ZooConfig {
-        resolution: args.resolution,
+        resolution,
         optimizer,
         step,
-        ..ZooConfig::new(args.batch)
+        ..ZooConfig::new(batch)
     };
     Ok(zoo::build(name, &config)?)
+}
+
+/// This process's key at the scheduler, which its jobs share and no other
+/// process has: the host, the pid (not unique across containers on one
+/// host) and 32 random bits.
+pub(crate) fn process_key() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".into());
+    // A hasher's keys are drawn from the OS's random source per process.
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    format!("{host}:{}:{:08x}", std::process::id(), h.finish() as u32)
 }
 
 pub(crate) fn host_config(args: &Args) -> Result<HostConfig> {
@@ -141,5 +168,5 @@ pub(crate) fn private_ledger() -> Result<tempfile::TempDir> {
     } else {
         b.tempdir()
     };
-    dir.context("making a ledger for the copies")
+    dir.context("making a ledger for the process's jobs")
 }

@@ -789,8 +789,20 @@ class RegisterJobRequest(_message.Message):
     GRAPH_FIELD_NUMBER: _builtins.int
     SETTINGS_FIELD_NUMBER: _builtins.int
     OP_LATENCY_S_FIELD_NUMBER: _builtins.int
+    PROCESS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """A label for people (status, logs); need not be unique."""
+    process: _builtins.str
+    """The process the job runs in, a key its jobs share and no other process
+    uses (`tensile-worker` sends host:pid:random): jobs of one process
+    (`tensile-worker --job ... --job ...` or `--copies N`) share its device
+    memory outside their storages (one CUDA context, one caching
+    allocator), which the scheduler then counts once, with one admitted job
+    of the process (`JobStatus.base_job`), not once per job. Such jobs
+    register the whole process's base (`settings.base_bytes`) and report
+    it whole (`ReportLatenciesRequest.base_bytes`). Empty: a process of its
+    own (clients before this field).
+    """
     @_builtins.property
     def graph(self) -> Global___Graph: ...
     @_builtins.property
@@ -808,10 +820,11 @@ class RegisterJobRequest(_message.Message):
         graph: Global___Graph | None = ...,
         settings: Global___JobSettings | None = ...,
         op_latency_s: _abc.Iterable[_builtins.float] | None = ...,
+        process: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["graph", b"graph", "settings", b"settings"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["graph", b"graph", "name", b"name", "op_latency_s", b"op_latency_s", "settings", b"settings"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["graph", b"graph", "name", b"name", "op_latency_s", b"op_latency_s", "process", b"process", "settings", b"settings"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -941,10 +954,11 @@ class ReportLatenciesRequest(_message.Message):
     the caching allocator's slack): the device's used memory for the
     process (NVML) less the most bytes the storages held while it was
     measured. 0: not measured (on the CPU, during the first iterations,
-    where NVML is missing). A process that runs several jobs
-    (`tensile-worker --copies N`) pays that memory once and reports each
-    job's share of it: the process's figure divided by its jobs, rounded
-    up, so that the shares add up to the process's. At most the device's
+    where NVML is missing). A job registered with a `process` reports the
+    whole process's figure, which the scheduler counts once for all the
+    process's jobs; a job registered without one that shares its process
+    reports its share (the process's figure divided by its jobs, rounded
+    up, so that the shares add up to the process's). At most the device's
     memory (INVALID_ARGUMENT past it). When it differs from the base the
     job is planned with (the device profile's, `JobSettings.base_bytes`, or
     one measured before) by more than a tenth of that base and 64 MiB, the
@@ -1133,6 +1147,8 @@ class JobStatus(_message.Message):
     BASE_SOURCE_FIELD_NUMBER: _builtins.int
     REPORTED_BASE_BYTES_FIELD_NUMBER: _builtins.int
     GATE_FIELD_NUMBER: _builtins.int
+    PROCESS_FIELD_NUMBER: _builtins.int
+    BASE_JOB_FIELD_NUMBER: _builtins.int
     job_id: _builtins.int
     name: _builtins.str
     state: Global___JobState.ValueType
@@ -1165,6 +1181,13 @@ class JobStatus(_message.Message):
     """The base of the job's last report that measured one (0: none yet),
     whether or not it differed enough to be planned with.
     """
+    process: _builtins.str
+    """The process the job registered in (`RegisterJobRequest.process`; ""
+    none), and the job of that process whose plans count the process's
+    base (0: none of its jobs is admitted). A job of a process whose base
+    another job counts has base_bytes 0 and base_source "process".
+    """
+    base_job: _builtins.int
     @_builtins.property
     def prediction(self) -> Global___PlanPrediction: ...
     @_builtins.property
@@ -1194,10 +1217,12 @@ class JobStatus(_message.Message):
         base_source: _builtins.str = ...,
         reported_base_bytes: _builtins.int = ...,
         gate: Global___IterationGate | None = ...,
+        process: _builtins.str = ...,
+        base_job: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["gate", b"gate", "prediction", b"prediction"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_bytes", b"base_bytes", "base_source", b"base_source", "gate", b"gate", "iterations_reported", b"iterations_reported", "job_id", b"job_id", "latency_source", b"latency_source", "lower_bound_bytes", b"lower_bound_bytes", "name", b"name", "ops", b"ops", "plan_version", b"plan_version", "prediction", b"prediction", "priority", b"priority", "reason", b"reason", "reported_base_bytes", b"reported_base_bytes", "reported_peak_bytes", b"reported_peak_bytes", "state", b"state", "tensors", b"tensors"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_bytes", b"base_bytes", "base_job", b"base_job", "base_source", b"base_source", "gate", b"gate", "iterations_reported", b"iterations_reported", "job_id", b"job_id", "latency_source", b"latency_source", "lower_bound_bytes", b"lower_bound_bytes", "name", b"name", "ops", b"ops", "plan_version", b"plan_version", "prediction", b"prediction", "priority", b"priority", "process", b"process", "reason", b"reason", "reported_base_bytes", b"reported_base_bytes", "reported_peak_bytes", b"reported_peak_bytes", "state", b"state", "tensors", b"tensors"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
