@@ -352,6 +352,7 @@ async fn start_domain(
     pc.coordinate = config.gates;
     pc.gate_slack = config.gate_slack;
     pc.recompute_first = config.recompute_first;
+    pc.max_moves = Some(config.plan_max_moves);
     let planner = Planner::new(
         shared.clone(),
         pc,
