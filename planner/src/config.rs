@@ -103,14 +103,23 @@ pub struct PlannerConfig {
     /// The default, 3.0, is about what PyTorch's synchronous offloading
     /// (`save_on_cpu`) costs on the zoo's CNNs.
     pub max_overhead: f64,
-    /// Wall-clock cap on one call of [`crate::plan`]: the search checks it
-    /// between moves (every swap placed, every budget move tried) and, once
-    /// past it, stops and returns what it has: every move made so far, each
-    /// of which left every job's plan valid (a plan is built only from
-    /// placed swaps and applied moves, never from a half-made one). So a
-    /// capped plan is valid and executable; it may save less memory than an
-    /// uncapped one (and may then be over the budget, with an `OverBudget`
-    /// diagnostic); it carries a `PlanningCapped` diagnostic. `None`: no cap.
+    /// Work bound on one call of [`crate::plan`]: the most moves it may
+    /// try (every swap it tries to place, every budget move it tries on a
+    /// copy of a job, in every layout it plans; `PlanProfile::moves_tried`
+    /// counts them). The search checks it between moves and, once there,
+    /// stops and returns what it has: every move made so far, each of which
+    /// left every job's plan valid (a plan is built only from placed swaps
+    /// and applied moves, never from a half-made one). So a capped plan is
+    /// valid and executable; it may save less memory than an uncapped one
+    /// (and may then be over the budget, with an `OverBudget` diagnostic);
+    /// it carries a `PlanningCapped` diagnostic. Work, not time: the same
+    /// inputs give the same plan however busy the machine is. `None`: no
+    /// bound.
+    pub max_moves: Option<u64>,
+    /// Wall-clock cap on one call of [`crate::plan`], checked where
+    /// `max_moves` is: a safety net for a machine far slower than the work
+    /// bound was sized on (a plan it stops depends on the machine's load;
+    /// `PlanProfile::time_capped` says so). `None`: no cap.
     pub time_cap: Option<std::time::Duration>,
     /// Coordinate the jobs (two or more, whose iterations are within 15% of
     /// each other's: they share one period): gate every job's iterations to a
@@ -161,6 +170,7 @@ impl PlannerConfig {
             max_rounds: 1_000_000,
             max_recompute_depth: 3,
             max_overhead: 3.0,
+            max_moves: None,
             time_cap: None,
             coordinate: false,
             gate_slack: 0.005,

@@ -33,7 +33,13 @@ impl Coord {
     /// The aligned sum's peak and where each job is then.
     pub(crate) fn peak(&self, state: &[Job<'_>]) -> GlobalPeak {
         let curves: Vec<Curve> = state.iter().map(curve).collect();
-        let (bytes, at) = aligned_sum_peak(&curves, &self.phases, self.cycle);
+        self.peak_of(state, &curves)
+    }
+
+    /// [`Coord::peak`] from the jobs' curves, made by the caller (who may
+    /// keep them: a swap placed on one job changes its curve alone).
+    pub(crate) fn peak_of(&self, state: &[Job<'_>], curves: &[Curve]) -> GlobalPeak {
+        let (bytes, at) = aligned_sum_peak(curves, &self.phases, self.cycle);
         let steps = state
             .iter()
             .zip(&self.phases)
@@ -69,6 +75,32 @@ impl Coord {
                 job.place_host_copies();
             }
             self.refresh_foreign(state);
+        }
+    }
+
+    /// Recomputes what job `j` alone sees of the other jobs' copies, as
+    /// [`Coord::refresh_foreign`] does for every job: after a copy placed
+    /// on one job, the job placed on next needs its view, not all of them.
+    pub(crate) fn refresh_one(&self, state: &mut [Job<'_>], j: usize) {
+        let chans = state.first().map_or(0, |x| x.chans.len());
+        let cycle = self.cycle.max(1);
+        let phase = self.phases[j] % cycle;
+        for ch in 0..chans {
+            let mut v = Vec::new();
+            let mut global = Vec::new();
+            for (i, (other, &p)) in state.iter().zip(&self.phases).enumerate() {
+                if i == j {
+                    continue;
+                }
+                global.clear();
+                for &(a, b) in other.chans[ch].busy() {
+                    shift_into(&mut global, a, b, p, cycle);
+                }
+                for &(a, b) in &global {
+                    shift_into(&mut v, a, b, cycle - phase, cycle);
+                }
+            }
+            state[j].foreign[ch] = IntervalSet::from_intervals(v).0;
         }
     }
 

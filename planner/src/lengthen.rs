@@ -23,7 +23,7 @@ pub(crate) struct Lengthen<'a, 'g> {
     pub(crate) budget: u64,
     pub(crate) config: &'a PlannerConfig,
     pub(crate) limits: &'a [u64],
-    pub(crate) deadline: Deadline,
+    pub(crate) deadline: Deadline<'a>,
 }
 
 /// The jobs planned at one cycle: their state, the cycle and phases,
@@ -108,7 +108,7 @@ pub(crate) fn search_coordinated(
     config: &PlannerConfig,
     coord: &Coord,
     limits: &[u64],
-    deadline: Deadline,
+    deadline: Deadline<'_>,
     out: &mut MultiPlan,
 ) -> bool {
     let installed = config

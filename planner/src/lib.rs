@@ -52,6 +52,7 @@ mod align;
 mod config;
 mod coord;
 mod emit;
+mod free;
 mod gate;
 pub mod guard;
 mod host_copies;
@@ -66,6 +67,7 @@ mod replan;
 mod swap;
 mod turns;
 
+use std::cell::Cell;
 use std::collections::{BTreeMap, HashSet};
 use std::time::Instant;
 
@@ -144,20 +146,62 @@ pub enum PlanError {
     Bandwidth { h2d: f64, d2h: f64 },
 }
 
-/// The wall-clock cap of one planning call (`PlannerConfig::time_cap`).
-#[derive(Debug, Clone, Copy)]
-struct Deadline(Option<Instant>);
+/// How far one planning call may go (`PlannerConfig::max_moves`, and
+/// `time_cap` as a safety net), and the work it has done: the moves it
+/// tried (every swap it tried to place, every budget move it tried on a
+/// copy of a job).
+#[derive(Debug)]
+struct Bound {
+    max_moves: Option<u64>,
+    at: Option<Instant>,
+    moves: Cell<u64>,
+    /// The time cap was reached (sticky: once past, every check says so).
+    timed_out: Cell<bool>,
+    /// A check found the bound reached: some search stopped short.
+    cut: Cell<bool>,
+}
 
-impl Deadline {
-    fn past(self) -> bool {
-        self.0.is_some_and(|d| Instant::now() >= d)
+impl Bound {
+    fn new(config: &PlannerConfig, started: Instant) -> Bound {
+        Bound {
+            max_moves: config.max_moves,
+            at: config.time_cap.map(|c| started + c),
+            moves: Cell::new(0),
+            timed_out: Cell::new(false),
+            cut: Cell::new(false),
+        }
+    }
+
+    /// Whether the search must stop: its work bound reached, or (the
+    /// safety net) its time cap.
+    fn past(&self) -> bool {
+        if self.max_moves.is_some_and(|m| self.moves.get() >= m) {
+            self.cut.set(true);
+            return true;
+        }
+        if !self.timed_out.get() && self.at.is_some_and(|d| Instant::now() >= d) {
+            self.timed_out.set(true);
+            self.cut.set(true);
+        }
+        self.timed_out.get()
+    }
+
+    /// Counts one move tried.
+    fn tried(&self) {
+        self.moves.set(self.moves.get() + 1);
+        #[cfg(test)]
+        tests::slow_move();
     }
 }
+
+/// The bound of the planning call in progress, shared by its searches.
+type Deadline<'a> = &'a Bound;
 
 /// Plans all `jobs` together for one device.
 pub fn plan(jobs: &[JobInput<'_>], config: &PlannerConfig) -> Result<MultiPlan, PlanError> {
     let started = Instant::now();
-    let deadline = Deadline(config.time_cap.map(|c| started + c));
+    let bound = Bound::new(config, started);
+    let deadline = &bound;
     let c = &config.copy;
     for bw in [c.h2d_bytes_per_s, c.d2h_bytes_per_s] {
         if !(bw.is_finite() && bw > 0.0) {
@@ -194,9 +238,22 @@ pub fn plan(jobs: &[JobInput<'_>], config: &PlannerConfig) -> Result<MultiPlan, 
     let lives: Vec<Liveness> = jobs.iter().map(|j| Liveness::analyze(j.graph)).collect();
     let at = turns::Latencies::new(jobs, config);
     let shared = plan_shared(&at.shared(), &lives, config, started, deadline);
-    Ok(turns::choose(
-        &at, &lives, config, shared, started, deadline,
-    ))
+    let mut mp = turns::choose(&at, &lives, config, shared, started, deadline);
+    mp.profile.moves_tried = bound.moves.get();
+    mp.profile.time_capped = bound.timed_out.get();
+    // Whichever layout was kept, a search that stopped short says so.
+    mp.profile.capped |= bound.cut.get();
+    if mp.profile.capped
+        && !mp
+            .diagnostics
+            .iter()
+            .any(|d| d.kind == DiagnosticKind::PlanningCapped)
+    {
+        let mut scratch = MultiPlan::default();
+        stop_here(config, &bound, &mut scratch);
+        mp.diagnostics.extend(scratch.diagnostics);
+    }
+    Ok(mp)
 }
 
 /// [`plan`] of jobs that share the device: free, or gated when that fits
@@ -206,7 +263,7 @@ fn plan_shared(
     lives: &[Liveness],
     config: &PlannerConfig,
     started: Instant,
-    deadline: Deadline,
+    deadline: Deadline<'_>,
 ) -> MultiPlan {
     let free = plan_with(jobs, lives, config, Layout::Free, started, deadline);
     // Gates are for fitting a budget that the jobs do not fit running free
@@ -278,7 +335,7 @@ fn plan_with(
     config: &PlannerConfig,
     layout: Layout,
     started: Instant,
-    deadline: Deadline,
+    deadline: Deadline<'_>,
 ) -> MultiPlan {
     let coordinate = layout != Layout::Free;
     // Coordinated jobs plan for a little less than the budget and save only
@@ -480,7 +537,7 @@ fn search(
     config: &PlannerConfig,
     coord: Option<&Coord>,
     limits: &[u64],
-    deadline: Deadline,
+    deadline: Deadline<'_>,
     out: &mut MultiPlan,
 ) -> bool {
     search_with(state, config, coord, limits, deadline, out, true)
@@ -492,36 +549,18 @@ fn search_with(
     config: &PlannerConfig,
     coord: Option<&Coord>,
     limits: &[u64],
-    deadline: Deadline,
+    deadline: Deadline<'_>,
     out: &mut MultiPlan,
     add_time: bool,
 ) -> bool {
+    if coord.is_none() && free::separable(state, config) {
+        return free::search(state, config, limits, deadline, out, add_time);
+    }
     let mut failed: HashSet<(usize, StorageId, usize)> = HashSet::new();
     let mut tried = Tried::default();
     let mut capped = false;
     loop {
-        if deadline.past() {
-            out.diagnostics.push(Diagnostic {
-                job: 0,
-                kind: DiagnosticKind::PlanningCapped,
-                tensor: None,
-                message: format!(
-                    "stopped at the time cap of {:.3} s after {} rounds: the plans hold every move made until then",
-                    config.time_cap.unwrap_or_default().as_secs_f64(),
-                    out.rounds
-                ),
-            });
-            out.profile.capped = true;
-            break;
-        }
-        out.rounds += 1;
-        if out.rounds > config.max_rounds {
-            out.diagnostics.push(Diagnostic {
-                job: 0,
-                kind: DiagnosticKind::PlanningCapped,
-                tensor: None,
-                message: format!("stopped after {} rounds", config.max_rounds),
-            });
+        if stop_here(config, deadline, out) {
             break;
         }
         let fits = config.budget_bytes.filter(|_| config.stop_at_budget);
@@ -582,6 +621,47 @@ fn search_with(
     capped
 }
 
+/// Counts a round of the search; true, with a `PlanningCapped`
+/// diagnostic, where the search must stop before it: past its cap, or past
+/// `max_rounds`.
+fn stop_here(config: &PlannerConfig, deadline: Deadline<'_>, out: &mut MultiPlan) -> bool {
+    if deadline.past() {
+        let at = if deadline.timed_out.get() {
+            format!(
+                "the time cap of {:.3} s (a safety net: where it stops depends on the machine's load)",
+                config.time_cap.unwrap_or_default().as_secs_f64()
+            )
+        } else {
+            format!(
+                "the work bound of {} moves tried",
+                config.max_moves.unwrap_or_default()
+            )
+        };
+        out.diagnostics.push(Diagnostic {
+            job: 0,
+            kind: DiagnosticKind::PlanningCapped,
+            tensor: None,
+            message: format!(
+                "stopped at {at} after {} rounds: the plans hold every move made until then",
+                out.rounds
+            ),
+        });
+        out.profile.capped = true;
+        return true;
+    }
+    out.rounds += 1;
+    if out.rounds > config.max_rounds {
+        out.diagnostics.push(Diagnostic {
+            job: 0,
+            kind: DiagnosticKind::PlanningCapped,
+            tensor: None,
+            message: format!("stopped after {} rounds", config.max_rounds),
+        });
+        return true;
+    }
+    false
+}
+
 /// What the budget bounds: the aligned sum's peak for coordinated jobs,
 /// else the sum of the jobs' peaks.
 fn global_peak(state: &[Job<'_>], coord: Option<&Coord>) -> u64 {
@@ -637,7 +717,7 @@ fn choose_gates(
     jobs: &[JobInput<'_>],
     config: &PlannerConfig,
     limits: &[u64],
-    deadline: Deadline,
+    deadline: Deadline<'_>,
 ) -> Coord {
     let free = PlannerConfig {
         budget_bytes: None,
@@ -769,13 +849,18 @@ fn swap_round(
     state: &mut [Job<'_>],
     failed: &mut HashSet<(usize, StorageId, usize)>,
     fits: Option<u64>,
-    deadline: Deadline,
+    deadline: Deadline<'_>,
     coord: Option<&Coord>,
 ) -> usize {
+    // Coordinated: the jobs' curves, kept up to date as swaps are placed.
+    let mut curves: Vec<align::Curve> = match coord {
+        Some(_) => state.iter().map(coord::curve).collect(),
+        None => Vec::new(),
+    };
     let (peaks, mut at, mut aligned): (Vec<usize>, Option<u64>, u64) = match coord {
         None => (state.iter().map(|j| j.peak().1).collect(), None, 0),
         Some(c) => {
-            let g = c.peak(state);
+            let g = c.peak_of(state, &curves);
             // A job waiting at its gate holds its first step's memory.
             let steps = g.steps.iter().map(|s| s.unwrap_or(0)).collect();
             (steps, Some(g.at), g.bytes)
@@ -802,6 +887,12 @@ fn swap_round(
     }
     cands.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
     let mut placed = 0;
+    // Coordinated: the jobs whose view of the others' copies is stale (a
+    // copy placed on another job since it was made); a job's view is made
+    // again only when a swap is placed on it, and every stale one at the
+    // end of the round (a full refresh after every placement cost the
+    // square of the job count per placement).
+    let mut stale_view = vec![false; state.len()];
     for (_, j, s, after) in cands {
         // Coordinated: the aligned peak is known since the last placement.
         let now = if coord.is_some() {
@@ -821,6 +912,12 @@ fn swap_round(
         if stale || !rate_allows(state, j) {
             continue;
         }
+        deadline.tried();
+        if let Some(c) = coord
+            && std::mem::take(&mut stale_view[j])
+        {
+            c.refresh_one(state, j);
+        }
         match swap::place(&state[j], s, peaks[j]) {
             Some(gap) => {
                 let before = gap.before;
@@ -831,8 +928,11 @@ fn swap_round(
                 }
                 placed += 1;
                 if let Some(c) = coord {
-                    c.refresh_foreign(state);
-                    let g = c.peak(state);
+                    for (k, v) in stale_view.iter_mut().enumerate() {
+                        *v |= k != j;
+                    }
+                    curves[j] = coord::curve(&state[j]);
+                    let g = c.peak_of(state, &curves);
                     aligned = g.bytes;
                     if at.replace(g.at) != Some(g.at) {
                         break;
@@ -841,6 +941,13 @@ fn swap_round(
             }
             None => {
                 failed.insert((j, s, after));
+            }
+        }
+    }
+    if let Some(c) = coord {
+        for (j, stale) in stale_view.into_iter().enumerate() {
+            if stale {
+                c.refresh_one(state, j);
             }
         }
     }
@@ -864,6 +971,49 @@ fn rate_allows(state: &[Job<'_>], j: usize) -> bool {
 /// really does per second is at least what the next one promises (lazy
 /// greedy): a move whose peak only moves to the step next to it is not
 /// taken for what it promised.
+/// Moves tried on a copy per budget round once one helps, at most.
+const TRIES: usize = 4;
+/// Moves tried per budget round, at most, when none helps: every try
+/// rebuilds a job's time line, and on DenseNet at batch 32 thousands of
+/// failing moves made one plan take minutes.
+const MAX_TRIES: usize = 48;
+
+/// Tries budget move `m` on a copy of its job: bytes it saves at the peak
+/// per ns it adds (infinite at no time) and the copy, where it lowers the
+/// job's potential within its limit; else whether only the limit (the
+/// job's iteration longer than `limits` allows) stood in its way.
+fn try_move<'g>(
+    state: &[Job<'g>],
+    m: &overhead::Move,
+    limits: &[u64],
+    coord: Option<&Coord>,
+) -> Result<(f64, Job<'g>), bool> {
+    let j = m.job;
+    let was = potential(state, j, &state[j], coord);
+    let mut next = state[j].clone();
+    let applied = overhead::apply(&mut next, m);
+    // A coordinated job's iteration must still fit its gate's cycle.
+    let outgrows = coord.is_some_and(|c| next.iteration_ns() > c.cycle);
+    if !applied || next.clash || outgrows {
+        return Err(false);
+    }
+    let now = potential(state, j, &next, coord);
+    if now >= was {
+        return Err(false);
+    }
+    if next.iteration_ns() > limits[j] {
+        return Err(true);
+    }
+    let added = next.iteration_ns().saturating_sub(state[j].iteration_ns());
+    let saved = (was.0 - now.0) as f64;
+    let real = if added == 0 {
+        f64::INFINITY
+    } else {
+        saved / added as f64
+    };
+    Ok((real, next))
+}
+
 /// The moves that budget rounds tried and that did not help, since the
 /// last move made.
 #[derive(Debug, Default)]
@@ -877,15 +1027,9 @@ fn budget_round(
     limits: &[u64],
     tried: &mut Tried,
     capped: &mut bool,
-    deadline: Deadline,
+    deadline: Deadline<'_>,
     coord: Option<&Coord>,
 ) -> Option<usize> {
-    /// Moves tried on a copy per round once one helps, at most.
-    const TRIES: usize = 4;
-    /// Moves tried per round, at most, when none helps: every try rebuilds
-    /// a job's time line, and on DenseNet at batch 32 thousands of failing
-    /// moves made one plan take minutes.
-    const MAX_TRIES: usize = 48;
     let mut moves = Vec::new();
     let at_peak: Vec<Option<usize>> = match coord {
         None => state.iter().map(|j| Some(j.peak().1)).collect(),
@@ -914,31 +1058,17 @@ fn budget_round(
             break;
         }
         tries += 1;
-        let j = m.job;
-        let was = potential(state, j, &state[j], coord);
-        let mut next = state[j].clone();
-        let applied = overhead::apply(&mut next, m);
-        // A coordinated job's iteration must still fit its gate's cycle.
-        let outgrows = coord.is_some_and(|c| next.iteration_ns() > c.cycle);
-        if !applied || next.clash || outgrows || potential(state, j, &next, coord) >= was {
-            failed.insert(m.key());
-            continue;
-        }
-        let now = potential(state, j, &next, coord);
-        if next.iteration_ns() > limits[j] {
-            *capped = true;
-            failed.insert(m.key());
-            continue;
-        }
-        let added = next.iteration_ns().saturating_sub(state[j].iteration_ns());
-        let saved = (was.0 - now.0) as f64;
-        let real = if added == 0 {
-            f64::INFINITY
-        } else {
-            saved / added as f64
-        };
-        if best.as_ref().is_none_or(|b| real > b.0) {
-            best = Some((real, j, next));
+        deadline.tried();
+        match try_move(state, m, limits, coord) {
+            Ok((real, next)) => {
+                if best.as_ref().is_none_or(|b| real > b.0) {
+                    best = Some((real, m.job, next));
+                }
+            }
+            Err(over_limit) => {
+                *capped |= over_limit;
+                failed.insert(m.key());
+            }
         }
     }
     match best {
@@ -977,4 +1107,87 @@ fn op_starts(job: &Job<'_>) -> Vec<u64> {
         }
     }
     starts
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::cell::Cell;
+    use std::time::Duration;
+
+    use tensile_graph::Graph;
+    use tensile_graph::zoo::{self, ZooConfig};
+
+    use crate::{CopyModel, JobInput, JobSettings, MultiPlan, PlannerConfig, plan};
+
+    thread_local! {
+        /// An artificial slowdown: every move tried takes this much longer.
+        static SLOW: Cell<Option<Duration>> = const { Cell::new(None) };
+    }
+
+    pub(super) fn slow_move() {
+        if let Some(d) = SLOW.get() {
+            std::thread::sleep(d);
+        }
+    }
+
+    fn graphs() -> Vec<Graph> {
+        ["resnet50", "vgg16"]
+            .iter()
+            .map(|m| {
+                let mut c = ZooConfig::new(2);
+                c.resolution = Some(zoo::model(m).unwrap().min_resolution.max(32));
+                zoo::build(m, &c).unwrap()
+            })
+            .collect()
+    }
+
+    fn run(graphs: &[Graph], config: &PlannerConfig, slow: Option<Duration>) -> MultiPlan {
+        let inputs: Vec<JobInput<'_>> = graphs
+            .iter()
+            .map(|g| {
+                let lat = (0..g.ops().len())
+                    .map(|i| 2_000 + ((i * 7_919) % 40_000) as u64)
+                    .collect();
+                JobInput::new(g, lat, JobSettings::default())
+            })
+            .collect();
+        SLOW.set(slow);
+        let mp = plan(&inputs, config).unwrap();
+        SLOW.set(None);
+        mp
+    }
+
+    #[test]
+    fn a_work_bound_plans_the_same_however_slow_the_machine() {
+        let graphs = graphs();
+        let mut config = PlannerConfig::new(CopyModel::duplex(12e9, 12e9, 5_000));
+        let free = run(&graphs, &config, None);
+        // A budget that budget moves must work towards.
+        config.budget_bytes = Some(free.sum_of_peaks_bytes * 7 / 10);
+        let whole = run(&graphs, &config, None);
+        assert!(!whole.profile.capped && whole.profile.moves_tried > 400);
+        config.max_moves = Some(whole.profile.moves_tried / 2);
+        let bounded = run(&graphs, &config, None);
+        let slowed = run(&graphs, &config, Some(Duration::from_millis(1)));
+        assert!(bounded.profile.capped && !bounded.profile.time_capped);
+        assert_eq!(bounded.profile.moves_tried, config.max_moves.unwrap());
+        assert_eq!(bounded.plans, slowed.plans);
+        assert_eq!(bounded.diagnostics, slowed.diagnostics);
+        assert_ne!(bounded.plans, whole.plans, "the bound cut nothing");
+        // What a wall-clock cap does instead: the slowed machine gets less
+        // far (so the test above would fail under it).
+        config.max_moves = None;
+        config.time_cap = Some(Duration::from_millis(40));
+        let timed = run(&graphs, &config, None);
+        let timed_slow = run(&graphs, &config, Some(Duration::from_millis(1)));
+        assert!(timed_slow.profile.time_capped && timed_slow.profile.capped);
+        assert!(
+            timed_slow.profile.moves_tried < timed.profile.moves_tried,
+            "{} moves slowed, {} not",
+            timed_slow.profile.moves_tried,
+            timed.profile.moves_tried
+        );
+    }
 }

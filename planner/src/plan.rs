@@ -149,8 +149,8 @@ pub enum DiagnosticKind {
     NotRecomputable,
     /// The budget still does not hold after swapping and recomputing.
     OverBudget,
-    /// Planning stopped at a cap (its round limit or its time cap): the plan is valid, but
-    /// may save less than it could.
+    /// Planning stopped at a cap (its round limit, its work bound or its
+    /// time cap): the plan is valid, but may save less than it could.
     PlanningCapped,
 }
 
@@ -297,8 +297,15 @@ pub struct PlanProfile {
     /// The phase-aligned peak of all jobs' curves.
     pub aligned: std::time::Duration,
     pub total: std::time::Duration,
-    /// Whether the search stopped at `PlannerConfig::time_cap`.
+    /// Whether the search stopped at `PlannerConfig::max_moves` or
+    /// `PlannerConfig::time_cap`.
     pub capped: bool,
+    /// Whether it stopped at `PlannerConfig::time_cap` (the safety net):
+    /// where the plan then stopped depends on the machine's load.
+    pub time_capped: bool,
+    /// Moves the whole call tried: swaps it tried to place and budget
+    /// moves it tried on a copy of a job, in every layout it planned.
+    pub moves_tried: u64,
 }
 
 #[cfg(test)]

@@ -144,7 +144,7 @@ pub(crate) fn choose(
     config: &PlannerConfig,
     mut shared: MultiPlan,
     started: Instant,
-    deadline: Deadline,
+    deadline: Deadline<'_>,
 ) -> MultiPlan {
     let k = at.jobs.len();
     let Some(budget) = config
@@ -240,7 +240,7 @@ pub(crate) fn search(
     state: &mut Vec<Job<'_>>,
     config: &PlannerConfig,
     limits: &[u64],
-    deadline: Deadline,
+    deadline: Deadline<'_>,
     out: &mut MultiPlan,
 ) -> (Coord, bool) {
     let fresh = state.clone();

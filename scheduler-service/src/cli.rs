@@ -96,8 +96,19 @@ pub struct Args {
     /// Cold-start latency models: auto, roofline, or a model directory.
     #[arg(long, env = "TENSILE_LATENCY_MODELS")]
     pub latency_models: Option<String>,
-    /// Time cap of one joint plan, seconds: the planner stops its search
-    /// there and returns the moves made so far (a valid plan). Default 2.
+    /// Work bound of one joint plan, in moves tried (every swap the
+    /// planner tries to place, every time-for-memory move it tries on a
+    /// copy of a job): the planner stops its search there and returns the
+    /// moves made so far (a valid plan, with a PLANNING_CAPPED
+    /// diagnostic). The same jobs get the same plan however busy the
+    /// machine is. Default 400000 (about 2 s on a 2-core machine); a fast
+    /// first plan may try 1/80 of it.
+    #[arg(long, env = "TENSILE_PLAN_MAX_MOVES")]
+    pub plan_max_moves: Option<u64>,
+    /// Wall-clock safety net of one joint plan, seconds: should the work
+    /// bound take longer than this (a machine far slower or busier than
+    /// expected), the search stops here too, and a warning says the plan
+    /// then depends on the machine's load. Default 10.
     #[arg(long, env = "TENSILE_PLAN_CAP_S")]
     pub plan_cap_s: Option<f64>,
     /// How long shutdown waits for connections to close, seconds. Default 5.
@@ -118,7 +129,7 @@ pub struct Args {
     /// Which gated jobs that swaps alone leave over the budget are planned
     /// again recomputing first, then swapping around the recomputations,
     /// keeping the lower plan: a shorter cycle where the link is full, at
-    /// several times the planning time (bounded by --plan-cap-s). never,
+    /// several times the planning time (bounded by --plan-max-moves). never,
     /// many-jobs (three jobs or more; the default) or always;
     /// `--recompute-first` alone is always.
     #[arg(long, env = "TENSILE_RECOMPUTE_FIRST", value_parser = RecomputeFirst::parse,
@@ -196,6 +207,7 @@ pub struct FileConfig {
     pub lease_s: Option<f64>,
     pub max_graph_mb: Option<u64>,
     pub latency_models: Option<String>,
+    pub plan_max_moves: Option<u64>,
     pub plan_cap_s: Option<f64>,
     pub shutdown_s: Option<f64>,
     pub no_gates: Option<bool>,
@@ -463,6 +475,12 @@ impl Args {
                 }
             };
         }
+        if let Some(m) = self.plan_max_moves.or(file.plan_max_moves) {
+            if m == 0 {
+                return Err("--plan-max-moves must be at least 1, got 0".into());
+            }
+            config.plan_max_moves = m;
+        }
         if let Some(s) = self.plan_cap_s.or(file.plan_cap_s) {
             config.plan_cap = seconds("plan-cap-s", s)?;
         }
@@ -581,7 +599,7 @@ mod tests {
         let file = dir.path().join("s.toml");
         std::fs::write(
             &file,
-            "budget_mb = 1000\nlease_s = 3.0\nlisten = [\"127.0.0.1:0\"]\nstate = \"none\"\ndevice = \"h100\"\nrecompute_first = true\n",
+            "budget_mb = 1000\nlease_s = 3.0\nlisten = [\"127.0.0.1:0\"]\nstate = \"none\"\ndevice = \"h100\"\nrecompute_first = true\nplan_max_moves = 1234\n",
         )
         .unwrap();
         let args = Args {
@@ -591,6 +609,11 @@ mod tests {
         };
         let r = args.resolve().unwrap();
         assert_eq!(r.config.budget_bytes, 2_000_000_000);
+        assert_eq!(r.config.plan_max_moves, 1234);
+        assert_eq!(
+            Args::default().resolve().unwrap().config.plan_max_moves,
+            crate::config::DEFAULT_PLAN_MAX_MOVES
+        );
         assert_eq!(r.config.lease, Duration::from_secs(3));
         assert_eq!(r.config.device.name, "h100");
         assert_eq!(r.config.recompute_first, RecomputeFirst::Always);
@@ -651,6 +674,14 @@ mod tests {
                 ..Args::default()
             })
             .contains("--lease-s")
+        );
+        assert!(
+            bad(Args {
+                plan_max_moves: Some(0),
+                device: Some("a6000".into()),
+                ..Args::default()
+            })
+            .contains("--plan-max-moves")
         );
         assert!(
             bad(Args {

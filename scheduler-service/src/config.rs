@@ -72,9 +72,16 @@ pub struct Config {
     pub state_dir: Option<PathBuf>,
     /// Cold-start latency models.
     pub models: ModelsSpec,
-    /// The planner's deadline for one joint plan: its search stops there
-    /// and returns the moves made so far (a valid plan; log, metric and a
-    /// PLANNING_CAPPED diagnostic say so).
+    /// The planner's work bound for one joint plan, in moves tried
+    /// (`PlannerConfig::max_moves`): its search stops there and returns the
+    /// moves made so far (a valid plan; log, metric and a PLANNING_CAPPED
+    /// diagnostic say so). Work, not time: the same jobs get the same plan
+    /// however busy the machine is. A fast first plan may try
+    /// [`FAST_SHARE`] of it.
+    pub plan_max_moves: u64,
+    /// The wall-clock safety net of one joint plan
+    /// (`PlannerConfig::time_cap`): a plan stopped by it depends on the
+    /// machine's load, and a warning says so.
     pub plan_cap: Duration,
     /// Re-plan when a job's total latency moves more than this fraction.
     pub replan_threshold: f64,
@@ -103,6 +110,14 @@ pub struct Config {
     pub tls: Option<tensile_proto::tls::ServerTls>,
 }
 
+/// The default work bound of one joint plan, in moves tried: on the
+/// 2-core development machine (release build) about what 2 s of planning
+/// tried (`tensilectl bench planner`).
+pub const DEFAULT_PLAN_MAX_MOVES: u64 = 400_000;
+
+/// The share of the joint plan's work bound a fast first plan may use.
+pub const FAST_SHARE: f64 = 1.0 / 80.0;
+
 impl Config {
     /// Defaults for `device`: its whole memory as the budget, a 10 s lease,
     /// no store, no metrics.
@@ -115,7 +130,8 @@ impl Config {
             limits: Limits::default(),
             state_dir: None,
             models: ModelsSpec::Auto,
-            plan_cap: Duration::from_secs(2),
+            plan_max_moves: DEFAULT_PLAN_MAX_MOVES,
+            plan_cap: Duration::from_secs(10),
             replan_threshold: 0.3,
             ewma_weight: 0.9,
             shutdown_deadline: Duration::from_secs(5),

@@ -29,7 +29,7 @@ const PLANS_PUBLISHED: (&str, &str) = (
 const PLANNING_SECONDS: (&str, &str) = ("planning_seconds", "Wall time of one re-plan of all jobs");
 const PLANNING_CAPPED: (&str, &str) = (
     "planning_capped",
-    "Joint plans whose search stopped at the time cap",
+    "Joint plans whose search stopped at its work bound (or its wall-clock safety net)",
 );
 const PLANS_WITHHELD: (&str, &str) = (
     "plans_withheld",

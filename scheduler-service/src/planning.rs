@@ -1,7 +1,8 @@
 //! The planning task: the one owner of the re-planner and of admission
 //! (TGI's block-allocator pattern). Handlers send it [`Command`]s. A joint
-//! plan of all admitted jobs runs on a blocking thread, capped by the
-//! planner's own deadline (`plan_cap`); while it runs the task keeps
+//! plan of all admitted jobs runs on a blocking thread, bounded by the
+//! planner's own work bound (`plan_max_moves`, moves tried; the wall-clock
+//! `plan_cap` only as a logged safety net); while it runs the task keeps
 //! taking commands: registrations are admitted at once and a newly
 //! admitted job gets a fast first plan (planned alone, against the memory
 //! the others' published plans leave), published at once; reports,
@@ -140,8 +141,9 @@ struct Flight {
     started: Instant,
 }
 
-/// How long a fast first plan may search, at most.
-const FAST_CAP: Duration = Duration::from_millis(25);
+/// How long a fast first plan may search, at most (a safety net: its
+/// work bound is [`crate::config::FAST_SHARE`] of the joint plan's).
+const FAST_CAP: Duration = Duration::from_millis(250);
 
 /// The task's state.
 #[derive(Debug)]
@@ -747,14 +749,24 @@ impl Planner {
                 self.shared.remove(id, &format!("cannot plan: {e}"));
             }
         }
-        let Some(mut mp) = mp else { return due };
+        let Some(mp) = mp else { return due };
         if mp.profile.capped {
             self.metrics.planning_capped.inc();
-            warn!(
-                jobs = f.ids.len(),
-                cap_s = self.cap.as_secs_f64(),
-                "planning stopped at its time cap; the plans hold the moves made until then"
-            );
+            if mp.profile.time_capped {
+                warn!(
+                    jobs = f.ids.len(),
+                    cap_s = self.cap.as_secs_f64(),
+                    moves = mp.profile.moves_tried,
+                    max_moves = ?self.replanner.config().max_moves,
+                    "planning stopped at its wall-clock safety net before its work bound: this plan depends on how busy the machine was; the plans hold the moves made until then"
+                );
+            } else {
+                info!(
+                    jobs = f.ids.len(),
+                    moves = mp.profile.moves_tried,
+                    "planning stopped at its work bound; the plans hold the moves made until then"
+                );
+            }
         }
         // Published plans never add up past the budget: a gated plan goes
         // out whole if it fits beside the plans in force of the jobs it
@@ -858,17 +870,6 @@ impl Planner {
             profile = ?mp.profile,
             "planned"
         );
-        if mp.profile.capped {
-            for d in &mut mp.diagnostics {
-                if d.kind == DiagnosticKind::PlanningCapped {
-                    d.message = format!(
-                        "planning stopped at its time cap of {:.2} s: {}",
-                        self.cap.as_secs_f64(),
-                        d.message
-                    );
-                }
-            }
-        }
         self.publish(&f.ids, mp, &order);
         for (id, reached) in requeue {
             self.requeue(id, reached);
@@ -902,6 +903,9 @@ impl Planner {
             let mut config = *self.replanner.config();
             config.budget_bytes = Some(room);
             config.time_cap = Some(self.cap.min(FAST_CAP));
+            config.max_moves = config
+                .max_moves
+                .map(|m| ((m as f64 * crate::config::FAST_SHARE) as u64).max(1));
             if config.copy.shared_by_jobs {
                 let n = self.admitted.len() as f64;
                 config.copy.h2d_bytes_per_s /= n;

@@ -358,6 +358,7 @@ async fn start_domain(
     pc.coordinate = config.gates;
     pc.gate_slack = config.gate_slack;
     pc.recompute_first = config.recompute_first;
+    pc.max_moves = Some(config.plan_max_moves);
     let mut planner = Planner::new(
         shared.clone(),
         pc,

@@ -181,6 +181,12 @@ pub(crate) enum BenchCommand {
     /// reach, EOR (steady state) and whether it fits; per case the
     /// capacity (the largest fraction every seed fits at EOR <= 0.05).
     Colocate(BenchColocateArgs),
+    /// The joint planner's scaling: for each job count, one joint plan of
+    /// that many zoo jobs at batch 2 on the a6000 (the jobs `bench
+    /// service` registers, planned as the scheduler plans them, its memory
+    /// the budget); wall time, moves tried, rounds, whether it was capped,
+    /// the sum of the planned peaks against the budget.
+    Planner(BenchPlannerArgs),
 }
 
 #[derive(Debug, Args)]
@@ -253,11 +259,35 @@ pub(crate) struct BenchServiceArgs {
     #[arg(long, default_value_t = 6)]
     pub(crate) iterations: usize,
     /// Zoo models the workers cycle through (batch 2).
-    #[arg(
-        long,
-        default_value = "resnet50,vgg16,inception_v3,densenet121,bert_base,inception_v4"
-    )]
+    #[arg(long, default_value = crate::bench_service::MODELS)]
     pub(crate) models: String,
+    /// Print JSON.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct BenchPlannerArgs {
+    /// Job counts, comma separated: for each, one joint plan of that many
+    /// jobs.
+    #[arg(long, default_value = "8,16,32,64,128,256")]
+    pub(crate) jobs: String,
+    /// Zoo models the jobs cycle through (batch 2), as `bench service`'s
+    /// workers do.
+    #[arg(long, default_value = crate::bench_service::MODELS)]
+    pub(crate) models: String,
+    /// Cap each plan at this many seconds of wall clock (the planner's
+    /// `time_cap`). Default: no cap.
+    #[arg(long)]
+    pub(crate) time_cap_s: Option<f64>,
+    /// Bound each plan's work at this many moves tried (the planner's
+    /// `max_moves`, the scheduler's `--plan-max-moves`). Default: no bound.
+    #[arg(long)]
+    pub(crate) max_moves: Option<u64>,
+    /// Plan every job free-running, never gated nor taking turns (the
+    /// scheduler's `--no-gates`).
+    #[arg(long)]
+    pub(crate) no_gates: bool,
     /// Print JSON.
     #[arg(long)]
     pub(crate) json: bool,

@@ -115,18 +115,13 @@ pub(crate) fn run(a: &BenchServiceArgs) -> Result<()> {
         bail!("--iterations must be in 1..=1000");
     }
     let device = DeviceProfile::builtin("a6000")?;
-    let mut jobs = Vec::new();
-    for m in a.models.split(',').map(str::trim).filter(|m| !m.is_empty()) {
-        let g = zoo::build(m, &ZooConfig::new(2)).with_context(|| format!("--models: {m}"))?;
-        let lat: Vec<f64> = estimate_latencies(&g, &device)
-            .iter()
-            .map(|&ns| ns as f64 / 1e9)
-            .collect();
-        jobs.push((Arc::new(g), Arc::new(lat)));
-    }
-    if jobs.is_empty() {
-        bail!("--models is empty");
-    }
+    let jobs: Vec<(Arc<Graph>, Arc<Vec<f64>>)> = job_mix(&a.models, &device)?
+        .into_iter()
+        .map(|(g, lat)| {
+            let secs = lat.iter().map(|&ns| ns as f64 / 1e9).collect();
+            (g, Arc::new(secs))
+        })
+        .collect();
     let mut rows = Vec::new();
     for &n in &counts {
         let mut child = None;
@@ -168,6 +163,25 @@ pub(crate) fn run(a: &BenchServiceArgs) -> Result<()> {
         tensile_cli::outln!("{}", serde_json::to_string_pretty(&rows)?);
     }
     Ok(())
+}
+
+/// The zoo models the bench's jobs cycle through, by default.
+pub(crate) const MODELS: &str = "resnet50,vgg16,inception_v3,densenet121,bert_base,inception_v4";
+
+/// The bench's job mix: each of `models` (comma separated zoo names) at
+/// batch 2, with its latencies on `device` (the roofline, ns per op).
+/// Worker `w` runs the mix's job `w % len`; `bench planner` plans the same.
+pub(crate) fn job_mix(models: &str, device: &DeviceProfile) -> Result<Vec<(Arc<Graph>, Vec<u64>)>> {
+    let mut jobs = Vec::new();
+    for m in models.split(',').map(str::trim).filter(|m| !m.is_empty()) {
+        let g = zoo::build(m, &ZooConfig::new(2)).with_context(|| format!("--models: {m}"))?;
+        let lat = estimate_latencies(&g, device);
+        jobs.push((Arc::new(g), lat));
+    }
+    if jobs.is_empty() {
+        bail!("--models is empty");
+    }
+    Ok(jobs)
 }
 
 fn print_row(r: &Row) {

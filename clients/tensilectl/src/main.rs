@@ -8,6 +8,7 @@
 mod args;
 mod bench_cmd;
 mod bench_colocate;
+mod bench_planner;
 mod bench_service;
 mod config;
 mod demo_cmd;
@@ -53,6 +54,7 @@ fn main() -> ExitCode {
         }
         Command::Demo(a) => demo_cmd::run(&a),
         Command::Bench(BenchCommand::Service(a)) => bench_service::run(&a),
+        Command::Bench(BenchCommand::Planner(a)) => bench_planner::run(&a),
         Command::Bench(BenchCommand::Colocate(a)) => {
             config::ColocateCommand::from_args(&a).and_then(|c| bench_colocate::run(&c))
         }

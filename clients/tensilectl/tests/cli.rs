@@ -476,6 +476,14 @@ fn sim_refuses_bad_input_with_a_reason() {
             "unknown policy",
         ),
         (vec!["bench", "paper", "--iterations", "1"], "--iterations"),
+        (vec!["bench", "planner", "--jobs", "4,0"], "--jobs"),
+        (vec!["bench", "planner", "--jobs", "four"], "--jobs"),
+        (vec!["bench", "planner", "--max-moves", "0"], "--max-moves"),
+        (
+            vec!["bench", "planner", "--time-cap-s", "0"],
+            "--time-cap-s",
+        ),
+        (vec!["bench", "planner", "--models", "lenet"], "lenet"),
     ] {
         let out = tensilectl(&args);
         let err = String::from_utf8_lossy(&out.stderr);
@@ -727,6 +735,48 @@ fn bench_colocate_runs_each_case_with_its_optimizer() {
         );
         assert_eq!(r["over_bytes"].as_u64(), Some(0), "{r}");
     }
+}
+
+/// `bench planner`: a row per job count, the jobs' plans within what
+/// their vanilla peaks add up to, and a work bound that stops the plan at
+/// exactly that many moves.
+#[test]
+fn bench_planner_prints_a_row_per_job_count_and_keeps_its_work_bound() {
+    let v = json_of(&[
+        "bench",
+        "planner",
+        "--jobs",
+        "1,3",
+        "--models",
+        "resnet50,vgg16",
+        "--json",
+    ]);
+    let rows = v.as_array().unwrap();
+    let jobs: Vec<u64> = rows.iter().map(|r| r["jobs"].as_u64().unwrap()).collect();
+    assert_eq!(jobs, [1, 3], "{v}");
+    for r in rows {
+        assert!(r["moves_tried"].as_u64().unwrap() > 0, "{r}");
+        assert_eq!(r["capped"], false, "{r}");
+        let mb = |k: &str| r[k].as_f64().unwrap();
+        assert!(
+            mb("sum_of_peaks_mb") <= mb("vanilla_sum_of_peaks_mb"),
+            "{r}"
+        );
+        assert!(mb("budget_mb") > 0.0, "{r}");
+    }
+    let v = json_of(&[
+        "bench",
+        "planner",
+        "--jobs",
+        "3",
+        "--models",
+        "resnet50,vgg16",
+        "--max-moves",
+        "50",
+        "--json",
+    ]);
+    assert_eq!(v[0]["capped"], true, "{v}");
+    assert_eq!(v[0]["moves_tried"].as_u64(), Some(50), "{v}");
 }
 
 /// The dynamic section of `bin` as `readelf -d` prints it, or why it
