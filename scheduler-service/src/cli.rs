@@ -477,7 +477,7 @@ impl Args {
         }
         if let Some(m) = self.plan_max_moves.or(file.plan_max_moves) {
             if m == 0 {
-                return Err("--plan-max-moves must be at least 1, got 0".into());
+                return invalid("--plan-max-moves must be at least 1, got 0".to_string());
             }
             config.plan_max_moves = m;
         }
