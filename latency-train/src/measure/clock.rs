@@ -34,12 +34,10 @@ impl Clock {
     /// wall clock otherwise.
     pub(crate) fn for_device(device: Device) -> Clock {
         match device {
-            Device::Cuda(i) => {
-                match CudaOpClock::new(i) {
-                    Ok(c) => Clock::Events(c),
-                    Err(_) => Clock::Wall(Some(i64::try_from(i).unwrap_or(0))),
-                }
-            }
+            Device::Cuda(i) => match CudaOpClock::new(i) {
+                Ok(c) => Clock::Events(c),
+                Err(_) => Clock::Wall(Some(i64::try_from(i).unwrap_or(0))),
+            },
             _ => Clock::Wall(None),
         }
     }
