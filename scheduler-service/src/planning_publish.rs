@@ -133,6 +133,7 @@ impl Planner {
     pub(super) fn note_in_force(&mut self) {
         let bytes = self.in_force_bytes();
         self.max_over = self.max_over.max(bytes.saturating_sub(self.budget));
+        self.shared.memory().published_bytes = bytes;
         self.metrics
             .published_bytes
             .set(i64::try_from(bytes).unwrap_or(i64::MAX));

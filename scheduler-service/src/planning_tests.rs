@@ -770,6 +770,8 @@ async fn published_plans_never_add_up_past_the_budget_while_jobs_come_and_go() {
         .sum();
     assert!(in_table <= budget, "{in_table} > {budget}");
     assert_eq!(metrics.published_bytes.get() as u64, in_table);
+    // And the status says the same.
+    assert_eq!(shared.memory().published_bytes, in_table);
     cancel.cancel();
     task.await.unwrap();
 }

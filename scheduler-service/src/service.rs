@@ -542,6 +542,7 @@ impl pb::memory_scheduler_server::MemoryScheduler for Service {
                 vanilla_sum_of_peaks_bytes: mem.vanilla_sum_of_peaks_bytes,
                 layout: mem.layout.to_string(),
                 layout_note: mem.layout_note.clone(),
+                published_bytes: mem.published_bytes,
             }),
             device: self.inner.config.device.name.clone(),
             diagnostics: mem

@@ -114,6 +114,8 @@ pub struct Memory {
     pub sum_of_peaks_bytes: u64,
     pub aligned_peak_bytes: u64,
     pub vanilla_sum_of_peaks_bytes: u64,
+    /// What the plans in force hold (the planning task's ledger).
+    pub published_bytes: u64,
     /// How the newest joint plan shares the device (`free`, `gated`,
     /// `turns`), and why it took that layout.
     pub layout: &'static str,

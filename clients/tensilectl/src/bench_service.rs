@@ -382,7 +382,9 @@ async fn scrape(port: u16) -> Result<Option<Scraped>> {
 }
 
 /// Polls the status every `every` until `stop`: (polls, the largest
-/// excess of the active jobs' planned peaks over the budget).
+/// excess over the budget of what the plans in force hold, as the status
+/// says: jobs gated together or taking turns by their aligned peak, not
+/// their peaks added up).
 async fn poll_over_budget(
     mut c: Client,
     every: Duration,
@@ -396,15 +398,9 @@ async fn poll_over_budget(
             .context("GetStatus")?
             .into_inner();
         polls += 1;
-        let budget = s.memory.map_or(u64::MAX, |m| m.budget_bytes);
-        let in_force: u64 = s
-            .jobs
-            .iter()
-            .filter(|j| j.state == pb::JobState::Active as i32)
-            .filter_map(|j| j.prediction.as_ref())
-            .map(|p| p.planned_peak_bytes)
-            .sum();
-        worst = worst.max(in_force.saturating_sub(budget));
+        if let Some(m) = s.memory {
+            worst = worst.max(m.published_bytes.saturating_sub(m.budget_bytes));
+        }
         tokio::select! {
             _ = &mut stop => return Ok((polls, worst)),
             () = tokio::time::sleep(every) => {}

@@ -1239,6 +1239,7 @@ class MemoryStatus(_message.Message):
     VANILLA_SUM_OF_PEAKS_BYTES_FIELD_NUMBER: _builtins.int
     LAYOUT_FIELD_NUMBER: _builtins.int
     LAYOUT_NOTE_FIELD_NUMBER: _builtins.int
+    PUBLISHED_BYTES_FIELD_NUMBER: _builtins.int
     budget_bytes: _builtins.int
     device_bytes: _builtins.int
     sum_of_peaks_bytes: _builtins.int
@@ -1254,6 +1255,12 @@ class MemoryStatus(_message.Message):
     predicted cycles of both ("" where the planner did not weigh them).
     """
     layout_note: _builtins.str
+    published_bytes: _builtins.int
+    """What the plans in force hold now, as admission counts them: a gated
+    set (or jobs taking turns) by its aligned peak, every other plan by
+    its peak. The scheduler never publishes a plan that takes this past
+    the budget.
+    """
     def __init__(
         self,
         *,
@@ -1264,10 +1271,11 @@ class MemoryStatus(_message.Message):
         vanilla_sum_of_peaks_bytes: _builtins.int = ...,
         layout: _builtins.str = ...,
         layout_note: _builtins.str = ...,
+        published_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["aligned_peak_bytes", b"aligned_peak_bytes", "budget_bytes", b"budget_bytes", "device_bytes", b"device_bytes", "layout", b"layout", "layout_note", b"layout_note", "sum_of_peaks_bytes", b"sum_of_peaks_bytes", "vanilla_sum_of_peaks_bytes", b"vanilla_sum_of_peaks_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["aligned_peak_bytes", b"aligned_peak_bytes", "budget_bytes", b"budget_bytes", "device_bytes", b"device_bytes", "layout", b"layout", "layout_note", b"layout_note", "published_bytes", b"published_bytes", "sum_of_peaks_bytes", b"sum_of_peaks_bytes", "vanilla_sum_of_peaks_bytes", b"vanilla_sum_of_peaks_bytes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
