@@ -22,8 +22,8 @@ use tensile_graph::Liveness;
 use crate::coord::Coord;
 use crate::job::Job;
 use crate::{
-    Deadline, JobInput, Layout, MultiPlan, PlannerConfig, Turns, gate_slack, global_peak, lengthen,
-    plan_with,
+    Deadline, JobInput, Layout, MeasuredIn, MultiPlan, PlannerConfig, Turns, gate_slack,
+    global_peak, lengthen, plan_with,
 };
 
 /// The least slack of a turn beyond the job's planned iteration alone: a
@@ -50,11 +50,13 @@ const SWITCH: f64 = 0.02;
 /// to 200 ms; the turns, predicted 74.5 ms, ran on it).
 const FREE_MARGIN: f64 = 0.10;
 
-/// The jobs' latencies as the two layouts need them: measured (or
-/// predicted) beside the other jobs for sharing, alone for turns.
+/// The jobs' latencies as the two layouts need them: beside the other
+/// jobs for sharing, alone for turns (each job's as it was measured,
+/// [`MeasuredIn`]).
 pub(crate) struct Latencies<'a, 'g> {
     jobs: &'a [JobInput<'g>],
-    /// The jobs take turns now: their latencies are alone ones.
+    /// Every job's latencies were measured taking turns: the jobs take
+    /// turns now.
     alone_now: bool,
     /// How much slower a job runs beside the others than alone.
     factor: f64,
@@ -65,7 +67,7 @@ impl<'a, 'g> Latencies<'a, 'g> {
         let k = jobs.len();
         Latencies {
             jobs,
-            alone_now: k >= 2 && jobs.iter().all(|j| j.turns),
+            alone_now: k >= 2 && jobs.iter().all(|j| j.latencies == MeasuredIn::Turns),
             factor: 1.0 + config.sharing_slowdown.max(0.0) * k.saturating_sub(1) as f64,
         }
     }
@@ -73,17 +75,20 @@ impl<'a, 'g> Latencies<'a, 'g> {
     /// The jobs as sharing plans them: latencies beside the others, and
     /// no gate or free run of turns to keep.
     pub(crate) fn shared(&self) -> Cow<'a, [JobInput<'g>]> {
-        if !self.alone_now {
+        if self.jobs.iter().all(|j| j.latencies != MeasuredIn::Turns) {
             return Cow::Borrowed(self.jobs);
         }
         Cow::Owned(
             self.jobs
                 .iter()
-                .map(|j| JobInput {
-                    gate: None,
-                    runs_free: false,
-                    turns: false,
-                    ..scaled(j, self.factor)
+                .map(|j| match j.latencies {
+                    MeasuredIn::Turns => JobInput {
+                        gate: None,
+                        runs_free: false,
+                        latencies: MeasuredIn::Sharing,
+                        ..scaled(j, self.factor)
+                    },
+                    _ => j.clone(),
                 })
                 .collect(),
         )
@@ -91,13 +96,16 @@ impl<'a, 'g> Latencies<'a, 'g> {
 
     /// The jobs as turns plan them: latencies alone.
     fn alone(&self) -> Cow<'a, [JobInput<'g>]> {
-        if self.alone_now {
+        if self.jobs.iter().all(|j| j.latencies == MeasuredIn::Turns) {
             return Cow::Borrowed(self.jobs);
         }
         Cow::Owned(
             self.jobs
                 .iter()
-                .map(|j| scaled(j, 1.0 / self.factor))
+                .map(|j| match j.latencies {
+                    MeasuredIn::Sharing | MeasuredIn::Predicted => scaled(j, 1.0 / self.factor),
+                    MeasuredIn::Turns => j.clone(),
+                })
                 .collect(),
         )
     }
@@ -324,7 +332,11 @@ mod tests {
         config.turns = turns;
         let lat = vec![op_ns; g.ops().len()];
         let input = JobInput {
-            turns: alone,
+            latencies: if alone {
+                crate::MeasuredIn::Turns
+            } else {
+                crate::MeasuredIn::Sharing
+            },
             ..JobInput::new(g, lat, JobSettings::default())
         };
         plan(&[input.clone(), input], &config).unwrap()
