@@ -9,6 +9,7 @@ mod args;
 mod bench_cmd;
 mod bench_colocate;
 mod bench_service;
+mod bench_sweep;
 mod config;
 mod demo_cmd;
 mod graph_cmd;
