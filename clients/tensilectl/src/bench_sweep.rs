@@ -55,7 +55,7 @@ fn print_report(r: &SweepReport) {
     );
     tensile_cli::outln!();
     tensile_cli::outln!(
-        "{:<6} {:<34} {:>10} {:>8} {:>6} {:>6} {:>5} {:>6} {:>5} {:>5}  fit/bound per fraction",
+        "{:<6} {:<36} {:>10} {:>8} {:>6} {:>6} {:>5} {:>6} {:>5} {:>5}  fit/bound per fraction",
         "device",
         "case",
         "budget",
@@ -74,7 +74,7 @@ fn print_report(r: &SweepReport) {
             .map(|f| format!("{}/{}", f.fit, f.bound_fits))
             .collect();
         tensile_cli::outln!(
-            "{:<6} {:<34} {:>10} {:>8} {:>6} {:>6} {:>5} {:>6} {:>5} {:>5}  {}",
+            "{:<6} {:<36} {:>10} {:>8} {:>6} {:>6} {:>5} {:>6} {:>5} {:>5}  {}",
             s.device,
             s.case,
             bytes(s.budget_bytes),
