@@ -329,3 +329,88 @@ pub fn bound_peak(
     let period = bound_period(&jobs, gate.map(|g| g.period_ns), &link);
     Ok(swap_bound(&jobs, period, &link, 64)?.lowest_peak_bytes)
 }
+
+/// The lowest of [`swap_bound`] over the jobs' phases: what the bound
+/// allows whatever phases a scheduler picks.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PhaseBound {
+    /// The lowest peak found (the first under `stop_below`, when given).
+    pub lowest_peak_bytes: u64,
+    /// The phases where it was found, ns (job 0 at 0).
+    pub phases_ns: Vec<u64>,
+    /// The common period: the longest iteration times the stretch.
+    pub period_ns: u64,
+    /// Phase choices evaluated.
+    pub tried: usize,
+}
+
+/// The lowest peak any swap plan can reach on `jobs` that adds no time
+/// beyond a common period `stretch` times their longest iteration (1.05:
+/// the 5% a gate may add within an EOR of 0.05), over their phases: evenly
+/// spread first, then, job 0 at 0, job 1 at each of `grid` steps of the
+/// period (with job 2, if any, where the even spread puts it), then for
+/// three jobs job 2 at each step with job 1 at its best (a search by
+/// coordinates, not every pair); more jobs are only spread evenly. Stops
+/// at the first choice whose bound is at most `stop_below` (the question
+/// then is only whether some phases fit a budget). Each job's `phase_ns`
+/// is ignored.
+pub fn phase_bound(
+    jobs: &[BoundJob<'_>],
+    link: &CopyModel,
+    stretch: f64,
+    grid: u64,
+    stop_below: Option<u64>,
+) -> Result<PhaseBound, ExperimentError> {
+    if !(stretch.is_finite() && stretch >= 1.0) {
+        return Err(ExperimentError::Colocate(format!(
+            "the bound's period stretch must be at least 1, got {stretch}"
+        )));
+    }
+    for (j, job) in jobs.iter().enumerate() {
+        check_latencies(j, job)?;
+    }
+    let longest = bound_period(jobs, Some(0), link).unwrap_or(0);
+    let period = (longest as f64 * stretch).round() as u64;
+    let n = jobs.len() as u64;
+    let spread: Vec<u64> = (0..n).map(|j| period * j / n.max(1)).collect();
+    let steps: Vec<u64> = (0..grid.max(1)).map(|i| period * i / grid.max(1)).collect();
+    let mut tried = 0;
+    let mut eval = |phases: &[u64]| -> Result<u64, ExperimentError> {
+        let at: Vec<BoundJob<'_>> = jobs
+            .iter()
+            .zip(phases)
+            .map(|(job, &phase_ns)| BoundJob {
+                phase_ns,
+                ..job.clone()
+            })
+            .collect();
+        tried += 1;
+        Ok(swap_bound(&at, Some(period), link, 64)?.lowest_peak_bytes)
+    };
+    let done = |b: &(u64, Vec<u64>)| stop_below.is_some_and(|s| b.0 <= s);
+    let mut best = (eval(&spread)?, spread.clone());
+    // Job 1, then job 2, over the steps, the others where the best is.
+    for moving in 1..jobs.len().min(3) {
+        for &p in &steps {
+            if done(&best) {
+                break;
+            }
+            let mut phases = best.1.clone();
+            phases[moving] = p;
+            if phases == best.1 {
+                continue;
+            }
+            let peak = eval(&phases)?;
+            if peak < best.0 {
+                best = (peak, phases);
+            }
+        }
+    }
+    let (lowest_peak_bytes, phases_ns) = best;
+    Ok(PhaseBound {
+        lowest_peak_bytes,
+        phases_ns,
+        period_ns: period,
+        tried,
+    })
+}

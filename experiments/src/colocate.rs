@@ -42,8 +42,9 @@ pub const EOR_TARGET: f64 = 0.05;
 /// The fractions of the reference batch each case runs at.
 pub const FRACTIONS: [f64; 5] = [0.5, 0.625, 0.75, 0.875, 1.0];
 
-/// k copies of a zoo model; the budget is one copy's vanilla peak at
-/// `reference_batch`.
+/// k copies of a zoo model, and one job each of `others`; the budget is
+/// the largest of the models' vanilla peaks, each alone at its reference
+/// batch (one copy's, for copies of one model).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ColocateCase {
     pub model: String,
@@ -52,6 +53,18 @@ pub struct ColocateCase {
     /// The optimizer of the iteration, as `--optimizer` names it (`adam`,
     /// `adam-in-backward`); the budget is one copy's peak with the same.
     pub optimizer: String,
+    /// Jobs of other models beside the copies, each at the same fraction
+    /// of its own reference batch (a pair of different models: one copy
+    /// and one other).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub others: Vec<OtherJob>,
+}
+
+/// A job of another model in a [`ColocateCase`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct OtherJob {
+    pub model: String,
+    pub reference_batch: u64,
 }
 
 impl ColocateCase {
@@ -62,7 +75,34 @@ impl ColocateCase {
             reference_batch,
             copies,
             optimizer: Optimizer::adam().name().to_string(),
+            others: Vec::new(),
         }
+    }
+
+    /// Two different models, one job each, with Adam after the backward
+    /// pass: the budget is the larger one's vanilla peak.
+    pub fn pair(a: &str, a_batch: u64, b: &str, b_batch: u64) -> ColocateCase {
+        ColocateCase {
+            others: vec![OtherJob {
+                model: b.to_string(),
+                reference_batch: b_batch,
+            }],
+            ..ColocateCase::new(a, a_batch, 1)
+        }
+    }
+
+    /// How many jobs run together.
+    pub fn jobs(&self) -> usize {
+        self.copies + self.others.len()
+    }
+
+    /// Each model with its reference batch, the copies' first.
+    fn models(&self) -> impl Iterator<Item = (&str, u64)> {
+        std::iter::once((self.model.as_str(), self.reference_batch)).chain(
+            self.others
+                .iter()
+                .map(|o| (o.model.as_str(), o.reference_batch)),
+        )
     }
 
     /// The same case with another optimizer (`adam-in-backward`).
@@ -94,8 +134,21 @@ impl ColocateCase {
         ]
     }
 
-    fn label(&self) -> String {
-        let mut label = format!("{} b{} x{}", self.model, self.reference_batch, self.copies);
+    /// How the case is named in rows and summaries: `resnet50 b32 x2`,
+    /// `resnet50 b32 + bert_base b16`.
+    pub fn label(&self) -> String {
+        let mut label = if self.others.is_empty() {
+            format!("{} b{} x{}", self.model, self.reference_batch, self.copies)
+        } else {
+            let mut l = format!("{} b{}", self.model, self.reference_batch);
+            if self.copies != 1 {
+                l.push_str(&format!(" x{}", self.copies));
+            }
+            for o in &self.others {
+                l.push_str(&format!(" + {} b{}", o.model, o.reference_batch));
+            }
+            l
+        };
         if self.optimizer != Optimizer::adam().name() {
             label.push_str(&format!(" {}", self.optimizer));
         }
@@ -311,13 +364,45 @@ pub fn slower_than_turns(row: &ColocateRow) -> bool {
 }
 
 /// A case's copies at `batch`: the zoo model with the case's optimizer,
-/// once per copy.
+/// once per copy; then each other job at the same fraction of its own
+/// reference batch.
 pub fn graphs(case: &ColocateCase, batch: u64) -> Result<Vec<Graph>, ExperimentError> {
+    graphs_at(
+        case,
+        batch,
+        batch as f64 / case.reference_batch.max(1) as f64,
+    )
+}
+
+/// The copies at `batch`, the others at `fraction` of their reference
+/// batches.
+fn graphs_at(
+    case: &ColocateCase,
+    batch: u64,
+    fraction: f64,
+) -> Result<Vec<Graph>, ExperimentError> {
+    let g = zoo_graph(case, &case.model, batch)?;
+    let mut out = vec![g; case.copies];
+    for o in &case.others {
+        out.push(zoo_graph(
+            case,
+            &o.model,
+            scaled(o.reference_batch, fraction),
+        )?);
+    }
+    Ok(out)
+}
+
+/// `fraction` of a reference batch, rounded, at least 1.
+pub fn scaled(reference_batch: u64, fraction: f64) -> u64 {
+    ((reference_batch as f64 * fraction).round() as u64).max(1)
+}
+
+fn zoo_graph(case: &ColocateCase, model: &str, batch: u64) -> Result<Graph, ExperimentError> {
     let mut cfg = ZooConfig::new(batch);
     (cfg.optimizer, cfg.step) = Optimizer::with_step_from_name(&case.optimizer)
         .map_err(|e| ExperimentError::Colocate(e.to_string()))?;
-    let g = zoo::build(&case.model, &cfg).map_err(|e| ExperimentError::Colocate(e.to_string()))?;
-    Ok(vec![g; case.copies])
+    zoo::build(model, &cfg).map_err(|e| ExperimentError::Colocate(e.to_string()))
 }
 
 /// How the bench simulates a row: coordinated jobs, latencies from the
@@ -346,25 +431,24 @@ pub fn options(
 }
 
 /// One copy's vanilla peak at the reference batch, alone on the device:
-/// the budget of the case's rows.
+/// the budget of the case's rows. With other models in the case, the
+/// largest of the models' peaks, each alone at its reference batch.
 pub fn one_copy_peak(case: &ColocateCase, device: &DeviceProfile) -> Result<u64, ExperimentError> {
-    let g = graphs(
-        &ColocateCase {
-            copies: 1,
-            ..case.clone()
-        },
-        case.reference_batch,
-    )?;
-    let lives: Vec<Liveness> = g.iter().map(Liveness::analyze).collect();
-    let run = run_policy(
-        &g,
-        &lives,
-        Policy::Vanilla,
-        device,
-        &options(1, 1, None, RecomputeFirst::Never, Turns::Never),
-        None,
-    )?;
-    Ok(run.result.peak_bytes)
+    let mut budget = 0;
+    for (model, batch) in case.models() {
+        let g = vec![zoo_graph(case, model, batch)?];
+        let lives: Vec<Liveness> = g.iter().map(Liveness::analyze).collect();
+        let run = run_policy(
+            &g,
+            &lives,
+            Policy::Vanilla,
+            device,
+            &options(1, 1, None, RecomputeFirst::Never, Turns::Never),
+            None,
+        )?;
+        budget = budget.max(run.result.peak_bytes);
+    }
+    Ok(budget)
 }
 
 fn run_row(
@@ -375,15 +459,15 @@ fn run_row(
     fraction: f64,
     seed: u64,
 ) -> Result<ColocateRow, ExperimentError> {
-    let batch = ((case.reference_batch as f64 * fraction).round() as u64).max(1);
+    let batch = scaled(case.reference_batch, fraction);
     let shared;
     let device = if config.one_process {
-        shared = crate::device::one_process(device, case.copies);
+        shared = crate::device::one_process(device, case.jobs());
         &shared
     } else {
         device
     };
-    let graphs = graphs(case, batch)?;
+    let graphs = graphs_at(case, batch, fraction)?;
     let lives: Vec<Liveness> = graphs.iter().map(Liveness::analyze).collect();
     let n = config.iterations;
     let vanilla = run_policy(

@@ -31,6 +31,9 @@
 //!   instant).
 //! - `colocate` (feature `bound`): k copies of a model under one copy's
 //!   vanilla peak (`run_colocate`), their capacity at a stated cost.
+//! - `sweep` (feature `bound`): that capacity over every model x2 and x3
+//!   and pairs of models, devices, fractions and seeds, beside the
+//!   capacity the bound allows at its best phases (`run_sweep`).
 
 pub mod bench;
 #[cfg(feature = "bound")]
@@ -46,13 +49,17 @@ pub mod pareto;
 pub mod plan_job;
 pub mod policy;
 pub mod run;
+#[cfg(feature = "bound")]
+pub mod sweep;
 pub mod workload;
 
 pub use bench::{
     BenchConfig, BenchReport, DeviceOutcome, PolicyOutcome, WorkloadOutcome, run_bench,
 };
 #[cfg(feature = "bound")]
-pub use bound::{BoundJob, BoundReport, bound_period, sharing_jobs, swap_bound};
+pub use bound::{
+    BoundJob, BoundReport, PhaseBound, bound_period, phase_bound, sharing_jobs, swap_bound,
+};
 pub use cold_start::ColdStart;
 #[cfg(feature = "bound")]
 pub use colocate::{ColocateCase, ColocateConfig, ColocateReport, run_colocate};

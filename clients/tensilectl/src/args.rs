@@ -192,23 +192,46 @@ pub(crate) enum BenchCommand {
 #[derive(Debug, Args)]
 pub(crate) struct BenchColocateArgs {
     /// Device profiles, comma separated (a6000, h100, h200, paper, cpu or
-    /// files).
-    #[arg(long, default_value = "a6000,h100")]
-    pub(crate) device: String,
+    /// files). Default: a6000,h100; with --sweep a6000,h100,h200.
+    #[arg(long, visible_alias = "devices")]
+    pub(crate) device: Option<String>,
     /// Cases, comma separated, each MODEL:BATCHxCOPIES[:OPTIMIZER] (the
     /// budget is one copy's vanilla peak at BATCH; OPTIMIZER as
-    /// `--optimizer` of `sim` names it, adam by default).
-    #[arg(
-        long,
-        default_value = "resnet50:32x2,resnet50:32x3,bert_base:16x2,bert_base:16x2:adam-in-backward,bert_base:16x2:adam-on-host"
-    )]
-    pub(crate) cases: String,
+    /// `--optimizer` of `sim` names it, adam by default). Default:
+    /// resnet50:32x2,resnet50:32x3,bert_base:16x2,
+    /// bert_base:16x2:adam-in-backward,bert_base:16x2:adam-on-host.
+    #[arg(long, conflicts_with = "sweep")]
+    pub(crate) cases: Option<String>,
     /// Fractions of the reference batch, comma separated, in (0, 1].
     #[arg(long, default_value = "0.5,0.625,0.75,0.875,1")]
     pub(crate) fractions: String,
-    /// Seeds of the simulated devices' latency bias, comma separated.
-    #[arg(long, default_value = "1,2,3")]
-    pub(crate) seeds: String,
+    /// Seeds of the simulated devices' latency bias, comma separated;
+    /// FIRST..LAST is a range. Default: 1,2,3; with --sweep 1..8.
+    #[arg(long)]
+    pub(crate) seeds: Option<String>,
+    /// A sweep instead of cases: every model of --models x2 and x3 (one
+    /// copy's vanilla peak the budget) and every pair of two of them (the
+    /// larger one's peak), per case the capacity beside the capacity the
+    /// swap bound allows at the jobs' best phases (a period 5% over the
+    /// longest iteration), the runs over the budget and slower than turns,
+    /// whether fits are monotonic, and a summary against the targets.
+    #[arg(long)]
+    pub(crate) sweep: bool,
+    /// With --sweep: zoo models, comma separated, each MODEL[:BATCH] (the
+    /// reference batch: 32 for CNNs, 16 for BERT by default). Default:
+    /// the whole zoo.
+    #[arg(long, requires = "sweep")]
+    pub(crate) models: Option<String>,
+    /// With --sweep: copies of each model, comma separated (default 2,3).
+    #[arg(long, requires = "sweep")]
+    pub(crate) copies: Option<String>,
+    /// With --sweep: leave out the pairs of different models.
+    #[arg(long, requires = "sweep")]
+    pub(crate) no_pairs: bool,
+    /// With --sweep: steps of the period on which the bound scans each
+    /// job's phase (two and three jobs; default 16).
+    #[arg(long, requires = "sweep")]
+    pub(crate) bound_grid: Option<u64>,
     /// Iterations per run.
     #[arg(long, default_value_t = 12)]
     pub(crate) iterations: usize,
@@ -236,7 +259,8 @@ pub(crate) struct BenchColocateArgs {
     /// Print JSON.
     #[arg(long)]
     pub(crate) json: bool,
-    /// Draw the capacity of every case per device (SVG) here.
+    /// Draw the capacity of every case per device (SVG) here; with
+    /// --sweep, each case's capacity beside the bound's.
     #[arg(long)]
     pub(crate) plot: Option<PathBuf>,
 }

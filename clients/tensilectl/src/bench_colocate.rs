@@ -8,14 +8,22 @@ use tensile_experiments::colocate::{
 };
 use tensile_experiments::run_colocate;
 
-use crate::config::ColocateCommand;
+use tensile_experiments::ColocateConfig;
+
+use crate::config::{ColocateCommand, ColocateMode};
 use crate::plot::{Bars, render_bars};
 use crate::progress::Progress;
 use crate::report::device_names;
 use tensile_cli::format_mb;
 
 pub(crate) fn run(c: &ColocateCommand) -> Result<()> {
-    let config = &c.config;
+    match &c.mode {
+        ColocateMode::Cases(config) => run_cases(c, config),
+        ColocateMode::Sweep(config) => crate::bench_sweep::run(c, config),
+    }
+}
+
+fn run_cases(c: &ColocateCommand, config: &ColocateConfig) -> Result<()> {
     let progress = Progress::new(config.total_runs());
     eprintln!(
         "bench colocate: {} cases x {} fractions x {} seeds on {} ({} runs of {} iterations, each beside vanilla)",

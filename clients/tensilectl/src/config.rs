@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use tensile_baselines::Policy;
 use tensile_cli::Mb;
+use tensile_experiments::sweep::{self, SweepConfig};
 use tensile_experiments::{
     BenchConfig, ColdStart, ColocateCase, ColocateConfig, PlanOptions, SimOptions, device_profile,
 };
@@ -167,47 +168,32 @@ impl BenchCommand {
 /// `tensilectl bench colocate`.
 #[derive(Debug)]
 pub(crate) struct ColocateCommand {
-    pub(crate) config: ColocateConfig,
+    pub(crate) mode: ColocateMode,
     pub(crate) json: bool,
     pub(crate) plot: Option<PathBuf>,
 }
 
+/// The given cases, or the sweep (`--sweep`).
+#[derive(Debug)]
+pub(crate) enum ColocateMode {
+    Cases(ColocateConfig),
+    Sweep(SweepConfig),
+}
+
+const DEFAULT_CASES: &str = "resnet50:32x2,resnet50:32x3,bert_base:16x2,bert_base:16x2:adam-in-backward,bert_base:16x2:adam-on-host";
+
 impl ColocateCommand {
     pub(crate) fn from_args(a: &BenchColocateArgs) -> Result<ColocateCommand> {
-        let devices: Vec<DeviceProfile> = list(&a.device)
+        let default_devices = if a.sweep {
+            "a6000,h100,h200"
+        } else {
+            "a6000,h100"
+        };
+        let devices: Vec<DeviceProfile> = list(a.device.as_deref().unwrap_or(default_devices))
             .map(device_profile)
             .collect::<Result<_, _>>()?;
         if devices.is_empty() {
             bail!("--device is empty");
-        }
-        let cases = list(&a.cases)
-            .map(|c| {
-                let bad = || {
-                    format!(
-                        "--cases: {c:?} is not MODEL:BATCHxCOPIES[:OPTIMIZER] (e.g. resnet50:32x2, bert_base:16x2:adam-in-backward)"
-                    )
-                };
-                let (model, rest) = c.split_once(':').with_context(bad)?;
-                let (rest, optimizer) = match rest.split_once(':') {
-                    Some((rest, optimizer)) => (rest, Some(optimizer)),
-                    None => (rest, None),
-                };
-                let (batch, copies) = rest.split_once('x').with_context(bad)?;
-                let batch: u64 = batch.parse().ok().with_context(bad)?;
-                let copies: usize = copies.parse().ok().with_context(bad)?;
-                zoo::model(model)?;
-                if batch == 0 || !(1..=16).contains(&copies) {
-                    bail!("--cases: {c:?} needs a batch of 1 or more and 1 to 16 copies");
-                }
-                let case = ColocateCase::new(model, batch, copies);
-                match optimizer {
-                    Some(o) => case.with_optimizer(o).with_context(|| format!("--cases: {c:?}")),
-                    None => Ok(case),
-                }
-            })
-            .collect::<Result<Vec<_>>>()?;
-        if cases.is_empty() {
-            bail!("--cases is empty");
         }
         let fractions = list(&a.fractions)
             .map(|f| match f.parse::<f64>() {
@@ -215,12 +201,11 @@ impl ColocateCommand {
                 _ => bail!("--fractions: {f:?} is not a number in (0, 1]"),
             })
             .collect::<Result<Vec<_>>>()?;
-        let seeds = list(&a.seeds)
-            .map(|x| {
-                x.parse::<u64>()
-                    .with_context(|| format!("--seeds: {x:?} is not a seed"))
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let seeds = seeds(
+            a.seeds
+                .as_deref()
+                .unwrap_or(if a.sweep { "1..8" } else { "1,2,3" }),
+        )?;
         if fractions.is_empty() || seeds.is_empty() {
             bail!("--fractions and --seeds need at least one value each");
         }
@@ -231,8 +216,11 @@ impl ColocateCommand {
                 a.warmup
             );
         }
-        Ok(ColocateCommand {
-            config: ColocateConfig {
+        let mode = if a.sweep {
+            ColocateMode::Sweep(sweep_config(a, devices, fractions, seeds)?)
+        } else {
+            let cases = cases(a.cases.as_deref().unwrap_or(DEFAULT_CASES))?;
+            ColocateMode::Cases(ColocateConfig {
                 devices,
                 cases,
                 fractions,
@@ -242,11 +230,129 @@ impl ColocateCommand {
                 threads: a.jobs.max(1),
                 recompute_first: a.recompute_first,
                 one_process: a.one_process,
-            },
+            })
+        };
+        Ok(ColocateCommand {
+            mode,
             json: a.json,
             plot: a.plot.clone(),
         })
     }
+}
+
+/// `--cases`: MODEL:BATCHxCOPIES[:OPTIMIZER], comma separated.
+fn cases(spec: &str) -> Result<Vec<ColocateCase>> {
+    let cases = list(spec)
+        .map(|c| {
+            let bad = || {
+                format!(
+                    "--cases: {c:?} is not MODEL:BATCHxCOPIES[:OPTIMIZER] (e.g. resnet50:32x2, bert_base:16x2:adam-in-backward)"
+                )
+            };
+            let (model, rest) = c.split_once(':').with_context(bad)?;
+            let (rest, optimizer) = match rest.split_once(':') {
+                Some((rest, optimizer)) => (rest, Some(optimizer)),
+                None => (rest, None),
+            };
+            let (batch, copies) = rest.split_once('x').with_context(bad)?;
+            let batch: u64 = batch.parse().ok().with_context(bad)?;
+            let copies: usize = copies.parse().ok().with_context(bad)?;
+            zoo::model(model)?;
+            if batch == 0 || !(1..=16).contains(&copies) {
+                bail!("--cases: {c:?} needs a batch of 1 or more and 1 to 16 copies");
+            }
+            let case = ColocateCase::new(model, batch, copies);
+            match optimizer {
+                Some(o) => case.with_optimizer(o).with_context(|| format!("--cases: {c:?}")),
+                None => Ok(case),
+            }
+        })
+        .collect::<Result<Vec<_>>>()?;
+    if cases.is_empty() {
+        bail!("--cases is empty");
+    }
+    Ok(cases)
+}
+
+/// `--seeds`: seeds and FIRST..LAST ranges, comma separated.
+fn seeds(spec: &str) -> Result<Vec<u64>> {
+    let mut out = Vec::new();
+    for x in list(spec) {
+        let num = |v: &str| {
+            v.trim()
+                .parse::<u64>()
+                .with_context(|| format!("--seeds: {x:?} is not a seed or FIRST..LAST"))
+        };
+        match x.split_once("..") {
+            Some((first, last)) => {
+                let (first, last) = (num(first)?, num(last)?);
+                if last < first || last - first >= 10_000 {
+                    bail!("--seeds: {x:?} is not a range of 1 to 10000 seeds");
+                }
+                out.extend(first..=last);
+            }
+            None => out.push(num(x)?),
+        }
+    }
+    Ok(out)
+}
+
+/// `--sweep`'s configuration from `--models`, `--copies` and the rest.
+fn sweep_config(
+    a: &BenchColocateArgs,
+    devices: Vec<DeviceProfile>,
+    fractions: Vec<f64>,
+    seeds: Vec<u64>,
+) -> Result<SweepConfig> {
+    let all: Vec<&str> = zoo::MODELS.iter().map(|m| m.name).collect();
+    let spec = a.models.clone().unwrap_or_else(|| all.join(","));
+    let mut models: Vec<(String, u64)> = Vec::new();
+    for m in list(&spec) {
+        let (name, batch) = match m.split_once(':') {
+            Some((name, b)) => match b.parse::<u64>() {
+                Ok(b) if (1..=zoo::MAX_BATCH).contains(&b) => (name, b),
+                _ => bail!(
+                    "--models: {m:?} is not MODEL[:BATCH] with a batch of 1 to {}",
+                    zoo::MAX_BATCH
+                ),
+            },
+            None => (m, sweep::reference_batch(m)),
+        };
+        zoo::model(name).with_context(|| format!("--models: {m:?}"))?;
+        if models.iter().any(|x| x.0 == name) {
+            bail!("--models: {name} is given twice");
+        }
+        models.push((name.to_string(), batch));
+    }
+    if models.is_empty() {
+        bail!("--models is empty");
+    }
+    let copies = list(a.copies.as_deref().unwrap_or("2,3"))
+        .map(|k| match k.parse::<usize>() {
+            Ok(k) if (2..=3).contains(&k) => Ok(k),
+            _ => bail!("--copies: {k:?} is not 2 or 3"),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let bound_grid = a.bound_grid.unwrap_or(16);
+    if !(1..=256).contains(&bound_grid) {
+        bail!("--bound-grid must be 1 to 256, got {bound_grid}");
+    }
+    if a.one_process {
+        bail!("--one-process does not go with --sweep (pairs of models are two processes)");
+    }
+    Ok(SweepConfig {
+        devices,
+        models,
+        copies,
+        pairs: !a.no_pairs,
+        fractions,
+        seeds,
+        iterations: a.iterations,
+        warmup: a.warmup,
+        threads: a.jobs.max(1),
+        recompute_first: a.recompute_first,
+        bound_grid,
+    })
 }
 
 /// The non-empty items of a comma-separated list.

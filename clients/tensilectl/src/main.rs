@@ -10,6 +10,7 @@ mod bench_cmd;
 mod bench_colocate;
 mod bench_planner;
 mod bench_service;
+mod bench_sweep;
 mod config;
 mod demo_cmd;
 mod graph_cmd;

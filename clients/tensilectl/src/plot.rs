@@ -268,6 +268,14 @@ pub(crate) fn render_svg(chart: &Chart) -> Result<String> {
 
 /// Grouped bars, group labels below the axis, reading upwards.
 pub(crate) fn render_bars(b: &Bars) -> Result<String> {
+    render_bars_wide(b, 0)
+}
+
+/// [`render_bars`], the plot at least `bar_w` pixels a bar wide (many
+/// groups: the sweep's cases).
+pub(crate) fn render_bars_wide(b: &Bars, bar_w: u32) -> Result<String> {
+    let bars = (b.groups.len() * b.series.len().max(1)) as u32;
+    let plot_w = PLOT_W.max(bars * bar_w + 100);
     let values = || {
         b.series
             .iter()
@@ -281,10 +289,10 @@ pub(crate) fn render_bars(b: &Bars) -> Result<String> {
     let legend_w = legend_width(b.series.iter().map(|s| s.0.as_str()));
     let mut svg = String::new();
     {
-        let size = (PLOT_W + legend_w, H - 30 + label_h);
+        let size = (plot_w + legend_w, H - 30 + label_h);
         let root = SVGBackend::with_string(&mut svg, size).into_drawing_area();
         root.fill(&WHITE)?;
-        let (plot, legend) = root.split_horizontally(PLOT_W);
+        let (plot, legend) = root.split_horizontally(plot_w);
         let mut c = ChartBuilder::on(&plot)
             .caption(&b.title, ("sans-serif", TITLE_FONT))
             .margin(12)
