@@ -361,5 +361,43 @@ pub fn client_uri(server: Option<&str>) -> String {
     }
 }
 
+/// Why the scheduler at `server` cannot be reached, once, with what to
+/// do: what every client says (tensilectl, the worker, the Python
+/// session). The transport's error repeats its cause at every layer ("No such
+/// file or directory" three times); the innermost says it.
+pub fn unreachable(
+    server: &str,
+    e: &(dyn std::error::Error + 'static),
+    tls: Option<&crate::tls::ClientTls>,
+) -> String {
+    if let Some(why) = crate::tls::explain(e, tls) {
+        return format!("cannot reach the scheduler at {server}: {why}");
+    }
+    let mut innermost = e;
+    let mut io = None;
+    let mut cause = Some(e);
+    while let Some(c) = cause {
+        innermost = c;
+        if let Some(i) = c.downcast_ref::<std::io::Error>() {
+            io = Some(i);
+        }
+        cause = c.source();
+    }
+    use std::io::ErrorKind;
+    const START: &str = "start tensile-scheduler, or give its address (--server; a worker's --scheduler; TENSILE_SERVER)";
+    let (why, what_to_do) = match io.map(std::io::Error::kind) {
+        Some(ErrorKind::NotFound) => ("no such socket".to_string(), START),
+        Some(ErrorKind::ConnectionRefused) => {
+            ("nothing listens there (connection refused)".into(), START)
+        }
+        Some(ErrorKind::PermissionDenied) => (
+            "Permission denied: this user may not connect to the socket".into(),
+            "the scheduler's operator opens it to you (tensile-scheduler --socket-mode 0660 and its group, or 0666 for every local user)",
+        ),
+        _ => (innermost.to_string(), START),
+    };
+    format!("cannot reach the scheduler at {server}: {why}; {what_to_do}")
+}
+
 #[cfg(test)]
 mod tests;

@@ -237,39 +237,6 @@ impl Planner {
         planner
     }
 
-    /// This GPU's planner, which keeps its budget in `manifest` (the node's
-    /// gpus.json) as GPU `index`'s.
-    pub(crate) fn keeping_manifest(mut self, index: u32, manifest: Arc<Manifest>) -> Planner {
-        self.manifest = Some((index, manifest));
-        self
-    }
-
-    /// The budget is now `budget` (none: no limit): the one place it is
-    /// written, for the task itself, the re-planner's configuration, the
-    /// status the handlers read, the metric and, on a node, gpus.json.
-    /// (gpus.json is on disk only from when every socket listens: before,
-    /// the new budget is kept for its first writing.)
-    fn set_budget(&mut self, budget: Option<u64>) {
-        self.budget = budget.unwrap_or(u64::MAX);
-        let mut config = *self.replanner.config();
-        if config.budget_bytes != budget {
-            config.budget_bytes = budget;
-            self.replanner.set_config(config);
-        }
-        self.shared.memory().budget_bytes = self.budget;
-        self.metrics
-            .budget_bytes
-            .set(i64::try_from(self.budget).unwrap_or(i64::MAX));
-        if let Some((index, manifest)) = &self.manifest
-            && let Err(e) = manifest.set_budget(*index, self.budget)
-        {
-            // A small file written whole: on this task, so that writes
-            // keep the order of the changes and the RPC's reply comes
-            // after the file says the new budget.
-            warn!("the budget is set, but gpus.json still says the old one: {e}");
-        }
-    }
-
     /// Runs until `cancel` or until every sender is gone; then saves what
     /// was learned.
     pub async fn run(mut self, mut rx: mpsc::Receiver<Command>, cancel: CancellationToken) {

@@ -58,18 +58,6 @@ fn lost(why: String) -> Ended {
     }
 }
 
-/// `e` and its causes on one line, `: `-joined.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        out.push_str(": ");
-        out.push_str(&c.to_string());
-        cause = c.source();
-    }
-    out
-}
-
 impl Connection {
     pub(crate) fn new(graph: Arc<Graph>, config: SessionConfig, inner: Arc<Inner>) -> Connection {
         Connection {
@@ -188,10 +176,7 @@ impl Connection {
             .keep_alive_timeout(Duration::from_secs(5))
             .connect()
             .await
-            .map_err(|e| match tensile_proto::tls::explain(&e, tls) {
-                Some(why) => format!("cannot reach {server}: {why}"),
-                None => format!("cannot reach {server}: {}", chain(&e)),
-            })?;
+            .map_err(|e| tensile_proto::endpoint::unreachable(&server, &e, tls))?;
         let client = MemorySchedulerClient::new(channel)
             .max_decoding_message_size(usize::MAX)
             .max_encoding_message_size(usize::MAX);

@@ -85,41 +85,13 @@ pub(crate) async fn connect(server: Option<&str>, tls: Option<&ClientTls>) -> Re
 }
 
 /// Why the scheduler at `server` cannot be reached, once, with what to
-/// do. The transport's error repeats its cause at every layer ("No such
-/// file or directory" three times); the innermost says it.
+/// do ([`tensile_proto::endpoint::unreachable`]).
 fn unreachable(
     server: &str,
     e: &(dyn std::error::Error + 'static),
     tls: Option<&ClientTls>,
 ) -> anyhow::Error {
-    if let Some(why) = tensile_proto::tls::explain(e, tls) {
-        return anyhow::anyhow!("cannot reach the scheduler at {server}: {why}");
-    }
-    let mut innermost = e;
-    let mut io = None;
-    let mut cause = Some(e);
-    while let Some(c) = cause {
-        innermost = c;
-        if let Some(i) = c.downcast_ref::<std::io::Error>() {
-            io = Some(i);
-        }
-        cause = c.source();
-    }
-    use std::io::ErrorKind;
-    const START: &str =
-        "start tensile-scheduler, or pass --server (TENSILE_SERVER) where it listens";
-    let (why, what_to_do) = match io.map(std::io::Error::kind) {
-        Some(ErrorKind::NotFound) => ("no such socket".to_string(), START),
-        Some(ErrorKind::ConnectionRefused) => {
-            ("nothing listens there (connection refused)".into(), START)
-        }
-        Some(ErrorKind::PermissionDenied) => (
-            "Permission denied: this user may not connect to the socket".into(),
-            "the scheduler's operator opens it to you (tensile-scheduler --socket-mode 0660 and its group, or 0666 for every local user)",
-        ),
-        _ => (innermost.to_string(), START),
-    };
-    anyhow::anyhow!("cannot reach the scheduler at {server}: {why}; {what_to_do}")
+    anyhow::anyhow!(tensile_proto::endpoint::unreachable(server, e, tls))
 }
 
 /// A failed call to `server` as an error: the TLS reason when TLS is at
