@@ -122,26 +122,22 @@ pub struct JobInput<'g> {
 /// Where a job's latencies come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum MeasuredIn {
-    /// Measured beside the other jobs, sharing the device (and what a
-    /// caller gives that says nothing else): sharing takes them as they
-    /// are, turns as slower than alone by the sharing slowdown.
+    /// Measured beside the other jobs, sharing the device, or predicted
+    /// and not yet measured: sharing takes them as they are, turns as
+    /// slower than alone by the sharing slowdown. (A prediction is in fact
+    /// of the job alone and belongs to no number of jobs: taken as beside
+    /// `k - 1` others, the same predictions mean a job `1 + s (k - 1)`
+    /// times faster alone, so that three cold jobs in turns re-planned as
+    /// two before any measurement get a period 7/6 of the three's at
+    /// `s = 3`. Taking predictions as alone ones instead moved 9 of the 135
+    /// simulator goldens, the paper bench's dominated baselines 38 -> 30:
+    /// a rule to weigh on the colocate sweep.)
     #[default]
     Sharing,
     /// Measured while the job took turns (its plan's layout
     /// [`Layout::Turns`]), with no other job beside it: turns take them as
     /// they are, sharing as faster than beside the others.
     Turns,
-    /// Predicted, not yet measured under any layout: taken as
-    /// [`MeasuredIn::Sharing`]'s, the convention every plan from
-    /// predictions has followed. A prediction is in fact of the job alone
-    /// and belongs to no number of jobs: taken as beside `k - 1` others,
-    /// the same predictions mean a job `1 + s (k - 1)` times faster alone,
-    /// so that three cold jobs in turns re-planned as two before any
-    /// measurement get a period 7/6 of the three's at `s = 3`. Taking them
-    /// as alone ones instead moved 9 of the 135 simulator goldens (the
-    /// paper bench's dominated baselines 38 -> 30): a rule to weigh on the
-    /// colocate sweep, not here.
-    Predicted,
 }
 
 impl<'g> JobInput<'g> {

@@ -218,9 +218,9 @@ struct ReplanJob {
     runs_free: bool,
     /// Its current plan takes turns.
     turns: bool,
-    /// Where its estimates come from ([`JobInput::latencies`]): predicted
-    /// until measurements are folded in, then the layout of the plan they
-    /// were measured on. Set when they are folded in, not when a plan is
+    /// Where its estimates come from ([`JobInput::latencies`]): taken as
+    /// sharing's while predicted, then the layout of the plan they were
+    /// measured on. Set when they are folded in, not when a plan is
     /// handed out: until a job has run on a plan that takes turns, its
     /// estimates are what they were (three cold jobs put in turns were
     /// planned again, before any measurement, as if their predictions had
@@ -418,7 +418,7 @@ impl Replanner {
                 free_missed: false,
                 runs_free: false,
                 turns: false,
-                estimates_from: MeasuredIn::Predicted,
+                estimates_from: MeasuredIn::Sharing,
                 switch_pending: true,
             },
         );

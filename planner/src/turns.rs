@@ -103,7 +103,7 @@ impl<'a, 'g> Latencies<'a, 'g> {
             self.jobs
                 .iter()
                 .map(|j| match j.latencies {
-                    MeasuredIn::Sharing | MeasuredIn::Predicted => scaled(j, 1.0 / self.factor),
+                    MeasuredIn::Sharing => scaled(j, 1.0 / self.factor),
                     MeasuredIn::Turns => j.clone(),
                 })
                 .collect(),

@@ -37,15 +37,30 @@ fn run_cases(c: &ColocateCommand, config: &ColocateConfig) -> Result<()> {
     let report = run_colocate(config, &|what| progress.tick(what));
     progress.bar.finish();
     let report = report?;
+    finish(
+        c,
+        &report,
+        || render_bars(&capacity_bars(&report)),
+        print_report,
+    )
+}
+
+/// A bench's end: the capacity plot written where `--plot` says (drawn by
+/// `svg`), then the report as JSON with `--json`, else by `print`.
+pub(crate) fn finish<R: serde::Serialize>(
+    c: &ColocateCommand,
+    report: &R,
+    svg: impl FnOnce() -> Result<String>,
+    print: fn(&R),
+) -> Result<()> {
     if let Some(path) = &c.plot {
-        std::fs::write(path, render_bars(&capacity_bars(&report))?)
-            .with_context(|| format!("cannot write {}", path.display()))?;
+        std::fs::write(path, svg()?).with_context(|| format!("cannot write {}", path.display()))?;
         eprintln!("capacity plot written to {}", path.display());
     }
     if c.json {
-        tensile_cli::outln!("{}", serde_json::to_string_pretty(&report)?);
+        tensile_cli::outln!("{}", serde_json::to_string_pretty(report)?);
     } else {
-        print_report(&report);
+        print(report);
     }
     Ok(())
 }

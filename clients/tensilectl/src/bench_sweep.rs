@@ -3,7 +3,7 @@
 //! budget and slower than turns, monotonic fits) and the summary against
 //! the targets; with `--plot`, each case's capacity beside the bound's.
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use tensile_experiments::colocate::EOR_TARGET;
 use tensile_experiments::sweep::{
     BOUND_STRETCH, NEAR_BOUND, SweepConfig, SweepReport, fraction, run_sweep,
@@ -30,17 +30,12 @@ pub(crate) fn run(c: &ColocateCommand, config: &SweepConfig) -> Result<()> {
     let report = run_sweep(config, &|what| progress.tick(what));
     progress.bar.finish();
     let report = report?;
-    if let Some(path) = &c.plot {
-        std::fs::write(path, render_bars_wide(&capacity_bars(&report), 7)?)
-            .with_context(|| format!("cannot write {}", path.display()))?;
-        eprintln!("capacity plot written to {}", path.display());
-    }
-    if c.json {
-        tensile_cli::outln!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print_report(&report);
-    }
-    Ok(())
+    crate::bench_colocate::finish(
+        c,
+        &report,
+        || render_bars_wide(&capacity_bars(&report), 7),
+        print_report,
+    )
 }
 
 fn print_report(r: &SweepReport) {

@@ -78,20 +78,10 @@ pub(crate) async fn connect(server: Option<&str>, tls: Option<&ClientTls>) -> Re
         .connect_timeout(Duration::from_secs(5))
         .connect()
         .await
-        .map_err(|e| unreachable(&server, &e, tls))?;
+        .map_err(|e| anyhow::anyhow!(tensile_proto::endpoint::unreachable(&server, &e, tls)))?;
     Ok(MemorySchedulerClient::new(ch)
         .max_decoding_message_size(usize::MAX)
         .max_encoding_message_size(usize::MAX))
-}
-
-/// Why the scheduler at `server` cannot be reached, once, with what to
-/// do ([`tensile_proto::endpoint::unreachable`]).
-fn unreachable(
-    server: &str,
-    e: &(dyn std::error::Error + 'static),
-    tls: Option<&ClientTls>,
-) -> anyhow::Error {
-    anyhow::anyhow!(tensile_proto::endpoint::unreachable(server, e, tls))
 }
 
 /// A failed call to `server` as an error: the TLS reason when TLS is at

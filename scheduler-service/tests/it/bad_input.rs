@@ -146,11 +146,7 @@ async fn each_bad_input_gets_its_status() {
     c.set_memory_budget(budget("sesame")).await.unwrap();
 
     // None of it disturbed the job.
-    let st = c
-        .get_status(pb::GetStatusRequest { job_id: 0 })
-        .await
-        .unwrap()
-        .into_inner();
+    let st = status(&mut c).await;
     assert_eq!(st.jobs.len(), 1);
     assert_eq!(st.memory.unwrap().budget_bytes, 1 << 30);
     c.report_latencies(report(&r, ops, 1e-3)).await.unwrap();

@@ -42,13 +42,6 @@ async fn manifest(dir: &Path, child: &mut Child) -> GpusFile {
     panic!("no gpus.json in {} within 30 s", dir.display());
 }
 
-async fn status(c: &mut Client) -> pb::GetStatusResponse {
-    c.get_status(pb::GetStatusRequest { job_id: 0 })
-        .await
-        .unwrap()
-        .into_inner()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_process_serves_each_gpu_on_its_own_socket() {
     let dir = tempfile::tempdir().unwrap();

@@ -38,11 +38,7 @@ async fn a_vanished_subscriber_lapses_and_the_others_are_replanned() {
     // Within the lease nothing happens...
     tokio::time::sleep(Duration::from_secs(5)).await;
     beat(&mut c).await;
-    let st = c
-        .get_status(pb::GetStatusRequest { job_id: 0 })
-        .await
-        .unwrap()
-        .into_inner();
+    let st = status(&mut c).await;
     assert_eq!(st.jobs.len(), 2);
     // ...past it, b is gone and a is re-planned alone; a's heartbeats kept
     // its lease.
@@ -50,11 +46,7 @@ async fn a_vanished_subscriber_lapses_and_the_others_are_replanned() {
         tokio::time::sleep(Duration::from_secs(6)).await;
         beat(&mut c).await;
     }
-    let st = c
-        .get_status(pb::GetStatusRequest { job_id: 0 })
-        .await
-        .unwrap()
-        .into_inner();
+    let st = status(&mut c).await;
     let ids: Vec<u64> = st.jobs.iter().map(|j| j.job_id).collect();
     assert_eq!(ids, vec![a.job_id]);
     let mut last = v;
@@ -88,11 +80,7 @@ async fn heartbeats_keep_a_job_without_a_stream() {
         .unwrap();
     }
     tokio::time::sleep(Duration::from_secs(11)).await;
-    let st = c
-        .get_status(pb::GetStatusRequest { job_id: 0 })
-        .await
-        .unwrap()
-        .into_inner();
+    let st = status(&mut c).await;
     assert!(st.jobs.is_empty());
     s.stop().await;
 }
@@ -107,18 +95,10 @@ async fn a_hung_subscriber_lapses_though_its_stream_is_open() {
     next_plan(&mut pa).await;
     // The worker hangs: its stream stays open, nothing else comes.
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let st = c
-        .get_status(pb::GetStatusRequest { job_id: 0 })
-        .await
-        .unwrap()
-        .into_inner();
+    let st = status(&mut c).await;
     assert_eq!(st.jobs.len(), 1, "removed within its lease");
     tokio::time::sleep(Duration::from_secs(11)).await;
-    let st = c
-        .get_status(pb::GetStatusRequest { job_id: 0 })
-        .await
-        .unwrap()
-        .into_inner();
+    let st = status(&mut c).await;
     assert!(st.jobs.is_empty(), "still there past its lease: {st:?}");
     // Its stream says why and ends.
     let mut last = None;
@@ -131,11 +111,7 @@ async fn a_hung_subscriber_lapses_though_its_stream_is_open() {
 
 /// The status' layout.
 async fn layout(c: &mut Client) -> (String, String) {
-    let st = c
-        .get_status(pb::GetStatusRequest { job_id: 0 })
-        .await
-        .unwrap()
-        .into_inner();
+    let st = status(c).await;
     let m = st.memory.unwrap_or_default();
     (m.layout, m.layout_note)
 }
@@ -162,11 +138,7 @@ async fn plan_of(
 ) -> pb::Plan {
     let mut p = gated_plan(s).await;
     for _ in 0..50 {
-        let st = c
-            .get_status(pb::GetStatusRequest { job_id: 0 })
-            .await
-            .unwrap()
-            .into_inner();
+        let st = status(c).await;
         let listed: Vec<u64> = st.jobs.iter().map(|j| j.job_id).collect();
         let version = st
             .jobs
@@ -223,18 +195,14 @@ async fn a_hung_job_taking_turns_loses_its_turn_with_its_lease() {
         beat(&mut c, &a).await;
         beat(&mut c, &d).await;
     }
-    let st = c
-        .get_status(pb::GetStatusRequest { job_id: 0 })
-        .await
-        .unwrap()
-        .into_inner();
+    let st = status(&mut c).await;
     let ids: Vec<u64> = st.jobs.iter().map(|j| j.job_id).collect();
     assert_eq!(ids, vec![a.job_id, d.job_id]);
     // The others are re-planned without it: two turns of one cycle, one
     // job at a time, and the status still says turns. (Not a shorter
     // cycle: from predictions, taken as latencies beside the k - 1 others,
     // two jobs' turns are 7/6 of three's at this slowdown; see
-    // `MeasuredIn::Predicted`.)
+    // `MeasuredIn::Sharing`.)
     let two = plan_of(&mut c, &mut pa, a.job_id, &[a.job_id, d.job_id]).await;
     let other = plan_of(&mut c, &mut pd, d.job_id, &[a.job_id, d.job_id]).await;
     assert!(two.version > three.version);

@@ -62,11 +62,7 @@ async fn register_plan_report_unregister(address: &str) {
     assert_eq!(hb.state, pb::JobState::Active as i32);
     assert_eq!(hb.plan_version, 3);
 
-    let st = c
-        .get_status(pb::GetStatusRequest { job_id: 0 })
-        .await
-        .unwrap()
-        .into_inner();
+    let st = status(&mut c).await;
     assert_eq!(st.device, "a6000");
     let j = &st.jobs[0];
     assert_eq!(
@@ -131,11 +127,7 @@ async fn register_plan_report_unregister(address: &str) {
     let last = plans.message().await.unwrap().unwrap();
     assert_eq!(last.state, pb::JobState::Done as i32);
     assert!(plans.message().await.unwrap().is_none());
-    let st = c
-        .get_status(pb::GetStatusRequest { job_id: 0 })
-        .await
-        .unwrap()
-        .into_inner();
+    let st = status(&mut c).await;
     assert!(st.jobs.is_empty());
 }
 
@@ -243,11 +235,7 @@ async fn plan_graph_plans_offline_and_health_answers() {
     assert!(a.latency_source.iter().all(|s| s == "roofline"));
     assert!(a.plan.is_some());
     // It touched no job.
-    let st = c
-        .get_status(pb::GetStatusRequest { job_id: 0 })
-        .await
-        .unwrap()
-        .into_inner();
+    let st = status(&mut c).await;
     assert!(st.jobs.is_empty());
 
     let ch = tonic::transport::Endpoint::from_shared(format!("http://{}", s.address))
@@ -255,18 +243,7 @@ async fn plan_graph_plans_offline_and_health_answers() {
         .connect()
         .await
         .unwrap();
-    let mut h = tonic_health::pb::health_client::HealthClient::new(ch);
-    let r = h
-        .check(tonic_health::pb::HealthCheckRequest {
-            service: "tensile.v1.MemoryScheduler".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(
-        r.status,
-        tonic_health::pb::health_check_response::ServingStatus::Serving as i32
-    );
+    assert_serving(ch).await;
     s.stop().await;
 }
 

@@ -149,17 +149,7 @@ async fn tls_serves_status_and_health_and_refuses_plaintext_and_strangers() {
     // Health is served on the TLS listener too.
     let (endpoint, _) = tensile_proto::tls::endpoint(&s.address, Some(&tls)).unwrap();
     let ch = endpoint.connect().await.unwrap();
-    let health = tonic_health::pb::health_client::HealthClient::new(ch)
-        .check(tonic_health::pb::HealthCheckRequest {
-            service: "tensile.v1.MemoryScheduler".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(
-        health.status,
-        tonic_health::pb::health_check_response::ServingStatus::Serving as i32
-    );
+    util::assert_serving(ch).await;
 
     // A plaintext client gets nothing from the TLS listener.
     let plain = status(&format!("http://{}", s.address), None).await;

@@ -146,6 +146,29 @@ pub(crate) async fn subscribe(
     .into_inner()
 }
 
+/// Asserts that the scheduler's health service on `ch` says it serves.
+pub(crate) async fn assert_serving(ch: tonic::transport::Channel) {
+    let r = tonic_health::pb::health_client::HealthClient::new(ch)
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: "tensile.v1.MemoryScheduler".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        r.status,
+        tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+    );
+}
+
+/// The status of every job.
+pub(crate) async fn status(c: &mut Client) -> pb::GetStatusResponse {
+    c.get_status(pb::GetStatusRequest { job_id: 0 })
+        .await
+        .unwrap()
+        .into_inner()
+}
+
 /// The next update that carries a plan, within 30 s.
 pub(crate) async fn next_plan(s: &mut tonic::Streaming<pb::PlanUpdate>) -> pb::Plan {
     loop {
