@@ -22,8 +22,8 @@ pub mod validate;
 pub mod zoo;
 
 pub use ir::{
-    Alias, AliasKind, AttrValue, DType, Graph, GraphDraft, Op, OpId, Phase, Placement, Tensor,
-    TensorId, TensorKind,
+    Alias, AliasKind, AttrValue, Attrs, DType, Graph, GraphDraft, Op, OpId, Phase, Placement,
+    Tensor, TensorId, TensorKind,
 };
 pub use liveness::{Footprint, Liveness, Storage, StorageId};
 pub use validate::{GraphError, Limits};

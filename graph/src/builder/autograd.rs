@@ -145,7 +145,7 @@ impl Builder {
         op_type: &str,
         inputs: Vec<TensorId>,
         like: TensorId,
-        a: BTreeMap<String, AttrValue>,
+        a: crate::Attrs,
     ) -> TensorId {
         let g = self.grad_like(self.grad_name(like), like);
         self.op(name, op_type, inputs, vec![g], a, vec![]);
@@ -159,7 +159,7 @@ impl Builder {
         op_type: &str,
         g: TensorId,
         shape: Vec<u64>,
-        a: BTreeMap<String, AttrValue>,
+        a: crate::Attrs,
     ) -> TensorId {
         self.view_as(name, op_type, g, shape, a)
     }

@@ -16,7 +16,7 @@ pub(crate) enum GradFn {
         x: TensorId,
         w: TensorId,
         b: Option<TensorId>,
-        attrs: std::collections::BTreeMap<String, AttrValue>,
+        attrs: crate::Attrs,
     },
     BatchNorm {
         x: TensorId,
@@ -34,11 +34,11 @@ pub(crate) enum GradFn {
     MaxPool {
         x: TensorId,
         indices: TensorId,
-        attrs: std::collections::BTreeMap<String, AttrValue>,
+        attrs: crate::Attrs,
     },
     AvgPool {
         x: TensorId,
-        attrs: std::collections::BTreeMap<String, AttrValue>,
+        attrs: crate::Attrs,
     },
     AdaptiveAvgPool {
         x: TensorId,
@@ -196,7 +196,7 @@ impl Builder {
         op_type: &str,
         inputs: Vec<TensorId>,
         shape: Vec<u64>,
-        attrs: std::collections::BTreeMap<String, AttrValue>,
+        attrs: crate::Attrs,
         grad: impl FnOnce(TensorId) -> GradFn,
     ) -> TensorId {
         let dtype = self.dtype(inputs[0]);

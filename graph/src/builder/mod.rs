@@ -17,8 +17,6 @@
 mod autograd;
 pub mod layers;
 
-use std::collections::BTreeMap;
-
 use crate::ir::{
     Alias, AliasKind, AttrValue, DType, Graph, GraphDraft, Op, OpId, Phase, Placement, Tensor,
     TensorId, TensorKind,
@@ -50,7 +48,7 @@ pub struct Builder {
 }
 
 /// Attributes from `(key, value)` pairs.
-pub fn attrs<const N: usize>(pairs: [(&str, AttrValue); N]) -> BTreeMap<String, AttrValue> {
+pub fn attrs<const N: usize>(pairs: [(&str, AttrValue); N]) -> crate::Attrs {
     pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
 }
 
@@ -165,7 +163,7 @@ impl Builder {
         op_type: &str,
         inputs: Vec<TensorId>,
         outputs: Vec<TensorId>,
-        attrs: BTreeMap<String, AttrValue>,
+        attrs: crate::Attrs,
         aliases: Vec<Alias>,
     ) -> OpId {
         let id = OpId(self.ops.len() as u32);
@@ -205,7 +203,7 @@ impl Builder {
         op_type: &str,
         x: TensorId,
         shape: Vec<u64>,
-        attrs: BTreeMap<String, AttrValue>,
+        attrs: crate::Attrs,
     ) -> TensorId {
         let dtype = self.dtype(x);
         let out = self.produced(name, shape, dtype);

@@ -1,7 +1,5 @@
 //! Helpers to write small graphs by hand.
 
-use std::collections::BTreeMap;
-
 use tensile_graph::{
     Alias, AliasKind, DType, Graph, GraphDraft, GraphError, Limits, Op, OpId, Phase, Placement,
     Tensor, TensorId, TensorKind,
@@ -50,7 +48,7 @@ impl G {
             id,
             name: name.into(),
             op_type: op_type.into(),
-            attrs: BTreeMap::new(),
+            attrs: tensile_graph::Attrs::new(),
             inputs: inputs.to_vec(),
             outputs: outputs.to_vec(),
             aliases: Vec::new(),
