@@ -204,6 +204,7 @@ impl MetricsRegistry {
                 Gauge::default,
             ),
         };
+        registry.register_collector(Box::new(Heap));
         MetricsRegistry {
             registry: Arc::new(registry),
             families: Arc::new(families),
@@ -443,5 +444,45 @@ mod tests {
                 .count(),
             1
         );
+    }
+}
+
+/// The scheduler's heap as jemalloc (the `tensile-scheduler` binary's
+/// allocator) counts it, read at each scrape: what the scheduler's data
+/// holds (`heap_allocated_bytes`) and the memory the allocator keeps for
+/// it (`heap_resident_bytes`, with its free pages not yet returned). In a
+/// program that allocates with another allocator both stay near zero.
+#[derive(Debug)]
+struct Heap;
+
+impl prometheus_client::collector::Collector for Heap {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder<'_>,
+    ) -> Result<(), std::fmt::Error> {
+        use prometheus_client::metrics::gauge::ConstGauge;
+        // The statistics are a snapshot taken when the epoch advances; an
+        // error leaves them out of this scrape.
+        if tikv_jemalloc_ctl::epoch::advance().is_err() {
+            return Ok(());
+        }
+        let figures = [
+            (
+                "heap_allocated_bytes",
+                "Bytes the scheduler's data holds on its heap (jemalloc stats.allocated)",
+                tikv_jemalloc_ctl::stats::allocated::read(),
+            ),
+            (
+                "heap_resident_bytes",
+                "Bytes of memory the heap's allocator holds, its free pages not yet returned included (jemalloc stats.resident)",
+                tikv_jemalloc_ctl::stats::resident::read(),
+            ),
+        ];
+        for (name, help, value) in figures {
+            let Ok(value) = value else { continue };
+            let gauge = ConstGauge::new(i64::try_from(value).unwrap_or(i64::MAX));
+            gauge.encode(encoder.encode_descriptor(name, help, None, gauge.metric_type())?)?;
+        }
+        Ok(())
     }
 }

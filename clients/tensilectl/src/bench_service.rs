@@ -48,6 +48,10 @@ struct Row {
     complete_workers: usize,
     scheduler_rss_mb: Option<f64>,
     scheduler_peak_rss_mb: Option<f64>,
+    /// At the end, what the scheduler's data held on its heap and what its
+    /// allocator kept resident for it (its metrics, from jemalloc), MB.
+    scheduler_heap_allocated_mb: Option<f64>,
+    scheduler_heap_resident_mb: Option<f64>,
     /// The scheduler's own planning time (its Prometheus histogram), when
     /// it was started here.
     planning_s_total: Option<f64>,
@@ -151,6 +155,8 @@ pub(crate) fn run(a: &BenchServiceArgs) -> Result<()> {
             row.planning_s_total = m.planning.map(|p| p.0);
             row.plannings = m.planning.map(|p| p.1);
             row.scheduler_max_over_budget_bytes = m.max_over_budget;
+            row.scheduler_heap_allocated_mb = m.heap.0.map(|b| b / 1e6);
+            row.scheduler_heap_resident_mb = m.heap.1.map(|b| b / 1e6);
             row.table_wait_job = m.table_wait_job;
             row.table_wait_walk = m.table_wait_walk;
         }
@@ -186,7 +192,7 @@ pub(crate) fn job_mix(models: &str, device: &DeviceProfile) -> Result<Vec<(Arc<G
 
 fn print_row(r: &Row) {
     tensile_cli::outln!(
-        "{:>3} workers: register->first plan p50 {:.1} ms p99 {:.1} ms{}; re-plan p50 {:.1} ms p99 {:.1} ms ({} re-plans); {} plans in {:.2} s = {:.1} plans/s; {}/{} workers complete; scheduler RSS {} (peak {}){}",
+        "{:>3} workers: register->first plan p50 {:.1} ms p99 {:.1} ms{}; re-plan p50 {:.1} ms p99 {:.1} ms ({} re-plans); {} plans in {:.2} s = {:.1} plans/s; {}/{} workers complete; scheduler RSS {} (peak {}{}){}",
         r.workers,
         r.register_to_first_plan_ms_p50,
         r.register_to_first_plan_ms_p99,
@@ -210,6 +216,10 @@ fn print_row(r: &Row) {
             .map_or("?".into(), |m| format!("{m:.1} MB")),
         r.scheduler_peak_rss_mb
             .map_or("?".into(), |m| format!("{m:.1} MB")),
+        match (r.scheduler_heap_allocated_mb, r.scheduler_heap_resident_mb) {
+            (Some(a), Some(h)) => format!("; its heap {a:.1} MB allocated, {h:.1} MB resident"),
+            _ => String::new(),
+        },
         match (r.planning_s_total, r.plannings) {
             (Some(s), Some(n)) if n > 0 => format!(
                 "; the scheduler planned {n} times, {:.1} ms per plan of all jobs",
@@ -312,6 +322,8 @@ struct Scraped {
     /// Planning time: (sum s, count).
     planning: Option<(f64, u64)>,
     max_over_budget: Option<u64>,
+    /// The heap's allocated and resident bytes.
+    heap: (Option<f64>, Option<f64>),
     table_wait_job: Option<Waits>,
     table_wait_walk: Option<Waits>,
 }
@@ -376,6 +388,10 @@ async fn scrape(port: u16) -> Result<Option<Scraped>> {
         planning: histogram("tensile_scheduler_planning_seconds").map(|(s, c, _)| (s, c)),
         max_over_budget: value("tensile_scheduler_max_published_over_budget_bytes")
             .map(|v| v as u64),
+        heap: (
+            value("tensile_scheduler_heap_allocated_bytes"),
+            value("tensile_scheduler_heap_resident_bytes"),
+        ),
         table_wait_job: waits("tensile_scheduler_job_table_wait_seconds"),
         table_wait_walk: waits("tensile_scheduler_job_table_walk_wait_seconds"),
     }))
@@ -466,6 +482,8 @@ async fn bench(
         complete_workers: workers.iter().filter(|w| w.complete).count(),
         scheduler_rss_mb: None,
         scheduler_peak_rss_mb: None,
+        scheduler_heap_allocated_mb: None,
+        scheduler_heap_resident_mb: None,
         planning_s_total: None,
         plannings: None,
         plan_versions_per_job_iteration: plans as f64 / (n * iterations) as f64,

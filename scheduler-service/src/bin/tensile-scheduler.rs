@@ -14,7 +14,37 @@ use tensile_scheduler::node::run_gpus;
 use tensile_scheduler::{Listener, run};
 use tracing_subscriber::EnvFilter;
 
+/// jemalloc rather than glibc's malloc: with an arena per thread glibc kept
+/// the scheduler at about 1 GB resident after 128 jobs where its data held
+/// 83 MB; jemalloc's background threads hand freed pages back to the system
+/// (after its decay time, 10 s) without waiting for the next allocation,
+/// and it counts its heap for the metrics (`heap_allocated_bytes`,
+/// `heap_resident_bytes`).
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+/// How long jemalloc keeps freed pages before handing them back, ms: 1 s
+/// rather than its 10 s, so that what a joint plan allocates for its search
+/// leaves the resident memory soon after it ends.
+const DIRTY_DECAY_MS: isize = 1000;
+
+/// Sets the decay of the arena that exists before any thread starts
+/// (`arena.0`) and of the ones the threads make later; a failure leaves
+/// jemalloc's default.
+fn set_heap_decay() {
+    use tikv_jemalloc_ctl::{Access, AsName};
+    for key in [
+        &b"arenas.dirty_decay_ms\0"[..],
+        &b"arena.0.dirty_decay_ms\0"[..],
+    ] {
+        if let Err(e) = key.name().write(DIRTY_DECAY_MS) {
+            eprintln!("note: cannot set the heap's decay: {e}");
+        }
+    }
+}
+
 fn main() -> ExitCode {
+    set_heap_decay();
     let args = Args::parse();
     if let Some(Command::Endpoint(e)) = &args.command {
         return match endpoint(e) {

@@ -213,3 +213,51 @@ async fn reflection_answers_in_v1_and_v1alpha() {
     }
     assert_eq!(v1_services, v1alpha_services);
 }
+
+/// A gauge's value on a metrics page.
+fn gauge(page: &str, name: &str) -> f64 {
+    crate::util::metric_samples(page)
+        .into_iter()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} on the page: {page}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_metrics_count_the_heap_and_the_graphs_it_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut child = start(
+        dir.path(),
+        &[&format!("--metrics-listen=127.0.0.1:{port}")],
+        &log,
+    );
+    wait_listening(&mut child, &log);
+    let allocated = "tensile_scheduler_heap_allocated_bytes";
+    let resident = "tensile_scheduler_heap_resident_bytes";
+    let before = crate::util::scrape(port).await;
+    let a0 = gauge(&before, allocated);
+    assert!(a0 > 0.0 && gauge(&before, resident) >= a0, "{before}");
+    // Four DenseNet-121 graphs at batch 2 (over a megabyte each on the
+    // heap) held for their jobs.
+    let g =
+        tensile_graph::zoo::build("densenet121", &tensile_graph::zoo::ZooConfig::new(2)).unwrap();
+    let mut c =
+        crate::util::connect(&format!("unix:{}", dir.path().join("s.sock").display())).await;
+    for k in 0..4 {
+        crate::util::register(&mut c, &format!("d{k}"), &g).await;
+    }
+    let after = crate::util::scrape(port).await;
+    let a1 = gauge(&after, allocated);
+    assert!(
+        a1 - a0 > 4e6,
+        "the heap grew by {} bytes holding four graphs",
+        a1 - a0
+    );
+    assert!(gauge(&after, resident) >= a1, "{after}");
+    stop(child);
+}
