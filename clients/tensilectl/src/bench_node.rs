@@ -45,16 +45,18 @@ const TARGET_RSS_MB: f64 = 1000.0;
 /// How often the bench polls the GPUs' status and the scheduler's memory.
 const POLL: Duration = Duration::from_millis(100);
 /// How long a job waits for its first plan (queued ones included), and
-/// for the re-plans it asked for after its last iteration.
+/// for the re-plans it asked for after its last iteration (those that do
+/// not come by then are counted unanswered: a joint plan may withhold a
+/// job's new plan, which then keeps the one in force).
 const FIRST_PLAN_WAIT: Duration = Duration::from_secs(600);
-const REPLAN_WAIT: Duration = Duration::from_secs(120);
+const REPLAN_WAIT: Duration = Duration::from_secs(30);
 
 /// The figures of a set of jobs: one GPU's, or all of them.
 #[derive(Debug, Clone, Serialize)]
 struct Figures {
     jobs: usize,
-    /// Jobs that got their first plan, ran every iteration, got every
-    /// re-plan they asked for and unregistered.
+    /// Jobs that got their first plan, ran every iteration and
+    /// unregistered.
     completed: usize,
     /// Jobs that ended on an error (`errors` in the run says the first).
     failed: usize,
@@ -76,7 +78,12 @@ struct Figures {
     replan_ms_p50: f64,
     replan_ms_p99: f64,
     replan_ms_max: f64,
+    /// Re-plans answered (a newer plan version came), and those asked for
+    /// (the report said `replanned`) that no version answered before the
+    /// job left, 30 s after its last iteration; the percentiles are of the
+    /// answered ones.
     replans: usize,
+    replans_unanswered: usize,
     plans_received: usize,
     plans_per_s: f64,
     /// Plan versions received per iteration reported.
@@ -97,6 +104,11 @@ struct Figures {
     planning_share_of_wall: Option<f64>,
     /// Joint plans stopped at the scheduler's work bound.
     plannings_capped: Option<u64>,
+    /// Plans of joint plans the scheduler did not publish because they
+    /// would take the plans in force past the budget (their jobs keep the
+    /// plans in force; a report that asked for that re-plan goes
+    /// unanswered).
+    plans_withheld: Option<u64>,
 }
 
 /// One GPU's row.
@@ -410,6 +422,7 @@ struct JobOut {
     first_plan: Duration,
     queued: bool,
     replans: Vec<Duration>,
+    unanswered: usize,
     plans: usize,
     iterations: usize,
     complete: bool,
@@ -500,6 +513,7 @@ fn run_once(s: &Setup, n: usize) -> Result<Run> {
             f.planning_s_total = sc.planning.map(|p| p.0);
             f.plannings = sc.planning.map(|p| p.1);
             f.plannings_capped = sc.capped;
+            f.plans_withheld = sc.withheld;
         }
         planning_means(&mut f, wall);
         per_gpu.push(GpuRow {
@@ -523,6 +537,7 @@ fn run_once(s: &Setup, n: usize) -> Result<Run> {
     overall.planning_s_total = sum_f(|f| f.planning_s_total);
     overall.plannings = rows().map(|f| f.plannings).sum();
     overall.plannings_capped = rows().map(|f| f.plannings_capped).sum();
+    overall.plans_withheld = rows().map(|f| f.plans_withheld).sum();
     planning_means(&mut overall, wall);
     let errors: Vec<String> = jobs
         .iter()
@@ -597,6 +612,7 @@ fn figures(jobs: &[&JobOut], wall: f64, iterations: usize) -> Figures {
         replan_ms_p99: nan_to_zero(percentile(&mut replans, 0.99)),
         replan_ms_max: replans.iter().copied().fold(0.0, f64::max),
         replans: replans.len(),
+        replans_unanswered: jobs.iter().map(|j| j.unanswered).sum(),
         plans_received: plans,
         plans_per_s: if wall > 0.0 { plans as f64 / wall } else { 0.0 },
         plan_versions_per_job_iteration: if reported > 0 {
@@ -612,6 +628,7 @@ fn figures(jobs: &[&JobOut], wall: f64, iterations: usize) -> Figures {
         planning_ms_mean: None,
         planning_share_of_wall: None,
         plannings_capped: None,
+        plans_withheld: None,
     }
 }
 
@@ -899,20 +916,18 @@ async fn iterate(
         }
     }
     let want = asked.iter().map(|&(_, v)| v).max().unwrap_or(0);
-    let got = wait_version(c, r, version, want, REPLAN_WAIT).await? == Some(true);
+    let got = wait_version(c, r, version, want, REPLAN_WAIT).await?;
     let log = received.lock().map(|r| r.clone()).unwrap_or_default();
     for &(sent, want) in &asked {
         if let Some(&(_, at)) = log.iter().find(|&&(v, at)| v >= want && at >= sent) {
             out.replans.push(at - sent);
         }
     }
-    if !got {
+    out.unanswered = asked.len() - out.replans.len();
+    if got == Some(false) {
         bail!(
-            "job {}: {} of its {} re-plans not received within {} s after its last iteration",
-            r.job_id,
-            asked.len() - out.replans.len(),
-            asked.len(),
-            REPLAN_WAIT.as_secs()
+            "job {}: the plan stream ended before its last re-plan",
+            r.job_id
         );
     }
     out.complete = true;
@@ -961,7 +976,7 @@ fn opt_mb(x: Option<f64>) -> String {
 fn print_run(r: &Run) {
     let o = &r.overall;
     tensile_cli::outln!(
-        "{} jobs on {} GPUs, arriving at {:.2}/s over {:.1} s; {:.1} s in all; live: mean {:.1}, max {}; {}/{} completed{}",
+        "{} jobs on {} GPUs, arriving at {:.2}/s over {:.1} s; {:.1} s in all; live: mean {:.1}, max {}; {}/{} completed{}; {} re-plans, {} unanswered",
         r.jobs,
         r.gpus,
         r.rate_per_s,
@@ -979,7 +994,9 @@ fn print_run(r: &Run) {
             )
         } else {
             String::new()
-        }
+        },
+        o.replans,
+        o.replans_unanswered
     );
     tensile_cli::outln!(
         "  scheduler RSS: start {}, end {}, peak {} ({} MB per live job at the busiest poll); CPU: scheduler {} s, bench {} s",
@@ -992,7 +1009,7 @@ fn print_run(r: &Run) {
         r.bench_cpu_s.map_or("?".into(), |v| format!("{v:.1}")),
     );
     tensile_cli::outln!(
-        "  {:>4} {:>5} {:>5} {:>8} {:>7} {:>11} {:>11} {:>11} {:>7} {:>7} {:>9} {:>11} {:>9} {:>6}",
+        "  {:>4} {:>5} {:>5} {:>8} {:>7} {:>11} {:>11} {:>11} {:>7} {:>7} {:>7} {:>9} {:>11} {:>9} {:>9} {:>6}",
         "GPU",
         "jobs",
         "live",
@@ -1003,14 +1020,16 @@ fn print_run(r: &Run) {
         "replan p50",
         "p99",
         "max",
+        "unans.",
         "plans/s",
         "planning s",
         "mean ms",
+        "cap/whld",
         "over"
     );
     let row = |label: String, f: &Figures| {
         tensile_cli::outln!(
-            "  {:>4} {:>5} {:>5} {:>8} {:>7} {:>11.0} {:>11.0} {:>11.0} {:>7.0} {:>7.0} {:>9.1} {:>11} {:>9} {:>6}",
+            "  {:>4} {:>5} {:>5} {:>8} {:>7} {:>11.0} {:>11.0} {:>11.0} {:>7.0} {:>7.0} {:>7} {:>9.1} {:>11} {:>9} {:>9} {:>6}",
             label,
             f.jobs,
             f.max_live,
@@ -1021,9 +1040,15 @@ fn print_run(r: &Run) {
             f.replan_ms_p50,
             f.replan_ms_p99,
             f.replan_ms_max,
+            f.replans_unanswered,
             f.plans_per_s,
             f.planning_s_total.map_or("?".into(), |v| format!("{v:.1}")),
             opt_ms(f.planning_ms_mean),
+            format!(
+                "{}/{}",
+                f.plannings_capped.map_or("?".into(), |v| v.to_string()),
+                f.plans_withheld.map_or("?".into(), |v| v.to_string())
+            ),
             f.max_published_over_budget_bytes
                 .max(f.scheduler_max_over_budget_bytes.unwrap_or(0)),
         );
@@ -1033,7 +1058,7 @@ fn print_run(r: &Run) {
     }
     row("all".into(), o);
     tensile_cli::outln!(
-        "  (live: the most at once; queued: by admission at registration / the longest queue; qwait: ms, the longest; first, replan: ms; over: bytes the plans in force exceeded the budget by, at most)"
+        "  (live: the most at once; queued: by admission at registration / the longest queue; qwait: ms, the longest; first, replan: ms; unans.: re-plans asked for and never answered; cap/whld: joint plans capped at the work bound / plans withheld past the budget; over: bytes the plans in force exceeded the budget by, at most)"
     );
 }
 

@@ -329,6 +329,8 @@ pub(crate) struct Scraped {
     pub(crate) planning: Option<(f64, u64)>,
     /// Joint plans stopped at their work bound.
     pub(crate) capped: Option<u64>,
+    /// Plans of joint plans not published (past the budget).
+    pub(crate) withheld: Option<u64>,
     pub(crate) max_over_budget: Option<u64>,
     pub(crate) table_wait_job: Option<Waits>,
     pub(crate) table_wait_walk: Option<Waits>,
@@ -490,6 +492,9 @@ impl MetricsPage {
                 .map(|(s, c, _)| (s, c)),
             capped: self
                 .value("tensile_scheduler_planning_capped_total", gpu)
+                .map(|v| v as u64),
+            withheld: self
+                .value("tensile_scheduler_plans_withheld_total", gpu)
                 .map(|v| v as u64),
             max_over_budget: self
                 .value("tensile_scheduler_max_published_over_budget_bytes", gpu)

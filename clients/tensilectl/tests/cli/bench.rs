@@ -380,6 +380,7 @@ fn bench_service_on_a_simulated_node_reports_every_gpu_and_every_job() {
     assert!(run["errors"].as_array().unwrap().is_empty(), "{run}");
     // Each report drifts: every job asked for re-plans and got them.
     assert!(run["replans"].as_u64().unwrap() >= 16, "{run}");
+    assert_eq!(run["replans_unanswered"], 0, "{run}");
     assert!(run["replan_ms_p99"].as_f64().unwrap() > 0.0, "{run}");
     assert!(run["plans_received"].as_u64().unwrap() >= 32, "{run}");
     // A row per GPU, by its index, between them every job; least loaded
