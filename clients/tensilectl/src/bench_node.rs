@@ -504,7 +504,7 @@ fn run_once(s: &Setup, n: usize) -> Result<Run> {
     for (g, &index) in indices.iter().enumerate() {
         let mine: Vec<&JobOut> = jobs.iter().filter(|j| j.gpu == g).collect();
         let scraped = page.as_ref().map(|p| p.scraped(Some(index)));
-        let mut f = figures(&mine, wall, s.iterations);
+        let mut f = figures(&mine, wall);
         f.max_live = polled.max_live[g];
         f.max_queue_length = polled.max_queue[g];
         f.max_published_over_budget_bytes = polled.over[g];
@@ -524,7 +524,7 @@ fn run_once(s: &Setup, n: usize) -> Result<Run> {
         });
     }
     let all: Vec<&JobOut> = jobs.iter().collect();
-    let mut overall = figures(&all, wall, s.iterations);
+    let mut overall = figures(&all, wall);
     overall.max_live = polled.max_live_total;
     overall.max_queue_length = polled.max_queue_total;
     overall.max_published_over_budget_bytes = polled.over.iter().copied().max().unwrap_or(0);
@@ -581,7 +581,7 @@ fn planning_means(f: &mut Figures, wall: f64) {
 }
 
 /// The figures of `jobs` (the polled and scraped ones left empty).
-fn figures(jobs: &[&JobOut], wall: f64, iterations: usize) -> Figures {
+fn figures(jobs: &[&JobOut], wall: f64) -> Figures {
     let ms = |d: &Duration| d.as_secs_f64() * 1e3;
     let mut first: Vec<f64> = jobs
         .iter()
@@ -618,7 +618,6 @@ fn figures(jobs: &[&JobOut], wall: f64, iterations: usize) -> Figures {
         plan_versions_per_job_iteration: if reported > 0 {
             plans as f64 / reported as f64
         } else {
-            let _ = iterations;
             0.0
         },
         max_published_over_budget_bytes: 0,

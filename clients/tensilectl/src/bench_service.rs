@@ -364,6 +364,10 @@ struct Sample {
     value: f64,
 }
 
+/// A histogram of a metrics page: (sum, count, its cumulative buckets as
+/// (upper bound, count)).
+pub(crate) type Histogram = (f64, u64, Vec<(f64, f64)>);
+
 /// A metrics page (Prometheus / OpenMetrics text), its samples.
 #[derive(Debug)]
 pub(crate) struct MetricsPage(Vec<Sample>);
@@ -439,11 +443,7 @@ impl MetricsPage {
     }
 
     /// A histogram: (sum, count, cumulative buckets (le, count)).
-    pub(crate) fn histogram(
-        &self,
-        name: &str,
-        gpu: Option<u32>,
-    ) -> Option<(f64, u64, Vec<(f64, f64)>)> {
+    pub(crate) fn histogram(&self, name: &str, gpu: Option<u32>) -> Option<Histogram> {
         let sum = self.value(&format!("{name}_sum"), gpu)?;
         let count = self.value(&format!("{name}_count"), gpu)? as u64;
         let bucket = format!("{name}_bucket");
