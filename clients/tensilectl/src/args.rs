@@ -282,7 +282,7 @@ pub(crate) struct BenchServiceArgs {
     /// Worker counts, comma separated.
     #[arg(long, default_value = "1,8,64")]
     pub(crate) workers: String,
-    /// Iterations each worker reports. Default: 6; with --gpus 20.
+    /// Iterations each worker reports. Default: 6; with --gpus 10.
     #[arg(long)]
     pub(crate) iterations: Option<usize>,
     /// Zoo models the workers cycle through (batch 2).

@@ -222,7 +222,7 @@ pub(crate) fn run(a: &BenchServiceArgs, gpus: usize) -> Result<()> {
         bail!("--gpus {gpus}: a simulated node has 1 to {MAX_GPUS} GPUs");
     }
     let counts = job_counts(&a.jobs)?;
-    let iterations = a.iterations.unwrap_or(20);
+    let iterations = a.iterations.unwrap_or(10);
     if iterations == 0 || iterations > 1000 {
         bail!("--iterations {iterations}: each job runs 1 to 1000");
     }
