@@ -700,3 +700,46 @@ async fn worker(
     .context("UnregisterJob")?;
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A page of a scheduler serving GPUs: each GPU's series apart, the
+    /// single device's (unlabelled) apart, other labels not mistaken for
+    /// the plain series.
+    #[test]
+    fn metrics_pages_are_read_by_gpu() {
+        let page = MetricsPage::parse(
+            "HTTP/1.0 200 OK\r\n\r\n# HELP x\n\
+             tensile_scheduler_planning_seconds_sum{gpu=\"0\"} 1.5\n\
+             tensile_scheduler_planning_seconds_count{gpu=\"0\"} 3\n\
+             tensile_scheduler_planning_seconds_bucket{gpu=\"0\",le=\"0.5\"} 1\n\
+             tensile_scheduler_planning_seconds_bucket{gpu=\"0\",le=\"+Inf\"} 3\n\
+             tensile_scheduler_planning_seconds_sum{gpu=\"1\"} 7\n\
+             tensile_scheduler_planning_seconds_count{gpu=\"1\"} 2\n\
+             tensile_scheduler_replans_total{gpu=\"1\",reason=\"drift\"} 9\n\
+             tensile_scheduler_plans_withheld_total{gpu=\"1\"} 4\n\
+             tensile_scheduler_max_published_over_budget_bytes 12\n\
+             # EOF\n",
+        );
+        let (sum, count, buckets) = page
+            .histogram("tensile_scheduler_planning_seconds", Some(0))
+            .unwrap();
+        assert_eq!((sum, count), (1.5, 3));
+        assert_eq!(buckets.len(), 2);
+        assert_eq!(buckets[0], (0.5, 1.0));
+        assert_eq!(
+            page.scraped(Some(1)).planning,
+            Some((7.0, 2)),
+            "GPU 1's own"
+        );
+        assert_eq!(page.scraped(Some(1)).withheld, Some(4));
+        assert_eq!(page.scraped(Some(0)).withheld, None);
+        // A series with a label besides `gpu` is not the plain one.
+        assert_eq!(page.value("tensile_scheduler_replans_total", Some(1)), None);
+        // The single device's series are unlabelled.
+        assert_eq!(page.scraped(None).max_over_budget, Some(12));
+        assert_eq!(page.scraped(Some(0)).max_over_budget, None);
+    }
+}
