@@ -171,7 +171,10 @@ pub(crate) enum BenchCommand {
     /// The scheduler service under load: 1, 8, 64 simulated workers over a
     /// real socket, each registering a zoo job at batch 2 and reporting
     /// every iteration; register-to-first-plan and re-plan latency, plans
-    /// per second, the scheduler's resident memory.
+    /// per second, the scheduler's resident memory. With --gpus N: a
+    /// simulated node, one scheduler serving N simulated GPUs and --jobs
+    /// jobs arriving over time (a seeded Poisson process), each on a GPU,
+    /// running --iterations and leaving; figures per GPU and overall.
     Service(BenchServiceArgs),
     /// Several copies of a model on one simulated GPU whose memory is ONE
     /// copy's vanilla peak at a reference batch: per case, k copies at
@@ -279,15 +282,72 @@ pub(crate) struct BenchServiceArgs {
     /// Worker counts, comma separated.
     #[arg(long, default_value = "1,8,64")]
     pub(crate) workers: String,
-    /// Iterations each worker reports.
-    #[arg(long, default_value_t = 6)]
-    pub(crate) iterations: usize,
+    /// Iterations each worker reports. Default: 6; with --gpus 10.
+    #[arg(long)]
+    pub(crate) iterations: Option<usize>,
     /// Zoo models the workers cycle through (batch 2).
     #[arg(long, default_value = crate::bench_service::MODELS)]
     pub(crate) models: String,
+    /// A simulated node: one scheduler serving this many simulated GPUs
+    /// (`--gpus 0,...,N-1`, a planning domain and a socket each, from
+    /// gpus.json), 1 to 64, and --jobs jobs arriving over time instead of
+    /// --workers all at once. Each job is placed on a GPU (--placement),
+    /// waits for its first plan, reports --iterations iterations
+    /// --iteration-ms apart (latencies alternating between the roofline
+    /// and twice it, so that each report asks for a re-plan; the job does
+    /// not wait for it, as a worker keeps running its plan), waits for the
+    /// re-plans it asked for, unregisters and closes its connection.
+    #[arg(long, conflicts_with_all = ["server", "workers"])]
+    pub(crate) gpus: Option<usize>,
+    /// With --gpus: job counts, comma separated, a run each (1 to 1024).
+    #[arg(long, requires = "gpus", default_value = "1024")]
+    pub(crate) jobs: String,
+    /// With --gpus: jobs arrive at this mean rate, per second (a seeded
+    /// Poisson process). Default: --jobs over --arrival-s.
+    #[arg(long, requires = "gpus")]
+    pub(crate) rate: Option<f64>,
+    /// With --gpus and no --rate: the jobs of each run arrive over about
+    /// this many seconds (the rate is the job count over it, so that more
+    /// jobs are more load).
+    #[arg(
+        long,
+        requires = "gpus",
+        conflicts_with = "rate",
+        default_value_t = 120.0
+    )]
+    pub(crate) arrival_s: f64,
+    /// With --gpus: a simulated iteration's time, ms.
+    #[arg(long, requires = "gpus", default_value_t = 500)]
+    pub(crate) iteration_ms: u64,
+    /// With --gpus: the seed of the arrivals.
+    #[arg(long, requires = "gpus", default_value_t = 1)]
+    pub(crate) seed: u64,
+    /// With --gpus: which GPU an arriving job goes to: the one with the
+    /// fewest jobs of this bench on it (lowest index on a tie), or each
+    /// in turn.
+    #[arg(long, requires = "gpus", value_enum, default_value = "least-loaded")]
+    pub(crate) placement: Placement,
+    /// With --gpus: the GPUs of a running scheduler, from gpus.json in
+    /// this directory (its first --gpus GPUs), instead of starting one
+    /// (then no resident memory nor metrics are read).
+    #[arg(long, requires = "gpus", conflicts_with = "scheduler_bin")]
+    pub(crate) socket_dir: Option<PathBuf>,
+    /// With --gpus, for the scheduler started here: each GPU's memory
+    /// budget, MB (10^6 bytes). Default: the a6000 profile's memory.
+    #[arg(long, requires = "gpus", conflicts_with = "socket_dir", value_name = "MB",
+          value_parser = tensile_cli::parse_positive_mb, allow_negative_numbers = true)]
+    pub(crate) budget_mb: Option<Mb>,
     /// Print JSON.
     #[arg(long)]
     pub(crate) json: bool,
+}
+
+/// Where `bench service --gpus` places an arriving job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum Placement {
+    LeastLoaded,
+    RoundRobin,
 }
 
 #[derive(Debug, Args)]

@@ -75,7 +75,7 @@ struct Row {
 
 /// A histogram of waits, as the bench reports it.
 #[derive(Debug, Clone, Serialize)]
-struct Waits {
+pub(crate) struct Waits {
     count: u64,
     total_s: f64,
     mean_us: f64,
@@ -96,7 +96,7 @@ struct Worker {
     complete: bool,
 }
 
-fn percentile(xs: &mut [f64], q: f64) -> f64 {
+pub(crate) fn percentile(xs: &mut [f64], q: f64) -> f64 {
     if xs.is_empty() {
         return f64::NAN;
     }
@@ -106,6 +106,10 @@ fn percentile(xs: &mut [f64], q: f64) -> f64 {
 }
 
 pub(crate) fn run(a: &BenchServiceArgs) -> Result<()> {
+    if let Some(gpus) = a.gpus {
+        return crate::bench_node::run(a, gpus);
+    }
+    let iterations = a.iterations.unwrap_or(6);
     let counts: Vec<usize> = a
         .workers
         .split(',')
@@ -115,7 +119,7 @@ pub(crate) fn run(a: &BenchServiceArgs) -> Result<()> {
     if counts.iter().any(|&n| n == 0 || n > 1024) {
         bail!("--workers: each count must be in 1..=1024");
     }
-    if a.iterations == 0 || a.iterations > 1000 {
+    if iterations == 0 || iterations > 1000 {
         bail!("--iterations must be in 1..=1000");
     }
     let device = DeviceProfile::builtin("a6000")?;
@@ -137,11 +141,11 @@ pub(crate) fn run(a: &BenchServiceArgs) -> Result<()> {
                 addr
             }
         };
-        let result = block_on(bench(&server, n, a.iterations, &jobs))?;
+        let result = block_on(bench(&server, n, iterations, &jobs))?;
         let (rss, hwm, scraped) = match &mut child {
             Some((c, metrics)) => {
                 let (rss, hwm) = rss_mb(c.id());
-                let scraped = block_on(scrape(*metrics))?.ok().flatten();
+                let scraped = block_on(scrape(*metrics, None))?.ok().flatten();
                 let _ = Command::new("kill").arg(c.id().to_string()).status();
                 let _ = c.wait();
                 (rss, hwm, scraped)
@@ -256,23 +260,12 @@ fn print_row(r: &Row) {
 /// `tensile-scheduler` from beside this binary, on a fresh socket, with
 /// metrics on a free loopback port.
 fn spawn_scheduler(bin: Option<PathBuf>) -> Result<(Child, String, u16)> {
-    let bin = match bin {
-        Some(b) => b,
-        None => std::env::current_exe()?.with_file_name("tensile-scheduler"),
-    };
-    if !bin.exists() {
-        bail!(
-            "{} not found: build it (cargo build -p tensile-scheduler) or pass --server",
-            bin.display()
-        );
-    }
+    let bin = scheduler_bin(bin)?;
     let dir: PathBuf = std::env::temp_dir().join(format!("tensile-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let sock = dir.join("s.sock");
     let _ = std::fs::remove_file(&sock);
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
+    let port = free_port()?;
     let child = Command::new(bin)
         .args([
             "--device",
@@ -301,8 +294,31 @@ fn spawn_scheduler(bin: Option<PathBuf>) -> Result<(Child, String, u16)> {
     bail!("tensile-scheduler did not create {}", sock.display())
 }
 
+/// `bin`, else `tensile-scheduler` beside this binary; an error that says
+/// what to do when it is not there.
+pub(crate) fn scheduler_bin(bin: Option<PathBuf>) -> Result<PathBuf> {
+    let bin = match bin {
+        Some(b) => b,
+        None => std::env::current_exe()?.with_file_name("tensile-scheduler"),
+    };
+    if !bin.exists() {
+        bail!(
+            "{} not found: build it (cargo build -p tensile-scheduler) or pass --server",
+            bin.display()
+        );
+    }
+    Ok(bin)
+}
+
+/// A free loopback port for the scheduler's metrics.
+pub(crate) fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
 /// VmRSS and VmHWM of a process, MB.
-fn rss_mb(pid: u32) -> (Option<f64>, Option<f64>) {
+pub(crate) fn rss_mb(pid: u32) -> (Option<f64>, Option<f64>) {
     let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
         return (None, None);
     };
@@ -318,18 +334,30 @@ fn rss_mb(pid: u32) -> (Option<f64>, Option<f64>) {
 
 /// What the bench reads of the scheduler's metrics.
 #[derive(Debug, Default)]
-struct Scraped {
+pub(crate) struct Scraped {
     /// Planning time: (sum s, count).
-    planning: Option<(f64, u64)>,
-    max_over_budget: Option<u64>,
-    /// The heap's allocated and resident bytes.
-    heap: (Option<f64>, Option<f64>),
-    table_wait_job: Option<Waits>,
-    table_wait_walk: Option<Waits>,
+    pub(crate) planning: Option<(f64, u64)>,
+    /// Joint plans stopped at their work bound.
+    pub(crate) capped: Option<u64>,
+    /// Plans of joint plans not published (past the budget).
+    pub(crate) withheld: Option<u64>,
+    pub(crate) max_over_budget: Option<u64>,
+    /// The scheduler's heap, allocated and resident bytes (process-wide:
+    /// unlabelled on a node too).
+    pub(crate) heap: (Option<f64>, Option<f64>),
+    pub(crate) table_wait_job: Option<Waits>,
+    pub(crate) table_wait_walk: Option<Waits>,
 }
 
-/// The scheduler's metrics the bench reports.
-async fn scrape(port: u16) -> Result<Option<Scraped>> {
+/// The scheduler's metrics the bench reports: the unlabelled series
+/// (`gpu` None, a single device) or GPU `gpu`'s. `Ok(None)` when nothing
+/// listens on `port`.
+pub(crate) async fn scrape(port: u16, gpu: Option<u32>) -> Result<Option<Scraped>> {
+    Ok(metrics_page(port).await?.map(|p| p.scraped(gpu)))
+}
+
+/// The scheduler's metrics page, `None` when nothing listens on `port`.
+pub(crate) async fn metrics_page(port: u16) -> Result<Option<MetricsPage>> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let Ok(mut s) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
         return Ok(None);
@@ -338,30 +366,114 @@ async fn scrape(port: u16) -> Result<Option<Scraped>> {
         .await?;
     let mut body = String::new();
     s.read_to_string(&mut body).await?;
-    let value = |name: &str| {
-        body.lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse::<f64>().ok())
-    };
-    let histogram = |name: &str| {
-        let sum = value(&format!("{name}_sum"))?;
-        let count = value(&format!("{name}_count"))? as u64;
-        // Cumulative buckets: `NAME_bucket{le="B"} N`.
-        let prefix = format!("{name}_bucket{{le=\"");
-        let buckets: Vec<(f64, f64)> = body
-            .lines()
-            .filter_map(|l| {
-                let rest = l.strip_prefix(&prefix)?;
-                let (le, n) = rest.split_once("\"}")?;
-                let n = n.split_whitespace().next()?.parse::<f64>().ok()?;
-                Some((le.parse::<f64>().ok()?, n))
+    Ok(Some(MetricsPage::parse(&body)))
+}
+
+/// One sample of a metrics page: `name{label="v",...} value`.
+#[derive(Debug)]
+struct Sample {
+    name: String,
+    labels: Vec<(String, String)>,
+    value: f64,
+}
+
+/// A histogram of a metrics page: (sum, count, its cumulative buckets as
+/// (upper bound, count)).
+pub(crate) type Histogram = (f64, u64, Vec<(f64, f64)>);
+
+/// A metrics page (Prometheus / OpenMetrics text), its samples.
+#[derive(Debug)]
+pub(crate) struct MetricsPage(Vec<Sample>);
+
+impl MetricsPage {
+    /// The samples of `text`; lines that are not one (comments, the HTTP
+    /// header) are skipped.
+    pub(crate) fn parse(text: &str) -> MetricsPage {
+        let sample = |line: &str| {
+            let line = line.trim();
+            if line.starts_with('#') || line.is_empty() {
+                return None;
+            }
+            let (head, rest) = match line.split_once('{') {
+                Some((name, rest)) => {
+                    let (labels, value) = rest.rsplit_once('}')?;
+                    (
+                        (name, Some(labels)),
+                        value.split_whitespace().next()?.to_string(),
+                    )
+                }
+                None => {
+                    let mut parts = line.split_whitespace();
+                    ((parts.next()?, None), parts.next()?.to_string())
+                }
+            };
+            let (name, labels) = head;
+            if !name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+            {
+                return None;
+            }
+            let labels = labels
+                .map(|l| {
+                    l.split(',')
+                        .filter(|kv| !kv.trim().is_empty())
+                        .map(|kv| {
+                            let (k, v) = kv.split_once('=')?;
+                            Some((k.trim().to_string(), v.trim().trim_matches('"').to_string()))
+                        })
+                        .collect::<Option<Vec<_>>>()
+                })
+                .unwrap_or(Some(Vec::new()))?;
+            Some(Sample {
+                name: name.to_string(),
+                labels,
+                value: rest.parse().ok()?,
+            })
+        };
+        MetricsPage(text.lines().filter_map(sample).collect())
+    }
+
+    /// Whether `s` is of the series `gpu` (None: unlabelled by GPU), with
+    /// no labels besides `gpu` and those in `also`.
+    fn of(s: &Sample, gpu: Option<u32>, also: &[&str]) -> bool {
+        let g = s
+            .labels
+            .iter()
+            .find(|(k, _)| k == "gpu")
+            .map(|(_, v)| v.as_str());
+        g == gpu.map(|i| i.to_string()).as_deref()
+            && s.labels
+                .iter()
+                .all(|(k, _)| k == "gpu" || also.contains(&k.as_str()))
+    }
+
+    pub(crate) fn value(&self, name: &str, gpu: Option<u32>) -> Option<f64> {
+        self.0
+            .iter()
+            .find(|s| s.name == name && Self::of(s, gpu, &[]))
+            .map(|s| s.value)
+    }
+
+    /// A histogram: (sum, count, cumulative buckets (le, count)).
+    pub(crate) fn histogram(&self, name: &str, gpu: Option<u32>) -> Option<Histogram> {
+        let sum = self.value(&format!("{name}_sum"), gpu)?;
+        let count = self.value(&format!("{name}_count"), gpu)? as u64;
+        let bucket = format!("{name}_bucket");
+        let buckets = self
+            .0
+            .iter()
+            .filter(|s| s.name == bucket && Self::of(s, gpu, &["le"]))
+            .filter_map(|s| {
+                let le = s.labels.iter().find(|(k, _)| k == "le")?;
+                Some((le.1.parse::<f64>().ok()?, s.value))
             })
             .collect();
         Some((sum, count, buckets))
-    };
-    let waits = |name: &str| {
-        let (sum, count, buckets) = histogram(name)?;
+    }
+
+    fn waits(&self, name: &str, gpu: Option<u32>) -> Option<Waits> {
+        let (sum, count, buckets) = self.histogram(name, gpu)?;
         let p99 = buckets
             .iter()
             .find(|&&(_, n)| n >= count as f64 * 0.99)
@@ -383,18 +495,31 @@ async fn scrape(port: u16) -> Result<Option<Scraped>> {
             p99_bucket_us: p99.map(|s| s * 1e6),
             over_100us: count.saturating_sub(within_100us as u64),
         })
-    };
-    Ok(Some(Scraped {
-        planning: histogram("tensile_scheduler_planning_seconds").map(|(s, c, _)| (s, c)),
-        max_over_budget: value("tensile_scheduler_max_published_over_budget_bytes")
-            .map(|v| v as u64),
-        heap: (
-            value("tensile_scheduler_heap_allocated_bytes"),
-            value("tensile_scheduler_heap_resident_bytes"),
-        ),
-        table_wait_job: waits("tensile_scheduler_job_table_wait_seconds"),
-        table_wait_walk: waits("tensile_scheduler_job_table_walk_wait_seconds"),
-    }))
+    }
+
+    /// What the bench reports of the series `gpu`.
+    pub(crate) fn scraped(&self, gpu: Option<u32>) -> Scraped {
+        Scraped {
+            planning: self
+                .histogram("tensile_scheduler_planning_seconds", gpu)
+                .map(|(s, c, _)| (s, c)),
+            capped: self
+                .value("tensile_scheduler_planning_capped_total", gpu)
+                .map(|v| v as u64),
+            withheld: self
+                .value("tensile_scheduler_plans_withheld_total", gpu)
+                .map(|v| v as u64),
+            max_over_budget: self
+                .value("tensile_scheduler_max_published_over_budget_bytes", gpu)
+                .map(|v| v as u64),
+            heap: (
+                self.value("tensile_scheduler_heap_allocated_bytes", None),
+                self.value("tensile_scheduler_heap_resident_bytes", None),
+            ),
+            table_wait_job: self.waits("tensile_scheduler_job_table_wait_seconds", gpu),
+            table_wait_walk: self.waits("tensile_scheduler_job_table_walk_wait_seconds", gpu),
+        }
+    }
 }
 
 /// Polls the status every `every` until `stop`: (polls, the largest
@@ -593,4 +718,47 @@ async fn worker(
     .await
     .context("UnregisterJob")?;
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A page of a scheduler serving GPUs: each GPU's series apart, the
+    /// single device's (unlabelled) apart, other labels not mistaken for
+    /// the plain series.
+    #[test]
+    fn metrics_pages_are_read_by_gpu() {
+        let page = MetricsPage::parse(
+            "HTTP/1.0 200 OK\r\n\r\n# HELP x\n\
+             tensile_scheduler_planning_seconds_sum{gpu=\"0\"} 1.5\n\
+             tensile_scheduler_planning_seconds_count{gpu=\"0\"} 3\n\
+             tensile_scheduler_planning_seconds_bucket{gpu=\"0\",le=\"0.5\"} 1\n\
+             tensile_scheduler_planning_seconds_bucket{gpu=\"0\",le=\"+Inf\"} 3\n\
+             tensile_scheduler_planning_seconds_sum{gpu=\"1\"} 7\n\
+             tensile_scheduler_planning_seconds_count{gpu=\"1\"} 2\n\
+             tensile_scheduler_replans_total{gpu=\"1\",reason=\"drift\"} 9\n\
+             tensile_scheduler_plans_withheld_total{gpu=\"1\"} 4\n\
+             tensile_scheduler_max_published_over_budget_bytes 12\n\
+             # EOF\n",
+        );
+        let (sum, count, buckets) = page
+            .histogram("tensile_scheduler_planning_seconds", Some(0))
+            .unwrap();
+        assert_eq!((sum, count), (1.5, 3));
+        assert_eq!(buckets.len(), 2);
+        assert_eq!(buckets[0], (0.5, 1.0));
+        assert_eq!(
+            page.scraped(Some(1)).planning,
+            Some((7.0, 2)),
+            "GPU 1's own"
+        );
+        assert_eq!(page.scraped(Some(1)).withheld, Some(4));
+        assert_eq!(page.scraped(Some(0)).withheld, None);
+        // A series with a label besides `gpu` is not the plain one.
+        assert_eq!(page.value("tensile_scheduler_replans_total", Some(1)), None);
+        // The single device's series are unlabelled.
+        assert_eq!(page.scraped(None).max_over_budget, Some(12));
+        assert_eq!(page.scraped(Some(0)).max_over_budget, None);
+    }
 }

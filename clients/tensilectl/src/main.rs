@@ -8,6 +8,7 @@
 mod args;
 mod bench_cmd;
 mod bench_colocate;
+mod bench_node;
 mod bench_planner;
 mod bench_service;
 mod bench_sweep;

@@ -306,3 +306,148 @@ fn bench_colocate_sweep_flags_are_checked() {
     let out = tensilectl(&["bench", "colocate", "--sweep", "--copies", "4"]);
     assert_rejected(&out, "copies", "--copies: \"4\" is not 2 or 3");
 }
+
+/// `bench service --gpus`: jobs arriving at a scheduler serving two
+/// simulated GPUs (in this process, found through gpus.json), each placed
+/// on the GPU with the fewest, each running its iterations and leaving.
+#[test]
+fn bench_service_on_a_simulated_node_reports_every_gpu_and_every_job() {
+    use tensile_proto::endpoint::GpusFile;
+    use tensile_scheduler::cli::{Args, Serve};
+
+    let dir = TempDir::new("node");
+    let resolved = Args {
+        gpus: Some("0,1".into()),
+        socket_dir: Some(dir.0.clone()),
+        device: Some("a6000".into()),
+        latency_models: Some("roofline".into()),
+        state: Some("none".into()),
+        lease_s: Some(600.0),
+        ..Args::default()
+    }
+    .resolve_with(&Vec::new)
+    .unwrap();
+    let Serve::Gpus { dir: sockets, gpus } = resolved.serve else {
+        panic!("{:?}", resolved.serve)
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = rt.spawn(async move {
+        tensile_scheduler::node::run_gpus(&sockets, &gpus, resolved.config, async {
+            let _ = stopped.await;
+        })
+        .await
+    });
+    let mut tries = 0;
+    while GpusFile::read(&dir.0).unwrap().is_none() {
+        tries += 1;
+        assert!(tries < 600, "no gpus.json within 30 s");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let v = json_of(&[
+        "bench",
+        "service",
+        "--gpus",
+        "2",
+        "--jobs",
+        "16",
+        "--socket-dir",
+        dir.0.to_str().unwrap(),
+        "--rate",
+        "16",
+        "--iterations",
+        "3",
+        "--iteration-ms",
+        "50",
+        "--json",
+    ]);
+    let _ = stop.send(());
+    rt.block_on(server).unwrap().unwrap();
+
+    assert_eq!(v["gpus"], 2, "{v}");
+    let runs = v["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 1, "{v}");
+    let run = &runs[0];
+    // Every job got its first plan, ran its iterations, got the re-plans
+    // it asked for and left.
+    assert_eq!(run["jobs"], 16, "{run}");
+    assert_eq!(run["completed"], 16, "{run}");
+    assert_eq!(run["failed"], 0, "{run}");
+    assert!(run["errors"].as_array().unwrap().is_empty(), "{run}");
+    // Each report drifts: every job asked for re-plans and got them.
+    assert!(run["replans"].as_u64().unwrap() >= 16, "{run}");
+    assert_eq!(run["replans_unanswered"], 0, "{run}");
+    assert!(run["replan_ms_p99"].as_f64().unwrap() > 0.0, "{run}");
+    assert!(run["plans_received"].as_u64().unwrap() >= 32, "{run}");
+    // A row per GPU, by its index, between them every job; least loaded
+    // placement leaves neither idle.
+    let rows = run["per_gpu"].as_array().unwrap();
+    let indices: Vec<u64> = rows.iter().map(|r| r["gpu"].as_u64().unwrap()).collect();
+    assert_eq!(indices, [0, 1], "{run}");
+    let per_gpu: Vec<u64> = rows.iter().map(|r| r["jobs"].as_u64().unwrap()).collect();
+    assert_eq!(per_gpu.iter().sum::<u64>(), 16, "{run}");
+    for r in rows {
+        assert!(r["jobs"].as_u64().unwrap() >= 4, "{run}");
+        assert_eq!(r["completed"], r["jobs"], "{r}");
+        assert!(r["max_live"].as_u64().unwrap() >= 1, "{r}");
+        // The plans in force never exceeded the GPU's budget at a poll.
+        assert_eq!(r["max_published_over_budget_bytes"], 0, "{r}");
+    }
+    assert_eq!(run["max_published_over_budget_bytes"], 0, "{run}");
+    assert!(run["status_polls"].as_u64().unwrap() > 0, "{run}");
+    // A scheduler it did not start: no memory figures, no metrics.
+    assert!(run["scheduler_peak_rss_mb"].is_null(), "{run}");
+    let targets = v["targets"].as_array().unwrap();
+    assert_eq!(targets.len(), 2, "{v}");
+}
+
+/// `bench service --gpus`: bad input is named before anything starts.
+#[test]
+fn bench_service_simulated_node_refuses_bad_input() {
+    for (args, says) in [
+        (
+            &["--gpus", "0"][..],
+            "--gpus 0: a simulated node has 1 to 64 GPUs",
+        ),
+        (&["--gpus", "65"][..], "--gpus 65"),
+        (
+            &["--gpus", "8", "--jobs", "1025"][..],
+            "--jobs: 1025 jobs: each run has 1 to 1024",
+        ),
+        (&["--gpus", "8", "--jobs", "0"][..], "--jobs: 0 jobs"),
+        (&["--gpus", "8", "--jobs", "8,many"][..], "comma separated"),
+        (&["--gpus", "8", "--rate", "0"][..], "--rate 0"),
+        (&["--gpus", "8", "--iterations", "0"][..], "--iterations 0"),
+        (
+            &["--gpus", "8", "--iteration-ms", "0"][..],
+            "--iteration-ms 0",
+        ),
+    ] {
+        let mut all = vec!["bench", "service"];
+        all.extend_from_slice(args);
+        assert_rejected(&tensilectl(&all), "bench service", says);
+    }
+    // A directory without a scheduler of GPUs.
+    let dir = TempDir::new("node-empty");
+    let out = tensilectl(&[
+        "bench",
+        "service",
+        "--gpus",
+        "2",
+        "--socket-dir",
+        dir.0.to_str().unwrap(),
+    ]);
+    assert_rejected(&out, "bench service", "no gpus.json");
+    // --jobs without --gpus, --gpus with --workers: clap says so.
+    for args in [
+        &["bench", "service", "--jobs", "16"][..],
+        &["bench", "service", "--gpus", "2", "--workers", "8"][..],
+    ] {
+        let out = tensilectl(args);
+        assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    }
+}
