@@ -24,7 +24,7 @@
 //! (0.11 on the h100, 0.05 on the a6000, 0.67 on the h200).
 
 use rayon::prelude::*;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tensile_baselines::Policy;
 use tensile_executor::sim::SimResult;
 use tensile_graph::builder::Optimizer;
@@ -183,8 +183,10 @@ impl ColocateConfig {
     }
 }
 
-/// One case at one fraction, device and seed.
-#[derive(Debug, Clone, Serialize)]
+/// One case at one fraction, device and seed. Read back (a sweep's
+/// `--out` file) as written: an EOR that could not be measured is written
+/// `null` and read as infinite.
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ColocateRow {
     pub device: String,
     pub case: String,
@@ -203,6 +205,7 @@ pub struct ColocateRow {
     pub msr: f64,
     pub msr_bound: f64,
     /// Steady-state throughput against vanilla co-located, minus one.
+    #[serde(deserialize_with = "infinite_if_null")]
     pub eor: f64,
     pub gated: bool,
     pub cycle_ms: f64,
@@ -217,6 +220,7 @@ pub struct ColocateRow {
     pub layout_note: String,
     /// The same jobs made to take turns under the same budget: their EOR
     /// (infinite: they could not run) and measured peak.
+    #[serde(deserialize_with = "infinite_if_null")]
     pub turns_eor: f64,
     pub turns_peak_bytes: u64,
     pub stall_s: f64,
@@ -228,6 +232,11 @@ pub struct ColocateRow {
     pub over_bytes: u64,
     /// Why ours could not run, when it could not.
     pub error: Option<String>,
+}
+
+/// An EOR as JSON writes it: a number, or `null` for an infinite one.
+fn infinite_if_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::INFINITY))
 }
 
 /// A case's result on one device.
@@ -451,7 +460,9 @@ pub fn one_copy_peak(case: &ColocateCase, device: &DeviceProfile) -> Result<u64,
     Ok(budget)
 }
 
-fn run_row(
+/// One row: the case's jobs at `fraction` of its reference batch under
+/// `budget` on `device`, ours against vanilla and against turns.
+pub fn run_row(
     config: &ColocateConfig,
     device: &DeviceProfile,
     case: &ColocateCase,

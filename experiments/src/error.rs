@@ -48,6 +48,18 @@ pub enum ExperimentError {
     NoBudgets,
     #[error("bench colocate: {0}")]
     Colocate(String),
+    /// A sweep's `--out` file that cannot be gone on with.
+    #[error("sweep --out {}: {what}", path.display())]
+    SweepOut {
+        path: std::path::PathBuf,
+        what: String,
+    },
+    #[error("sweep --out {}", path.display())]
+    SweepOutIo {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("the simulation thread pool: {reason}")]
     Pool { reason: String },
     #[cfg(feature = "bound")]

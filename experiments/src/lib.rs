@@ -51,6 +51,8 @@ pub mod policy;
 pub mod run;
 #[cfg(feature = "bound")]
 pub mod sweep;
+#[cfg(feature = "bound")]
+pub mod sweep_out;
 pub mod workload;
 
 pub use bench::{

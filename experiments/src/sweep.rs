@@ -20,7 +20,7 @@
 //! batch on the a6000 at every seed.
 
 use rayon::prelude::*;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tensile_graph::Graph;
 use tensile_latency_model::DeviceProfile;
 use tensile_planner::RecomputeFirst;
@@ -28,7 +28,7 @@ use tensile_planner::RecomputeFirst;
 use crate::ExperimentError;
 use crate::bound::{phase_bound, sharing_jobs};
 use crate::colocate::{
-    self, ColocateCase, ColocateConfig, ColocateRow, EOR_TARGET, run_colocate, scaled,
+    self, ColocateCase, ColocateConfig, ColocateRow, EOR_TARGET, one_copy_peak, run_row, scaled,
     slower_than_turns,
 };
 use crate::device::copy_model;
@@ -89,15 +89,132 @@ impl SweepConfig {
         cases
     }
 
-    /// Simulated rows, and as many phase scans of the bound.
+    /// Simulated rows, each with a phase scan of the bound.
     pub fn total_runs(&self) -> usize {
         self.devices.len() * self.cases().len() * self.fractions.len() * self.seeds.len()
+    }
+
+    /// The runs of the sweep in order (device, case, fraction, seed), each
+    /// with the row `prior` already has for it (rows of an earlier run of
+    /// the same sweep, read back from its `--out` file), if any. Rows of
+    /// `prior` that are not runs of this sweep are left out, and of two for
+    /// one run the first is kept.
+    pub fn plan(&self, prior: Vec<SweepRow>) -> Result<SweepPlan, ExperimentError> {
+        self.check()?;
+        let cases = self.cases();
+        let mut runs = Vec::new();
+        for (d, device) in self.devices.iter().enumerate() {
+            for (c, case) in cases.iter().enumerate() {
+                let budget = one_copy_peak(case, device)?;
+                for &fraction in &self.fractions {
+                    for &seed in &self.seeds {
+                        runs.push(Run {
+                            device: d,
+                            case: c,
+                            budget,
+                            fraction,
+                            seed,
+                            done: None,
+                        });
+                    }
+                }
+            }
+        }
+        let mut unused = 0;
+        for mut row in prior {
+            let at = runs.iter().position(|r| {
+                r.done.is_none()
+                    && self.devices[r.device].name == row.run.device
+                    && cases[r.case].label() == row.run.case
+                    && r.seed == row.run.seed
+                    // As read back from JSON: the same number to the last
+                    // digit or so.
+                    && (r.fraction - row.run.fraction).abs() <= 1e-9
+            });
+            match at {
+                Some(i) => {
+                    row.run.fraction = runs[i].fraction;
+                    runs[i].done = Some(row);
+                }
+                None => unused += 1,
+            }
+        }
+        Ok(SweepPlan {
+            runs,
+            cases,
+            unused,
+        })
+    }
+
+    fn check(&self) -> Result<(), ExperimentError> {
+        if self.models.is_empty() || self.devices.is_empty() {
+            return Err(ExperimentError::Colocate(
+                "the sweep needs at least one model and one device".to_string(),
+            ));
+        }
+        if !(1..=256).contains(&self.bound_grid) {
+            return Err(ExperimentError::Colocate(format!(
+                "the bound's phase grid must be 1 to 256 steps, got {}",
+                self.bound_grid
+            )));
+        }
+        if self.cases().is_empty() {
+            return Err(ExperimentError::Colocate(
+                "the sweep has no case: give copies, or two models for pairs".to_string(),
+            ));
+        }
+        if self.warmup + 2 > self.iterations {
+            return Err(ExperimentError::Colocate(format!(
+                "{} iterations leave fewer than two after the {} of warm-up",
+                self.iterations, self.warmup
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// One run of the sweep: a case on a device at a fraction and seed, and
+/// its row where an earlier run of the sweep already made it.
+#[derive(Debug, Clone)]
+struct Run {
+    device: usize,
+    case: usize,
+    budget: u64,
+    fraction: f64,
+    seed: u64,
+    done: Option<SweepRow>,
+}
+
+/// The sweep's runs, those already done with their rows
+/// ([`SweepConfig::plan`]).
+#[derive(Debug, Clone)]
+pub struct SweepPlan {
+    runs: Vec<Run>,
+    cases: Vec<ColocateCase>,
+    unused: usize,
+}
+
+impl SweepPlan {
+    pub fn total(&self) -> usize {
+        self.runs.len()
+    }
+
+    /// Runs whose rows are already there.
+    pub fn done(&self) -> usize {
+        self.runs.iter().filter(|r| r.done.is_some()).count()
+    }
+
+    /// Rows given that are no run of this sweep (another device, case,
+    /// fraction or seed).
+    pub fn unused(&self) -> usize {
+        self.unused
     }
 }
 
 /// One row: the simulation (as `bench colocate`'s) and the bound at the
-/// best phases for the same jobs and seed.
-#[derive(Debug, Clone, Serialize)]
+/// best phases for the same jobs and seed (a line of a sweep's `--out`
+/// file).
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SweepRow {
     #[serde(flatten)]
     pub run: ColocateRow,
@@ -201,29 +318,19 @@ pub struct SweepReport {
     pub summary: SweepSummary,
 }
 
-/// Runs the sweep on a pool of `config.threads`; `progress` hears of each
-/// simulated row and each bound scan.
+/// Runs the sweep's runs not done yet (`plan`, from
+/// [`SweepConfig::plan`]) on a pool of `config.threads`, each simulated
+/// and its bound scanned; `on_row` gets each new row as it is done (and
+/// may keep it: a sweep's `--out` file), `progress` hears of it. The
+/// report is over every run of the plan, those done before and the new.
 pub fn run_sweep(
     config: &SweepConfig,
+    plan: SweepPlan,
+    on_row: &(dyn Fn(&SweepRow) -> Result<(), ExperimentError> + Sync),
     progress: &(dyn Fn(&str) + Sync),
 ) -> Result<SweepReport, ExperimentError> {
-    if config.models.is_empty() || config.devices.is_empty() {
-        return Err(ExperimentError::Colocate(
-            "the sweep needs at least one model and one device".to_string(),
-        ));
-    }
-    if !(1..=256).contains(&config.bound_grid) {
-        return Err(ExperimentError::Colocate(format!(
-            "the bound's phase grid must be 1 to 256 steps, got {}",
-            config.bound_grid
-        )));
-    }
-    let cases = config.cases();
-    if cases.is_empty() {
-        return Err(ExperimentError::Colocate(
-            "the sweep has no case: give copies, or two models for pairs".to_string(),
-        ));
-    }
+    config.check()?;
+    let SweepPlan { runs, cases, .. } = plan;
     let colocate = ColocateConfig {
         devices: config.devices.clone(),
         cases: cases.clone(),
@@ -235,40 +342,37 @@ pub fn run_sweep(
         recompute_first: config.recompute_first,
         one_process: false,
     };
-    let report = run_colocate(&colocate, progress)?;
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(config.threads.max(1))
         .build()
         .map_err(|e| ExperimentError::Colocate(format!("thread pool: {e}")))?;
     let rows: Vec<SweepRow> = pool.install(|| {
-        report
-            .rows
-            .into_par_iter()
-            .map(|run| {
-                let device = config
-                    .devices
-                    .iter()
-                    .find(|d| d.name == run.device)
-                    .ok_or_else(|| {
-                        ExperimentError::Colocate(format!("no device {:?}", run.device))
-                    })?;
-                let case = cases
-                    .iter()
-                    .find(|c| c.label() == run.case)
-                    .ok_or_else(|| ExperimentError::Colocate(format!("no case {:?}", run.case)))?;
-                let graphs = colocate::graphs(case, scaled(case.reference_batch, run.fraction))?;
-                let bound = bound_at(&graphs, device, run.seed, run.budget_bytes, config)?;
-                progress(&format!(
-                    "bound {} {} at {:.3} seed {}",
-                    run.device, run.case, run.fraction, run.seed
-                ));
-                Ok(SweepRow {
+        runs.into_par_iter()
+            .map(|r| {
+                if let Some(row) = r.done {
+                    return Ok(row);
+                }
+                let device = &config.devices[r.device];
+                let case = &cases[r.case];
+                let run = run_row(&colocate, device, case, r.budget, r.fraction, r.seed)?;
+                let graphs = colocate::graphs(case, scaled(case.reference_batch, r.fraction))?;
+                let bound = bound_at(&graphs, device, r.seed, r.budget, config)?;
+                let row = SweepRow {
                     phase_bound_bytes: bound,
-                    bound_fits: bound <= run.budget_bytes,
+                    bound_fits: bound <= r.budget,
                     fits_target: fits_target(&run),
                     slower_than_turns: run.error.is_none() && slower_than_turns(&run),
                     run,
-                })
+                };
+                on_row(&row)?;
+                progress(&format!(
+                    "{} {} at {:.3} seed {}",
+                    device.name,
+                    case.label(),
+                    r.fraction,
+                    r.seed
+                ));
+                Ok(row)
             })
             .collect::<Result<_, ExperimentError>>()
     })?;

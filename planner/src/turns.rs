@@ -39,7 +39,7 @@ const WIDEN: &[f64] = &[1.0, 1.1, 1.25, 1.5, 2.0, 3.0];
 /// How much shorter one layout's predicted cycle must be for the jobs to
 /// switch to it (from sharing to turns or back): each switch costs every
 /// job a realignment, and the predictions are not exact.
-const SWITCH: f64 = 0.02;
+pub(crate) const SWITCH: f64 = 0.02;
 
 /// How much shorter than the turns' cycle a free plan's must be predicted
 /// for the jobs to share the device free under a budget that binds (their

@@ -235,6 +235,13 @@ pub(crate) struct BenchColocateArgs {
     /// job's phase (two and three jobs; default 16).
     #[arg(long, requires = "sweep")]
     pub(crate) bound_grid: Option<u64>,
+    /// With --sweep: append each run to FILE as one JSON line as soon as
+    /// it is done (the first line the settings). Given a FILE that exists,
+    /// the sweep goes on with it: the runs it has are not run again, and
+    /// the summary is over its rows and the new ones (the settings must be
+    /// the same: --iterations, --warmup, --bound-grid, --recompute-first).
+    #[arg(long, requires = "sweep", value_name = "FILE")]
+    pub(crate) out: Option<PathBuf>,
     /// Iterations per run.
     #[arg(long, default_value_t = 12)]
     pub(crate) iterations: usize,

@@ -6,8 +6,9 @@
 use anyhow::Result;
 use tensile_experiments::colocate::EOR_TARGET;
 use tensile_experiments::sweep::{
-    BOUND_STRETCH, NEAR_BOUND, SweepConfig, SweepReport, fraction, run_sweep,
+    BOUND_STRETCH, NEAR_BOUND, SweepConfig, SweepReport, SweepRow, fraction, run_sweep,
 };
+use tensile_experiments::sweep_out::SweepOut;
 
 use crate::config::ColocateCommand;
 use crate::plot::{Bars, render_bars_wide};
@@ -16,18 +17,38 @@ use crate::report::device_names;
 use tensile_cli::format_mb;
 
 pub(crate) fn run(c: &ColocateCommand, config: &SweepConfig) -> Result<()> {
-    let runs = config.total_runs();
-    // Each row is simulated, then its bound scanned.
-    let progress = Progress::new(2 * runs);
+    let (out, prior) = match &c.out {
+        Some(path) => {
+            let (out, rows) = SweepOut::open(path, config)?;
+            (Some(out), rows)
+        }
+        None => (None, Vec::new()),
+    };
+    let plan = config.plan(prior)?;
+    let runs = plan.total();
+    let todo = runs - plan.done();
     eprintln!(
-        "bench colocate --sweep: {} cases x {} fractions x {} seeds on {} ({runs} runs of {} iterations beside vanilla and in turns, then as many bound scans)",
+        "bench colocate --sweep: {} cases x {} fractions x {} seeds on {} ({runs} runs of {} iterations beside vanilla and in turns, each with a bound scan)",
         config.cases().len(),
         config.fractions.len(),
         config.seeds.len(),
         device_names(&config.devices),
         config.iterations
     );
-    let report = run_sweep(config, &|what| progress.tick(what));
+    if let Some(out) = &out {
+        eprintln!(
+            "{}: {} of the runs already there, {todo} to run, each appended as it is done{}",
+            out.path().display(),
+            plan.done(),
+            match plan.unused() {
+                0 => String::new(),
+                n => format!(" ({n} rows of other runs left out of this summary)"),
+            }
+        );
+    }
+    let progress = Progress::new(todo);
+    let append = |row: &SweepRow| out.as_ref().map_or(Ok(()), |o| o.append(row));
+    let report = run_sweep(config, plan, &append, &|what| progress.tick(what));
     progress.bar.finish();
     let report = report?;
     crate::bench_colocate::finish(

@@ -171,6 +171,8 @@ pub(crate) struct ColocateCommand {
     pub(crate) mode: ColocateMode,
     pub(crate) json: bool,
     pub(crate) plot: Option<PathBuf>,
+    /// The sweep's rows, one JSON line each, appended as they are done.
+    pub(crate) out: Option<PathBuf>,
 }
 
 /// The given cases, or the sweep (`--sweep`).
@@ -236,6 +238,7 @@ impl ColocateCommand {
             mode,
             json: a.json,
             plot: a.plot.clone(),
+            out: a.out.clone(),
         })
     }
 }

@@ -21,9 +21,9 @@ impl Progress {
         let total = total as u64;
         // indicatif hides the bar itself when stderr is not a terminal.
         let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
-        if let Ok(style) =
-            ProgressStyle::with_template("[{bar:30}] {pos}/{len} {elapsed:>4} {wide_msg}")
-        {
+        if let Ok(style) = ProgressStyle::with_template(
+            "[{bar:30}] {pos}/{len} {elapsed:>4} eta {eta:>4} {wide_msg}",
+        ) {
             bar.set_style(style.progress_chars("#>."));
         }
         Progress {
@@ -47,7 +47,9 @@ impl Progress {
             if k >= *logged + step || k == self.total {
                 *logged = k;
                 let secs = self.bar.elapsed().as_secs_f64();
-                eprintln!("{k}/{} {secs:>5.0}s {what}", self.total);
+                // The runs left at the mean pace so far.
+                let eta = secs / k as f64 * (self.total - k) as f64;
+                eprintln!("{k}/{} {secs:>5.0}s eta {eta:>5.0}s {what}", self.total);
             }
         }
     }

@@ -5,6 +5,8 @@
 //! stretches, as far as the jobs' iterations allow); and when a job's
 //! overruns of its period make a re-plan due.
 
+use crate::turns::SWITCH;
+
 use super::{
     COMPRESS_SHARE, DRIFT_STEP, Due, Gate, Held, JobId, LINK_SHARE, Measurements, MultiPlan,
     ON_PERIOD, OVERRUNS, PACE, ROOM, ReplanJob, ReplanReason, Replanner, UNDERRUN,
@@ -127,6 +129,17 @@ impl Replanner {
     /// cycle to fit (two ResNet-50 copies at full batch: 313.7 ms, where
     /// the plans in use held on 217.2 ms). Only gated proposals compare,
     /// and only when nothing else made the re-plan due.
+    ///
+    /// A proposal in another layout than the plans in use (turns for
+    /// gates that share the device, or back) must be shorter than the
+    /// stretch by the margin [`crate::turns::choose`] asks of a switch:
+    /// the two cycles are predicted from latencies measured in one layout
+    /// and converted to the other, and the switch itself costs every job
+    /// a realignment. The stretch is the plans that held; the turns
+    /// predicted 1.8% shorter (216.6 ms against a 220.5 ms stretch, two
+    /// ResNet-50 b32 on the a6000, seed 8) ran 250 to 435 ms iterations,
+    /// evicting, where the same jobs planned in turns from the start ran
+    /// 117 and 125 ms ones.
     pub(super) fn held_or(&self, proposed: MultiPlan) -> MultiPlan {
         let Held::Ran(held_ns) = self.held else {
             return proposed;
@@ -136,6 +149,12 @@ impl Replanner {
         }
         match self.stretched_to(self.due.stretch_ns().max(held_ns)) {
             Some(st) if st.cycle_ns < proposed.cycle_ns => st,
+            Some(st)
+                if st.layout != proposed.layout
+                    && st.cycle_ns as f64 <= proposed.cycle_ns as f64 * (1.0 + SWITCH) =>
+            {
+                st
+            }
             _ => proposed,
         }
     }

@@ -451,3 +451,74 @@ fn bench_service_simulated_node_refuses_bad_input() {
         assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     }
 }
+
+/// A sweep with `--out` survives being stopped: each run is a line of the
+/// file as it is done; the sweep given the file again (here with a second
+/// fraction, after a line cut short as by a kill) runs only what the file
+/// lacks, and prints what one uninterrupted sweep prints. A file made with
+/// other settings is refused, naming the setting.
+#[test]
+fn bench_colocate_sweep_resumes_from_its_out_file() {
+    let dir = TempDir::new("sweep-out");
+    let file = dir.path("rows.jsonl");
+    let sweep = |fractions: &str, out: Option<&str>, iterations: &str| {
+        let mut args = vec![
+            "bench",
+            "colocate",
+            "--sweep",
+            "--models",
+            "resnet50",
+            "--copies",
+            "2",
+            "--no-pairs",
+            "--devices",
+            "a6000",
+            "--fractions",
+            fractions,
+            "--seeds",
+            "8",
+            "--iterations",
+            iterations,
+            "--warmup",
+            "1",
+            "--bound-grid",
+            "4",
+            "--jobs",
+            "1",
+        ];
+        if let Some(out) = out {
+            args.extend(["--out", out]);
+        }
+        tensilectl(&args)
+    };
+    let lines = || std::fs::read_to_string(&file).unwrap().lines().count();
+    let first = sweep("1", Some(&file), "5");
+    assert!(first.status.success(), "{}", text(&first.stderr));
+    assert_eq!(lines(), 2, "the settings and one row");
+    // Killed while writing a row: half a line at the end.
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&file)
+        .unwrap();
+    std::io::Write::write_all(&mut f, b"{\"device\":\"a6").unwrap();
+    drop(f);
+    let resumed = sweep("0.875,1", Some(&file), "5");
+    assert!(resumed.status.success(), "{}", text(&resumed.stderr));
+    let err = text(&resumed.stderr);
+    assert!(
+        err.contains("1 of the runs already there, 1 to run"),
+        "{err}"
+    );
+    assert_eq!(lines(), 3, "the settings and two rows, none twice");
+    let whole = sweep("0.875,1", None, "5");
+    assert!(whole.status.success(), "{}", text(&whole.stderr));
+    assert_eq!(text(&resumed.stdout), text(&whole.stdout));
+    assert!(
+        text(&whole.stdout).contains("2 runs"),
+        "{}",
+        text(&whole.stdout)
+    );
+    let other = sweep("1", Some(&file), "6");
+    assert_rejected(&other, "rows.jsonl", "made with --iterations 5, not 6");
+    assert_eq!(lines(), 3, "a refused file is left as it was");
+}
