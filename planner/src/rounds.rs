@@ -7,9 +7,9 @@ use std::collections::HashSet;
 
 use tensile_graph::StorageId;
 
-use crate::coord::{self, Coord};
+use crate::coord::Coord;
 use crate::job::Job;
-use crate::{Deadline, PlannerConfig, align, global_peak, overhead, swap};
+use crate::{Deadline, PlannerConfig, global_peak, overhead, swap};
 
 /// One greedy round at the peak (each job's, or the aligned sum's for
 /// coordinated jobs); returns how many swaps it placed. With `fits`, it
@@ -21,15 +21,10 @@ pub(crate) fn swap_round(
     deadline: Deadline<'_>,
     coord: Option<&Coord>,
 ) -> usize {
-    // Coordinated: the jobs' curves, kept up to date as swaps are placed.
-    let mut curves: Vec<align::Curve> = match coord {
-        Some(_) => state.iter().map(coord::curve).collect(),
-        None => Vec::new(),
-    };
     let (peaks, mut at, mut aligned): (Vec<usize>, Option<u64>, u64) = match coord {
         None => (state.iter().map(|j| j.peak().1).collect(), None, 0),
         Some(c) => {
-            let g = c.peak_of(state, &curves);
+            let g = c.peak(state);
             // A job waiting at its gate holds its first step's memory.
             let steps = g.steps.iter().map(|s| s.unwrap_or(0)).collect();
             (steps, Some(g.at), g.bytes)
@@ -100,8 +95,7 @@ pub(crate) fn swap_round(
                     for (k, v) in stale_view.iter_mut().enumerate() {
                         *v |= k != j;
                     }
-                    curves[j] = coord::curve(&state[j]);
-                    let g = c.peak_of(state, &curves);
+                    let g = c.peak(state);
                     aligned = g.bytes;
                     if at.replace(g.at) != Some(g.at) {
                         break;
