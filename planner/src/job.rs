@@ -228,7 +228,15 @@ pub(crate) struct Job<'g> {
     merged: Vec<OnceCell<IntervalSet>>,
     curve: OnceCell<Curve>,
     top: OnceCell<Option<(u64, u64)>>,
+    /// [`Job::swap_candidates`] at a step, with across-iteration gaps
+    /// allowed or not: a coordinated job waiting at its gate is asked for
+    /// its step 0 round after round while other jobs change.
+    cands: Option<((usize, bool), Vec<SwapCandidate>)>,
 }
+
+/// A storage a swap may take off the device at a step: its bytes, the
+/// storage, and the access its gap follows.
+pub(crate) type SwapCandidate = (u64, StorageId, usize);
 
 pub(crate) const OUT: usize = 0;
 
@@ -336,6 +344,7 @@ impl<'g> Job<'g> {
             merged: vec![OnceCell::new(); chans],
             curve: OnceCell::new(),
             top: OnceCell::new(),
+            cands: None,
         };
         job.rebuild();
         job.place_host_copies();
@@ -386,6 +395,36 @@ impl<'g> Job<'g> {
     fn memory_changed(&mut self) {
         self.curve = OnceCell::new();
         self.top = OnceCell::new();
+        self.cands = None;
+    }
+
+    /// What a swap at step `p` may take off the device: every storage
+    /// resident then and not accessed by the step, with a gap around `p`
+    /// for a swap, as (bytes, storage, the access the gap follows), in
+    /// storage order (memoised for the last step asked).
+    pub(crate) fn swap_candidates(&mut self, p: usize) -> &[SwapCandidate] {
+        let key = (p, self.wrap_allowed);
+        let fresh = |job: &Job<'_>| -> Vec<SwapCandidate> {
+            let mut v = Vec::new();
+            for (i, st) in job.st.iter().enumerate() {
+                let s = StorageId(i as u32);
+                if st.bytes == 0 || !job.resident(s, p) || job.accessed_at(s, p) {
+                    continue;
+                }
+                if let Some((after, _, _)) = crate::swap::gap_around(job, s, p) {
+                    v.push((st.bytes, s, after));
+                }
+            }
+            v
+        };
+        if !matches!(&self.cands, Some((k, _)) if *k == key) {
+            self.cands = Some((key, fresh(self)));
+        }
+        let memo = self.cands.as_ref().map_or(&[][..], |c| c.1.as_slice());
+        // Every test plan checks the memo against the storages as they are.
+        #[cfg(test)]
+        assert_eq!(memo, fresh(self).as_slice(), "stale swap candidates");
+        memo
     }
 
     /// [`crate::align::top`] of the job's curve (memoised).
@@ -892,6 +931,7 @@ impl<'g> Job<'g> {
 
     /// Adds an access (keeping the list sorted).
     pub(crate) fn add_access(&mut self, s: StorageId, access: Access) {
+        self.cands = None;
         let acc = &mut self.st[s.index()].accesses;
         let at = acc.partition_point(|a| a.step < access.step);
         acc.insert(at, access);
