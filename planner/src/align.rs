@@ -3,6 +3,8 @@
 //! (Zico's TimeShift for k jobs). Pure functions over plain curves, so that
 //! the planner, the simulator's checks and the benches share them.
 
+use std::borrow::Borrow;
+
 /// One job's memory over one cycle of its gate: `points` are (start ns,
 /// bytes) of each step of its iteration, from 0, sorted; the iteration ends
 /// at `end`; from then until the cycle's end the job waits at its gate
@@ -45,11 +47,12 @@ impl Curve {
 /// The peak of the curves' sum, job `j` shifted by `phases[j]`, over one
 /// cycle, and the first instant (on the shared time line, in `[0, cycle)`)
 /// where it is reached.
-pub fn aligned_sum_peak(curves: &[Curve], phases: &[u64], cycle: u64) -> (u64, u64) {
+pub fn aligned_sum_peak<C: Borrow<Curve>>(curves: &[C], phases: &[u64], cycle: u64) -> (u64, u64) {
     let cycle = cycle.max(1);
     // (global time, job, bytes from then on)
     let mut changes: Vec<(u64, usize, u64)> = Vec::new();
     for (j, c) in curves.iter().enumerate() {
+        let c = c.borrow();
         let phase = phases.get(j).copied().unwrap_or(0) % cycle;
         let to_global = |t: u64| (t % cycle + phase) % cycle;
         changes.push((0, j, c.at((cycle - phase) % cycle)));
@@ -80,6 +83,82 @@ pub fn aligned_sum_peak(curves: &[Curve], phases: &[u64], cycle: u64) -> (u64, u
         }
     }
     (best, at)
+}
+
+/// The most memory a curve holds during its iteration, `[0, end)`, and
+/// the first instant it holds it, as [`aligned_sum_peak`] sees the curve
+/// (of several points at one instant the last counts); `None` where a
+/// point lies at or past the end, or the iteration is empty.
+pub(crate) fn top(c: &Curve) -> Option<(u64, u64)> {
+    let mut best: Option<(u64, u64)> = None;
+    let mut consider = |v: u64, t: u64| {
+        if best.is_none_or(|b| v > b.0) {
+            best = Some((v, t));
+        }
+    };
+    if c.points.first().map_or(c.end, |p| p.0) > 0 {
+        consider(c.idle, 0);
+    }
+    for (i, &(t, v)) in c.points.iter().enumerate() {
+        let next = c.points.get(i + 1).map_or(c.end, |p| p.0);
+        if t >= c.end || next < t {
+            return None;
+        }
+        if next > t {
+            consider(v, t);
+        }
+    }
+    best
+}
+
+/// [`aligned_sum_peak`] where no two curves' iterations overlap on the
+/// shared time line (jobs taking turns), from each curve's idle memory and
+/// [`top`] alone: during job `j`'s iteration the others wait holding their
+/// idle memory, so the sum there is all the idle memory with `j`'s replaced
+/// by its curve, and elsewhere all the idle memory. `None` where the
+/// iterations overlap or run past the cycle's end (then every change must
+/// be swept).
+pub(crate) fn disjoint_sum_peak<'c>(
+    curves: impl Fn(usize) -> &'c Curve,
+    tops: impl Fn(usize) -> Option<(u64, u64)>,
+    phases: &[u64],
+    cycle: u64,
+) -> Option<(u64, u64)> {
+    let cycle = cycle.max(1);
+    let k = phases.len();
+    let mut order: Vec<(u64, usize)> = (0..k).map(|j| (phases[j] % cycle, j)).collect();
+    order.sort_unstable();
+    let mut idle: u64 = 0;
+    let mut cursor = 0;
+    let mut gap = None;
+    for &(p, j) in &order {
+        let c = curves(j);
+        if p < cursor || c.end == 0 || c.end > cycle - p {
+            return None;
+        }
+        if p > cursor && gap.is_none() {
+            gap = Some(cursor);
+        }
+        cursor = p + c.end;
+        idle += c.idle;
+    }
+    if cursor < cycle && gap.is_none() {
+        gap = Some(cursor);
+    }
+    // (bytes, first instant)
+    let mut best: Option<(u64, u64)> = gap.map(|t| (idle, t));
+    for &(p, j) in &order {
+        let (v, t) = tops(j)?;
+        let bytes = idle - curves(j).idle + v;
+        let at = p + t;
+        if best.is_none_or(|b| bytes > b.0 || (bytes == b.0 && at < b.1)) {
+            best = Some((bytes, at));
+        }
+    }
+    Some(match best {
+        Some((bytes, at)) if bytes > 0 => (bytes, at),
+        _ => (0, 0),
+    })
 }
 
 /// Cells per cycle of the search's sampled curves.

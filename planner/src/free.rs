@@ -25,12 +25,10 @@ use std::cmp::Ordering;
 use std::collections::{BTreeSet, HashSet};
 use std::time::Instant;
 
-use tensile_graph::StorageId;
-
 use crate::job::Job;
 use crate::overhead::{self, MoveKey};
 use crate::{
-    Deadline, MAX_TRIES, MultiPlan, PlannerConfig, TRIES, stop_here, swap_round, try_move,
+    Deadline, Failed, MAX_TRIES, MultiPlan, PlannerConfig, TRIES, stop_here, swap_round, try_move,
 };
 
 /// Whether `state`'s jobs may be searched job by job: running free (no
@@ -56,7 +54,7 @@ pub(crate) fn search(
     out: &mut MultiPlan,
     add_time: bool,
 ) -> bool {
-    let mut failed: Vec<HashSet<(usize, StorageId, usize)>> = vec![HashSet::new(); state.len()];
+    let mut failed: Vec<Failed> = vec![Failed::default(); state.len()];
     let mut capped = false;
     for (j, failed) in failed.iter_mut().enumerate() {
         if !swaps(state, j, failed, config, deadline, out) {
@@ -91,7 +89,7 @@ pub(crate) fn search(
 fn swaps(
     state: &mut [Job<'_>],
     j: usize,
-    failed: &mut HashSet<(usize, StorageId, usize)>,
+    failed: &mut Failed,
     config: &PlannerConfig,
     deadline: Deadline<'_>,
     out: &mut MultiPlan,

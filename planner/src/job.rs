@@ -16,11 +16,13 @@
 //! releases done and the swap-ins it triggered allocated, the next step's
 //! outputs not yet.
 
+use std::cell::OnceCell;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 use tensile_graph::{Graph, Liveness, OpId, StorageId, TensorId};
 
+use crate::align::Curve;
 use crate::config::{CopyModel, JobSettings};
 use crate::intervals::IntervalSet;
 use crate::memtree::MemTree;
@@ -216,7 +218,25 @@ pub(crate) struct Job<'g> {
     /// When each host op ends (as [`Job::host_ops`]). Set by
     /// [`Job::rebuild`].
     pub(crate) host_end: Vec<u64>,
+    /// Memos of what is read often and changes seldom, made when first
+    /// read and dropped where what they come from changes (see
+    /// [`Job::memory_changed`], [`Job::set_foreign`]): per channel, the
+    /// job's copies and the other jobs' together (a coordinated job's swap
+    /// tries read it every time, and the others' copies change only when
+    /// they are refreshed); the job's memory over its iteration (the
+    /// aligned peak of coordinated jobs reads every job's).
+    merged: Vec<OnceCell<IntervalSet>>,
+    curve: OnceCell<Curve>,
+    top: OnceCell<Option<(u64, u64)>>,
+    /// [`Job::swap_candidates`] at a step, with across-iteration gaps
+    /// allowed or not: a coordinated job waiting at its gate is asked for
+    /// its step 0 round after round while other jobs change.
+    cands: Option<((usize, bool), Vec<SwapCandidate>)>,
 }
+
+/// A storage a swap may take off the device at a step: its bytes, the
+/// storage, and the access its gap follows.
+pub(crate) type SwapCandidate = (u64, StorageId, usize);
 
 pub(crate) const OUT: usize = 0;
 
@@ -321,6 +341,10 @@ impl<'g> Job<'g> {
             host_ops,
             tail: 0,
             host_end: Vec::new(),
+            merged: vec![OnceCell::new(); chans],
+            curve: OnceCell::new(),
+            top: OnceCell::new(),
+            cands: None,
         };
         job.rebuild();
         job.place_host_copies();
@@ -339,12 +363,73 @@ impl<'g> Job<'g> {
 
     /// Channel `ch` as a new copy must find it: the job's own copies and,
     /// when it is coordinated, the other jobs'.
-    pub(crate) fn chan(&self, ch: usize) -> std::borrow::Cow<'_, IntervalSet> {
+    pub(crate) fn chan(&self, ch: usize) -> &IntervalSet {
         if self.foreign[ch].busy().is_empty() {
-            return std::borrow::Cow::Borrowed(&self.chans[ch]);
+            return &self.chans[ch];
         }
-        let all = self.chans[ch].busy().iter().chain(self.foreign[ch].busy());
-        std::borrow::Cow::Owned(IntervalSet::from_intervals(all.copied().collect()).0)
+        let merge = || {
+            let all = self.chans[ch].busy().iter().chain(self.foreign[ch].busy());
+            IntervalSet::from_intervals(all.copied().collect()).0
+        };
+        let merged = self.merged[ch].get_or_init(merge);
+        // Every test plan checks the memo against the merge.
+        #[cfg(test)]
+        assert_eq!(merged, &merge(), "a stale channel memo");
+        merged
+    }
+
+    /// Sets what the job sees of the other jobs' copies on channel `ch`.
+    pub(crate) fn set_foreign(&mut self, ch: usize, busy: IntervalSet) {
+        self.foreign[ch] = busy;
+        self.merged[ch] = OnceCell::new();
+    }
+
+    /// The job's memory over its iteration as a curve (memoised).
+    pub(crate) fn curve(&self) -> &Curve {
+        self.curve
+            .get_or_init(|| Curve::new(self.timeline(), self.iteration_ns()))
+    }
+
+    /// The steps, their times or the memory during them changed: the
+    /// curve memo goes.
+    fn memory_changed(&mut self) {
+        self.curve = OnceCell::new();
+        self.top = OnceCell::new();
+        self.cands = None;
+    }
+
+    /// What a swap at step `p` may take off the device: every storage
+    /// resident then and not accessed by the step, with a gap around `p`
+    /// for a swap, as (bytes, storage, the access the gap follows), in
+    /// storage order (memoised for the last step asked).
+    pub(crate) fn swap_candidates(&mut self, p: usize) -> &[SwapCandidate] {
+        let key = (p, self.wrap_allowed);
+        let fresh = |job: &Job<'_>| -> Vec<SwapCandidate> {
+            let mut v = Vec::new();
+            for (i, st) in job.st.iter().enumerate() {
+                let s = StorageId(i as u32);
+                if st.bytes == 0 || !job.resident(s, p) || job.accessed_at(s, p) {
+                    continue;
+                }
+                if let Some((after, _, _)) = crate::swap::gap_around(job, s, p) {
+                    v.push((st.bytes, s, after));
+                }
+            }
+            v
+        };
+        if !matches!(&self.cands, Some((k, _)) if *k == key) {
+            self.cands = Some((key, fresh(self)));
+        }
+        let memo = self.cands.as_ref().map_or(&[][..], |c| c.1.as_slice());
+        // Every test plan checks the memo against the storages as they are.
+        #[cfg(test)]
+        assert_eq!(memo, fresh(self).as_slice(), "stale swap candidates");
+        memo
+    }
+
+    /// [`crate::align::top`] of the job's curve (memoised).
+    pub(crate) fn curve_top(&self) -> Option<(u64, u64)> {
+        *self.top.get_or_init(|| crate::align::top(self.curve()))
     }
 
     pub(crate) fn in_chan(&self) -> usize {
@@ -423,6 +508,7 @@ impl<'g> Job<'g> {
         if !spans.iter().all(|&(a, b)| self.chans[ch].is_free(a, b)) {
             return false;
         }
+        self.merged[ch] = OnceCell::new();
         spans.iter().all(|&(a, b)| self.chans[ch].insert(a, b))
     }
 
@@ -722,10 +808,15 @@ impl<'g> Job<'g> {
             self.chans[ch] = set;
             self.clash |= overlap || own_overlap;
         }
+        self.memory_changed();
+        for m in &mut self.merged {
+            *m = OnceCell::new();
+        }
     }
 
     /// Applies a placed gap to memory and channels.
     pub(crate) fn apply_gap(&mut self, s: StorageId, gap: Gap) {
+        self.memory_changed();
         let bytes = self.st[s.index()].bytes as i64;
         for (a, b) in self.absent(&gap) {
             self.tree.add(a, b, -bytes);
@@ -747,6 +838,7 @@ impl<'g> Job<'g> {
     /// intervals stay disjoint (the wrapped tail of a copy running past the
     /// iteration's end keeps its length or shrinks, as the end moves on).
     pub(crate) fn insert_step(&mut self, at: usize, step: Step) {
+        self.memory_changed();
         let bump = |i: &mut usize| {
             if *i >= at {
                 *i += 1;
@@ -839,6 +931,7 @@ impl<'g> Job<'g> {
 
     /// Adds an access (keeping the list sorted).
     pub(crate) fn add_access(&mut self, s: StorageId, access: Access) {
+        self.cands = None;
         let acc = &mut self.st[s.index()].accesses;
         let at = acc.partition_point(|a| a.step < access.step);
         acc.insert(at, access);

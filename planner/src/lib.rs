@@ -69,10 +69,10 @@ mod swap;
 mod turns;
 
 use std::cell::Cell;
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::time::Instant;
 
-use tensile_graph::{Graph, Liveness, StorageId, TensorId};
+use tensile_graph::{Graph, Liveness, TensorId};
 
 pub use align::{Curve, aligned_sum_peak, choose_phases};
 pub use config::{CopyModel, JobSettings, PlannerConfig, RecomputeFirst, Turns};
@@ -89,7 +89,7 @@ use coord::Coord;
 use emit::emit;
 use job::Job;
 use lengthen::Lengthen;
-use rounds::{MAX_TRIES, TRIES, Tried, budget_round, op_starts, swap_round, try_move};
+use rounds::{Failed, MAX_TRIES, TRIES, Tried, budget_round, op_starts, swap_round, try_move};
 
 /// One job to plan.
 #[derive(Debug, Clone)]
@@ -577,7 +577,7 @@ fn search_with(
     if coord.is_none() && free::separable(state, config) {
         return free::search(state, config, limits, deadline, out, add_time);
     }
-    let mut failed: HashSet<(usize, StorageId, usize)> = HashSet::new();
+    let mut failed = Failed::default();
     let mut tried = Tried::default();
     let mut capped = false;
     loop {

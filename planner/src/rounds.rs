@@ -3,58 +3,92 @@
 //! tries time-for-memory moves on copies of the jobs and keeps the one
 //! with the most bytes per second; `try_move` prices one move.
 
-use std::collections::HashSet;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashSet};
+use std::hash::{BuildHasherDefault, Hasher};
 
 use tensile_graph::StorageId;
 
-use crate::coord::{self, Coord};
+use crate::coord::Coord;
 use crate::job::Job;
-use crate::{Deadline, PlannerConfig, align, global_peak, overhead, swap};
+use crate::{Deadline, PlannerConfig, global_peak, overhead, swap};
+
+/// A fast hash of the search's small integer keys: the swaps that failed
+/// are looked up for every candidate of every round (tens of thousands a
+/// round for 64 jobs), where the standard hasher showed in the profile.
+/// Nothing reads the sets' order.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct FastHash(u64);
+
+impl FastHash {
+    fn add(&mut self, v: u64) {
+        self.0 = (self.0.rotate_left(5) ^ v).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+}
+
+impl Hasher for FastHash {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.add(u64::from(b));
+        }
+    }
+
+    fn write_u32(&mut self, v: u32) {
+        self.add(u64::from(v));
+    }
+
+    fn write_u64(&mut self, v: u64) {
+        self.add(v);
+    }
+
+    fn write_usize(&mut self, v: usize) {
+        self.add(v as u64);
+    }
+}
+
+/// The swaps that failed, by job, storage and the access their gap
+/// follows: a swap that failed on a job that did not change fails again.
+pub(crate) type Failed = HashSet<(usize, StorageId, usize), BuildHasherDefault<FastHash>>;
 
 /// One greedy round at the peak (each job's, or the aligned sum's for
 /// coordinated jobs); returns how many swaps it placed. With `fits`, it
 /// stops as soon as the peak is no more than that.
 pub(crate) fn swap_round(
     state: &mut [Job<'_>],
-    failed: &mut HashSet<(usize, StorageId, usize)>,
+    failed: &mut Failed,
     fits: Option<u64>,
     deadline: Deadline<'_>,
     coord: Option<&Coord>,
 ) -> usize {
-    // Coordinated: the jobs' curves, kept up to date as swaps are placed.
-    let mut curves: Vec<align::Curve> = match coord {
-        Some(_) => state.iter().map(coord::curve).collect(),
-        None => Vec::new(),
-    };
     let (peaks, mut at, mut aligned): (Vec<usize>, Option<u64>, u64) = match coord {
         None => (state.iter().map(|j| j.peak().1).collect(), None, 0),
         Some(c) => {
-            let g = c.peak_of(state, &curves);
+            let g = c.peak(state);
             // A job waiting at its gate holds its first step's memory.
             let steps = g.steps.iter().map(|s| s.unwrap_or(0)).collect();
             (steps, Some(g.at), g.bytes)
         }
     };
     let mut cands = Vec::new();
-    for (j, job) in state.iter().enumerate() {
+    for (j, job) in state.iter_mut().enumerate() {
         if !job.settings.swap || job.n() == 0 {
             continue;
         }
-        let p = peaks[j];
-        for (i, st) in job.st.iter().enumerate() {
-            let s = StorageId(i as u32);
-            if st.bytes == 0 || !job.resident(s, p) || job.accessed_at(s, p) {
-                continue;
-            }
-            let Some((after, _, _)) = swap::gap_around(job, s, p) else {
-                continue;
-            };
+        for &(bytes, s, after) in job.swap_candidates(peaks[j]) {
             if !failed.contains(&(j, s, after)) {
-                cands.push((st.bytes, j, s, after));
+                cands.push((bytes, Reverse(j), Reverse(s), after));
             }
         }
     }
-    cands.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+    // Largest first, then by job and storage (one candidate per job and
+    // storage: no two tie). A heap, not a sort: a coordinated round ends
+    // at the first swap that moves the aligned peak, having taken a few of
+    // the thousands of candidates, which the next round gathers again.
+    let mut cands = BinaryHeap::from(cands);
     let mut placed = 0;
     // Coordinated: the jobs whose view of the others' copies is stale (a
     // copy placed on another job since it was made); a job's view is made
@@ -62,7 +96,7 @@ pub(crate) fn swap_round(
     // end of the round (a full refresh after every placement cost the
     // square of the job count per placement).
     let mut stale_view = vec![false; state.len()];
-    for (_, j, s, after) in cands {
+    while let Some((_, Reverse(j), Reverse(s), after)) = cands.pop() {
         // Coordinated: the aligned peak is known since the last placement.
         let now = if coord.is_some() {
             aligned
@@ -100,8 +134,7 @@ pub(crate) fn swap_round(
                     for (k, v) in stale_view.iter_mut().enumerate() {
                         *v |= k != j;
                     }
-                    curves[j] = coord::curve(&state[j]);
-                    let g = c.peak_of(state, &curves);
+                    let g = c.peak(state);
                     aligned = g.bytes;
                     if at.replace(g.at) != Some(g.at) {
                         break;

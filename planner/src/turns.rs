@@ -396,6 +396,59 @@ mod tests {
         assert!(near(again.shared_cycle_ns, mp.shared_cycle_ns));
     }
 
+    /// Zoo mixes planned to take turns under budgets that bind: every
+    /// aligned peak the search asks for comes from the jobs' idle memory
+    /// and tops alone, and each is checked against the sweep of every
+    /// curve's changes (in `Coord::sum_peak`), as every memoised channel is
+    /// against a fresh merge (in `Job::chan`): the plans are the sweep's.
+    #[test]
+    fn turns_plans_take_the_disjoint_peak_which_is_the_sweeps() {
+        use tensile_graph::zoo::{self, ZooConfig};
+        // (mix, budgets as shares of the vanilla sum of peaks)
+        let mixes: [(&[&str], &[f64]); 2] = [
+            (&["resnet50", "vgg16", "bert_base"], &[0.9, 0.6]),
+            (&["inception_v3", "resnet50"], &[0.6]),
+        ];
+        for (mix, budgets) in mixes {
+            let graphs: Vec<Graph> = mix
+                .iter()
+                .map(|m| {
+                    let mut c = ZooConfig::new(2);
+                    c.resolution = Some(zoo::model(m).unwrap().min_resolution.max(64));
+                    zoo::build(m, &c).unwrap()
+                })
+                .collect();
+            let settings = JobSettings {
+                base_bytes: 300_000_000,
+                ..JobSettings::default()
+            };
+            let inputs: Vec<JobInput<'_>> = graphs
+                .iter()
+                .enumerate()
+                .map(|(k, g)| {
+                    let lat = (0..g.ops().len())
+                        .map(|i| 2_000 + ((i * 7_919 + k * 104_729) % 40_000) as u64)
+                        .collect();
+                    JobInput::new(g, lat, settings)
+                })
+                .collect();
+            let mut config = PlannerConfig::new(CopyModel::duplex(12e9, 12e9, 5_000));
+            let vanilla = plan(&inputs, &config).unwrap().vanilla_sum_of_peaks_bytes;
+            config.coordinate = true;
+            config.turns = Turns::Always;
+            for &budget in budgets {
+                config.budget_bytes = Some((vanilla as f64 * budget) as u64);
+                crate::coord::tests::DISJOINT.set(0);
+                let mp = plan(&inputs, &config).unwrap();
+                assert_eq!(mp.layout, Layout::Turns, "{mix:?} at {budget}");
+                assert!(
+                    crate::coord::tests::DISJOINT.get() > 0,
+                    "{mix:?} at {budget}: no aligned peak took the disjoint path"
+                );
+            }
+        }
+    }
+
     #[test]
     fn sharing_that_beats_the_turns_is_kept() {
         let g = mlp();
