@@ -35,6 +35,10 @@ const PLANS_WITHHELD: (&str, &str) = (
     "plans_withheld",
     "Plans of a joint plan not published because they would take the plans in force past the budget",
 );
+const PLANS_UNCHANGED: (&str, &str) = (
+    "plans_unchanged",
+    "Plans of a joint plan not sent because the job runs the same one (the same copies, gate and peak)",
+);
 const REPORTS: (&str, &str) = ("reports", "Latency reports received");
 const STALL_SECONDS: (&str, &str) = (
     "stall_seconds",
@@ -146,6 +150,7 @@ struct Families {
     planning_seconds: Series<Histogram>,
     planning_capped: Series<Counter>,
     plans_withheld: Series<Counter>,
+    plans_unchanged: Series<Counter>,
     reports: Series<Counter>,
     stall_seconds: Series<F64Counter>,
     passive_swaps: Series<Counter>,
@@ -187,6 +192,7 @@ impl MetricsRegistry {
             planning_seconds: Series::register(r, PLANNING_SECONDS, planning_histogram),
             planning_capped: Series::register(r, PLANNING_CAPPED, Counter::default),
             plans_withheld: Series::register(r, PLANS_WITHHELD, Counter::default),
+            plans_unchanged: Series::register(r, PLANS_UNCHANGED, Counter::default),
             reports: Series::register(r, REPORTS, Counter::default),
             stall_seconds: Series::register(r, STALL_SECONDS, F64Counter::default),
             passive_swaps: Series::register(r, PASSIVE_SWAPS, Counter::default),
@@ -225,6 +231,7 @@ impl MetricsRegistry {
             planning_seconds: f.planning_seconds.of(&base),
             planning_capped: f.planning_capped.of(&base),
             plans_withheld: f.plans_withheld.of(&base),
+            plans_unchanged: f.plans_unchanged.of(&base),
             reports: f.reports.of(&base),
             stall_seconds: f.stall_seconds.of(&base),
             passive_swaps: f.passive_swaps.of(&base),
@@ -268,6 +275,7 @@ pub struct Metrics {
     pub planning_seconds: Histogram,
     pub planning_capped: Counter,
     pub plans_withheld: Counter,
+    pub plans_unchanged: Counter,
     pub reports: Counter,
     pub stall_seconds: F64Counter,
     pub passive_swaps: Counter,
@@ -426,7 +434,13 @@ mod tests {
         ] {
             assert!(lines.contains(&want), "no {want:?} in\n{text}");
         }
-        assert!(lines.iter().all(|(s, _)| s.contains("gpu=\"")), "{text}");
+        // Every series but the heap's, which is the process's.
+        assert!(
+            lines
+                .iter()
+                .all(|(s, _)| s.contains("gpu=\"") || s.starts_with("tensile_scheduler_heap_")),
+            "{text}"
+        );
         // The same metrics either way, each one family.
         let names = |t: &str| {
             let mut n: Vec<String> = samples(t)

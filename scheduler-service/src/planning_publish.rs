@@ -195,16 +195,24 @@ impl Planner {
             self.gated_in_force = None;
         }
         let sent = self.shared.job(id, |job| {
+            if runs_the_same(&job.updates.borrow(), &plan, &diagnostics) {
+                return false;
+            }
             plan.version = job.version() + 1;
             job.updates.send_replace(Update {
                 state: JobState::Active,
                 plan: Some(Arc::new(plan)),
                 diagnostics: Arc::new(diagnostics),
             });
+            true
         });
-        if sent.is_some() {
+        if let Some(sent) = sent {
             self.in_force.insert(id, peak);
-            self.metrics.plans_published.inc();
+            if sent {
+                self.metrics.plans_published.inc();
+            } else {
+                self.metrics.plans_unchanged.inc();
+            }
         }
     }
 
@@ -274,4 +282,24 @@ impl Planner {
         self.count_states();
         info!(jobs = ids.len(), sum_of_peaks, "plans published");
     }
+}
+
+/// Whether an active job's plan in force is `plan` in all the worker acts
+/// on (its copies and releases, the storages it starts on the host, its
+/// gate) and in its peak, with the same diagnostics: then a new version
+/// would change nothing it does, and it keeps the one it runs (a plan
+/// settles: a job re-planned beside another's report gets no new version
+/// unless its own plan changed). Its prediction stays the one it was
+/// handed; a gated plan's epoch differs at every joint plan, so gated
+/// plans always go out.
+fn runs_the_same(update: &Update, plan: &Plan, diagnostics: &[Diagnostic]) -> bool {
+    let Some(current) = update.plan.as_deref() else {
+        return false;
+    };
+    update.state == JobState::Active
+        && current.events == plan.events
+        && current.start_on_host == plan.start_on_host
+        && current.gate == plan.gate
+        && current.prediction.planned_peak_bytes == plan.prediction.planned_peak_bytes
+        && *update.diagnostics == diagnostics
 }
