@@ -15,9 +15,11 @@
 //! publication and shown as `published_bytes` and
 //! `max_published_over_budget_bytes`. A fast plan goes out only if it fits
 //! beside the plans in force. A gated joint plan goes out whole or not at
-//! all. Of a joint plan without gates the plans that lower their job's
-//! peak go out first, then, smallest rise first, those that still fit;
-//! the others are withheld (`plans_withheld`): their jobs keep the plans in
+//! all. Of a joint plan without gates, smallest rise first, the plans go
+//! out that keep the ledger within the budget after each (a plan that
+//! lowers its job's peak but takes it off a gated set may not: the set's
+//! other jobs keep their gates and may hold as much without it); the
+//! others are withheld (`plans_withheld`): their jobs keep the plans in
 //! force. When the joint plan left out jobs on fast plans, the next one,
 //! of every job, follows at once; when it had every job and still does not
 //! fit (capped, or nothing more to swap), a job left with no plan at all
@@ -176,10 +178,12 @@ pub struct Planner {
     gate: Option<Gate>,
     /// The plans in force: the planned peak of each job's published plan.
     in_force: BTreeMap<u64, u64>,
-    /// The jobs whose gated plans went out together, with their aligned
-    /// peak: while each still runs that plan they hold that much, not the
-    /// sum of their peaks. (One leaving lowers the aligned sum; one given
-    /// a plan without that gate ends it: all then count their peaks.)
+    /// The jobs whose gated plans went out together and still run them,
+    /// with the set's aligned peak: they hold that much at most, not the
+    /// sum of their peaks. One leaving, or given a plan without that gate,
+    /// leaves the set; the others keep their gates and hold the set's
+    /// aligned peak or their own peaks added up, whichever is less
+    /// ([`Planner::gated_holds`]).
     gated_in_force: Option<(Vec<u64>, u64)>,
     /// Queued jobs whose plan did not fit: the peak the planner reached for
     /// them, which admission waits to have room for.
@@ -468,7 +472,7 @@ impl Planner {
     /// it past its plan's peak). A fast plan gets the rest.
     fn held(&self, except: Option<u64>) -> u64 {
         let gated = self.gated_in_force.as_ref();
-        let mut held = gated.map_or(0, |(_, aligned)| *aligned);
+        let mut held = self.gated_holds();
         for (&id, a) in &self.admitted {
             if Some(id) == except || gated.is_some_and(|(ids, _)| ids.contains(&id)) {
                 continue;
@@ -738,8 +742,8 @@ impl Planner {
         // Published plans never add up past the budget: a gated plan goes
         // out whole if it fits beside the plans in force of the jobs it
         // does not cover (fast plans made meanwhile), else not at all; of
-        // a plan without gates, the plans that lower their job's peak go
-        // out, then those that still fit ([`Planner::what_fits`]). When
+        // a plan without gates, those that keep the ledger within the
+        // budget after each, smallest rise first ([`Planner::what_fits`]). When
         // jobs ran fast plans beside it, the next joint plan, of every job,
         // follows at once; when it covered every job and does not fit by
         // itself (capped, or nothing more to swap), the jobs keep the plans

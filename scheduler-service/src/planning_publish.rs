@@ -86,20 +86,27 @@ impl Planner {
 
     /// Which plans of a joint plan without gates go out, in the order
     /// they go out, so that the plans in force never add up past the
-    /// budget: every plan that lowers its job's peak, then, smallest rise
-    /// first, those that still fit. (A set of gated plans in force counts
-    /// by the sum of their peaks from the first of them replaced.)
+    /// budget, counted as the ledger counts them
+    /// ([`Planner::in_force_bytes`]) after each: in rounds, smallest rise
+    /// of its job's peak first, each plan that keeps the count within the
+    /// budget (or, past it after a budget cut, does not raise it). A plan
+    /// that lowers its job's peak may still raise the count: its job
+    /// leaves a gated set, whose other jobs, still on their gates, may
+    /// hold as much as before without it; such a plan waits for a later
+    /// round, once others of the set have left it, or is withheld.
     pub(super) fn what_fits(&self, ids: &[u64], mp: &MultiPlan) -> Vec<usize> {
         let now = |id: &u64| self.in_force.get(id).copied().unwrap_or(0);
-        let breaks_gates = self
-            .gated_in_force
-            .as_ref()
-            .is_some_and(|(g, _)| g.iter().any(|id| ids.contains(id)));
-        let mut total: u64 = if breaks_gates {
-            self.in_force_sum()
-        } else {
-            self.in_force_bytes()
-        };
+        let (mut gated, aligned): (Vec<u64>, u64) =
+            self.gated_in_force.clone().unwrap_or((Vec::new(), 0));
+        // The ledger, kept as it would stand: the peaks of the plans
+        // outside the gated set, and of those in it.
+        let mut free: u64 = self
+            .in_force
+            .iter()
+            .filter(|(id, _)| !gated.contains(id))
+            .map(|(_, &peak)| peak)
+            .fold(0, u64::saturating_add);
+        let mut in_gates: u64 = gated.iter().map(now).fold(0, u64::saturating_add);
         let mut rises: Vec<(i128, usize)> = ids
             .iter()
             .zip(&mp.plans)
@@ -113,12 +120,33 @@ impl Planner {
             .collect();
         rises.sort();
         let mut order = Vec::new();
-        for (rise, k) in rises {
-            let next = (i128::from(total) + rise).max(0) as u64;
-            if rise <= 0 || next <= self.budget {
-                order.push(k);
-                total = next;
+        loop {
+            let went = order.len();
+            let mut left = Vec::new();
+            for (rise, k) in rises {
+                let (Some(id), Some(p)) = (ids.get(k), mp.plans.get(k)) else {
+                    continue;
+                };
+                let current = free.saturating_add(aligned.min(in_gates));
+                let (new, was) = (p.prediction.planned_peak_bytes, now(id));
+                let (f, g) = if gated.contains(id) {
+                    (free.saturating_add(new), in_gates.saturating_sub(was))
+                } else {
+                    (free.saturating_sub(was).saturating_add(new), in_gates)
+                };
+                if f.saturating_add(aligned.min(g)) <= self.budget.max(current) {
+                    order.push(k);
+                    (free, in_gates) = (f, g);
+                    gated.retain(|g| g != id);
+                } else {
+                    left.push((rise, k));
+                }
             }
+            // Another round while the last one let plans out and some wait.
+            if left.is_empty() || order.len() == went {
+                break;
+            }
+            rises = left;
         }
         order
     }
@@ -132,18 +160,32 @@ impl Planner {
             .set(i64::try_from(sum).unwrap_or(i64::MAX));
     }
 
-    /// What the plans in force hold: a gated set by its aligned peak,
-    /// every other plan by its peak.
+    /// What the plans in force hold: the jobs still on a gated set's
+    /// plans by [`Planner::gated_holds`], every other plan by its peak.
     pub(super) fn in_force_bytes(&self) -> u64 {
         match &self.gated_in_force {
-            Some((gated, aligned)) => self
+            Some((gated, _)) => self
                 .in_force
                 .iter()
                 .filter(|(id, _)| !gated.contains(id))
                 .map(|(_, &peak)| peak)
-                .fold(*aligned, u64::saturating_add),
+                .fold(self.gated_holds(), u64::saturating_add),
             None => self.in_force_sum(),
         }
+    }
+
+    /// What the jobs still on the gated set's plans hold together: their
+    /// aligned peak, or their peaks added up where that is less (jobs of
+    /// the set that left it or run other plans now: those still on their
+    /// gates keep their phases, so they hold no more than the set did).
+    pub(super) fn gated_holds(&self) -> u64 {
+        self.gated_in_force.as_ref().map_or(0, |(gated, aligned)| {
+            gated
+                .iter()
+                .map(|id| self.in_force.get(id).copied().unwrap_or(0))
+                .fold(0, u64::saturating_add)
+                .min(*aligned)
+        })
     }
 
     /// The plans in force's peaks added up, gated or not.
@@ -154,6 +196,11 @@ impl Planner {
     /// Job `id` runs no plan any more (it left, or went back to the queue).
     pub(super) fn out_of_force(&mut self, id: u64) {
         self.in_force.remove(&id);
+        self.leave_gates(id);
+    }
+
+    /// Job `id` runs no plan of the gated set any more.
+    fn leave_gates(&mut self, id: u64) {
         if let Some((gated, _)) = &mut self.gated_in_force {
             gated.retain(|&g| g != id);
             if gated.is_empty() {
@@ -186,13 +233,9 @@ impl Planner {
         gated: bool,
     ) {
         let peak = plan.prediction.planned_peak_bytes;
-        if !gated
-            && self
-                .gated_in_force
-                .as_ref()
-                .is_some_and(|(g, _)| g.contains(&id))
-        {
-            self.gated_in_force = None;
+        if !gated {
+            // The job leaves the gated set; the others keep their gates.
+            self.leave_gates(id);
         }
         let sent = self.shared.job(id, |job| {
             if runs_the_same(&job.updates.borrow(), &plan, &diagnostics) {

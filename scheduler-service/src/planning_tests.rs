@@ -335,6 +335,80 @@ async fn a_joint_plan_that_does_not_fit_beside_a_fast_plan_goes_out_in_part() {
     assert_eq!(shared.memory().sum_of_peaks_bytes, 95);
 }
 
+/// A gated plan of jobs 1, 2 and 3 at `peak` bytes each whose gates keep
+/// them together at `aligned` bytes.
+fn gated_at(peak: u64, aligned: u64) -> MultiPlan {
+    let period = 200_000_000;
+    MultiPlan {
+        plans: (0..3u64)
+            .map(|k| Plan {
+                gate: Some(Gate {
+                    period_ns: period,
+                    phase_ns: k * period / 3,
+                    epoch_ns: 0,
+                }),
+                ..with_peak(0, peak)
+            })
+            .collect(),
+        cycle_ns: period,
+        sum_of_peaks_bytes: 3 * peak,
+        aligned_peak_bytes: aligned,
+        ..MultiPlan::default()
+    }
+}
+
+/// A joint plan without gates of jobs 1, 2 and 3 at `peaks`.
+fn free_at(peaks: [u64; 3]) -> MultiPlan {
+    MultiPlan {
+        plans: peaks.iter().map(|&p| with_peak(0, p)).collect(),
+        sum_of_peaks_bytes: peaks.iter().sum(),
+        ..MultiPlan::default()
+    }
+}
+
+#[tokio::test]
+async fn plans_without_gates_replace_a_gated_set_without_going_past_the_budget() {
+    let g = mlp();
+    let budget = 90;
+    let shared = Arc::new(Shared::new(budget));
+    let mut config = PlannerConfig::new(CopyModel::duplex(1e10, 1e10, 1_000));
+    config.budget_bytes = Some(budget);
+    let mut planner = hand_driven(&shared, config);
+    let (tx, _rx) = mpsc::channel(8);
+    for id in 1..=3 {
+        register(&shared, &tx, id, &g).await;
+    }
+    let ids = [1, 2, 3];
+    // Three jobs at 40 each (120, past the budget), gated to hold 70
+    // together.
+    planner.publish(&ids, gated_at(40, 70), &[0, 1, 2]);
+    assert_eq!(shared.memory().published_bytes, 70);
+    // A plan without gates lowers job 1 to 15 and the others to 35 (85 in
+    // all). Job 1 goes first (the largest fall): while jobs 2 and 3 still
+    // run their gates they hold at most 70 together, so 15 + 70 = 85; the
+    // ledger must not count them by their peaks (15 + 80 = 95).
+    let order = planner.what_fits(&ids, &free_at([15, 35, 35]));
+    assert_eq!(order, vec![0, 1, 2]);
+    planner.publish(&ids, free_at([15, 35, 35]), &order);
+    assert_eq!(planner.max_over, 0);
+    assert_eq!(plans(&shared, &ids), vec![(2, 15), (2, 35), (2, 35)]);
+    assert_eq!(shared.memory().published_bytes, 85);
+
+    // Gated again; now a plan without gates that fits as a whole (20 + 35
+    // + 35 = 90) but not on the way: job 3 at 20 beside the gated pair
+    // (70) is 90, then job 1 at 35 beside job 2 still at its gated 40 is
+    // 95, a real moment past the budget. Only job 3's plan goes out; jobs
+    // 1 and 2 keep their gated plans.
+    planner.publish(&ids, gated_at(40, 70), &[0, 1, 2]);
+    let order = planner.what_fits(&ids, &free_at([35, 35, 20]));
+    assert_eq!(order, vec![2]);
+    planner.publish(&ids, free_at([35, 35, 20]), &order);
+    assert_eq!(planner.max_over, 0);
+    assert_eq!(plans(&shared, &ids), vec![(3, 40), (3, 40), (4, 20)]);
+    assert_eq!(shared.memory().published_bytes, 90);
+    assert_eq!(planner.metrics.max_published_over_budget_bytes.get(), 0);
+}
+
 /// The gate of job `id`'s newest plan.
 fn gate_of(shared: &Shared, id: u64) -> Gate {
     shared
