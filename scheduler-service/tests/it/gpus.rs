@@ -120,10 +120,16 @@ async fn one_process_serves_each_gpu_on_its_own_socket() {
     ] {
         assert!(body.lines().any(|l| l == line), "no {line:?} in\n{body}");
     }
-    // Every series says its GPU, and both GPUs have each metric.
+    // Every series says its GPU but the heap's (the process's), and both
+    // GPUs have each metric.
     let samples = metric_samples(&body);
     assert!(samples.len() > 20, "{body}");
-    assert!(samples.iter().all(|l| l.contains("gpu=\"")), "{body}");
+    assert!(
+        samples
+            .iter()
+            .all(|l| l.contains("gpu=\"") || l.starts_with("tensile_scheduler_heap_")),
+        "{body}"
+    );
     for gpu in ["gpu=\"0\"", "gpu=\"1\""] {
         let mut names: Vec<&str> = samples
             .iter()
