@@ -630,27 +630,13 @@ async fn worker(
 ) -> Result<Worker> {
     let mut out = Worker::default();
     let t = Instant::now();
-    let r = c
-        .register_job(pb::RegisterJobRequest {
-            name: format!("{}-{w}", g.name()),
-            graph: Some(tensile_proto::convert::graph_to_proto(&g)),
-            settings: None,
-            op_latency_s: Vec::new(),
-            process: String::new(),
-        })
-        .await
-        .context("RegisterJob")?
-        .into_inner();
+    let (r, mut s) = register_and_subscribe(
+        &mut c,
+        format!("{}-{w}", g.name()),
+        tensile_proto::convert::graph_to_proto(&g),
+    )
+    .await?;
     out.queued = r.state == pb::JobState::Queued as i32;
-    let mut s = c
-        .subscribe_plans(pb::SubscribePlansRequest {
-            job_id: r.job_id,
-            token: r.token.clone(),
-            after_version: 0,
-        })
-        .await
-        .context("SubscribePlans")?
-        .into_inner();
     let mut version = 0;
     while version == 0 {
         let Some(u) = s.message().await? else {
@@ -718,6 +704,36 @@ async fn worker(
     .await
     .context("UnregisterJob")?;
     Ok(out)
+}
+
+/// Registers a job of `graph` as `name`, with the scheduler's defaults,
+/// and opens its plan stream: as a worker starts.
+pub(crate) async fn register_and_subscribe(
+    c: &mut Client,
+    name: String,
+    graph: pb::Graph,
+) -> Result<(pb::RegisterJobResponse, tonic::Streaming<pb::PlanUpdate>)> {
+    let r = c
+        .register_job(pb::RegisterJobRequest {
+            name,
+            graph: Some(graph),
+            settings: None,
+            op_latency_s: Vec::new(),
+            process: String::new(),
+        })
+        .await
+        .context("RegisterJob")?
+        .into_inner();
+    let stream = c
+        .subscribe_plans(pb::SubscribePlansRequest {
+            job_id: r.job_id,
+            token: r.token.clone(),
+            after_version: 0,
+        })
+        .await
+        .context("SubscribePlans")?
+        .into_inner();
+    Ok((r, stream))
 }
 
 #[cfg(test)]

@@ -312,42 +312,8 @@ fn bench_colocate_sweep_flags_are_checked() {
 /// on the GPU with the fewest, each running its iterations and leaving.
 #[test]
 fn bench_service_on_a_simulated_node_reports_every_gpu_and_every_job() {
-    use tensile_proto::endpoint::GpusFile;
-    use tensile_scheduler::cli::{Args, Serve};
-
     let dir = TempDir::new("node");
-    let resolved = Args {
-        gpus: Some("0,1".into()),
-        socket_dir: Some(dir.0.clone()),
-        device: Some("a6000".into()),
-        latency_models: Some("roofline".into()),
-        state: Some("none".into()),
-        lease_s: Some(600.0),
-        ..Args::default()
-    }
-    .resolve_with(&Vec::new)
-    .unwrap();
-    let Serve::Gpus { dir: sockets, gpus } = resolved.serve else {
-        panic!("{:?}", resolved.serve)
-    };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = rt.spawn(async move {
-        tensile_scheduler::node::run_gpus(&sockets, &gpus, resolved.config, async {
-            let _ = stopped.await;
-        })
-        .await
-    });
-    let mut tries = 0;
-    while GpusFile::read(&dir.0).unwrap().is_none() {
-        tries += 1;
-        assert!(tries < 600, "no gpus.json within 30 s");
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    let node = super::gpus::Node::start(&dir, None);
     let v = json_of(&[
         "bench",
         "service",
@@ -365,8 +331,7 @@ fn bench_service_on_a_simulated_node_reports_every_gpu_and_every_job() {
         "50",
         "--json",
     ]);
-    let _ = stop.send(());
-    rt.block_on(server).unwrap().unwrap();
+    node.stop();
 
     assert_eq!(v["gpus"], 2, "{v}");
     let runs = v["runs"].as_array().unwrap();

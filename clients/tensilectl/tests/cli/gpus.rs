@@ -31,6 +31,61 @@ fn json(out: &Output) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// A scheduler serving two simulated GPUs in this process, configured as
+/// the binary is by `--gpus 0,1` (the a6000 profile, roofline latencies,
+/// nothing stored), its sockets and gpus.json in a directory; started once
+/// gpus.json is written.
+pub(super) struct Node {
+    pub(super) rt: tokio::runtime::Runtime,
+    stop: tokio::sync::oneshot::Sender<()>,
+    server: tokio::task::JoinHandle<Result<(), tensile_scheduler::RunError>>,
+}
+
+impl Node {
+    pub(super) fn start(dir: &TempDir, budget_mb: Option<tensile_cli::Mb>) -> Node {
+        let resolved = Args {
+            gpus: Some("0,1".into()),
+            socket_dir: Some(dir.0.clone()),
+            device: Some("a6000".into()),
+            budget_mb,
+            latency_models: Some("roofline".into()),
+            state: Some("none".into()),
+            lease_s: Some(600.0),
+            ..Args::default()
+        }
+        .resolve_with(&Vec::new)
+        .unwrap();
+        let Serve::Gpus { dir: sockets, gpus } = resolved.serve else {
+            panic!("{:?}", resolved.serve)
+        };
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = rt.spawn(async move {
+            tensile_scheduler::node::run_gpus(&sockets, &gpus, resolved.config, async {
+                let _ = stopped.await;
+            })
+            .await
+        });
+        let mut tries = 0;
+        while GpusFile::read(&dir.0).unwrap().is_none() {
+            tries += 1;
+            assert!(tries < 600, "no gpus.json within 30 s");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Node { rt, stop, server }
+    }
+
+    /// Stops the scheduler and waits for it to end cleanly.
+    pub(super) fn stop(self) {
+        let _ = self.stop.send(());
+        self.rt.block_on(self.server).unwrap().unwrap();
+    }
+}
+
 type Client = MemorySchedulerClient<tonic::transport::Channel>;
 
 /// A job registered on `socket` (kept by its lease while the test runs),
@@ -67,39 +122,8 @@ async fn register(socket: &std::path::Path, name: &str) -> (Client, pb::Register
 #[test]
 fn status_shows_every_gpu_and_budget_and_watch_pick_theirs() {
     let dir = TempDir::new("gpus");
-    let resolved = Args {
-        gpus: Some("0,1".into()),
-        socket_dir: Some(dir.0.clone()),
-        device: Some("a6000".into()),
-        budget_mb: Some(tensile_cli::Mb::whole(800)),
-        latency_models: Some("roofline".into()),
-        state: Some("none".into()),
-        lease_s: Some(600.0),
-        ..Args::default()
-    }
-    .resolve_with(&Vec::new)
-    .unwrap();
-    let Serve::Gpus { dir: sockets, gpus } = resolved.serve else {
-        panic!("{:?}", resolved.serve)
-    };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = rt.spawn(async move {
-        tensile_scheduler::node::run_gpus(&sockets, &gpus, resolved.config, async {
-            let _ = stopped.await;
-        })
-        .await
-    });
-    let mut tries = 0;
-    while GpusFile::read(&dir.0).unwrap().is_none() {
-        tries += 1;
-        assert!(tries < 600, "no gpus.json within 30 s");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let node = Node::start(&dir, Some(tensile_cli::Mb::whole(800)));
+    let rt = &node.rt;
     let (mut client, registered) = rt.block_on(register(&dir.0.join("gpu1.sock"), "on-gpu1"));
     let job = registered.job_id;
 
@@ -196,6 +220,5 @@ fn status_shows_every_gpu_and_budget_and_watch_pick_theirs() {
         "{rest:?}"
     );
 
-    let _ = stop.send(());
-    rt.block_on(server).unwrap().unwrap();
+    node.stop();
 }
