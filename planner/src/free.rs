@@ -265,7 +265,7 @@ impl Book {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     #![allow(clippy::unwrap_used)]
 
     use std::cell::Cell;
@@ -282,7 +282,12 @@ mod tests {
     }
 
     fn graphs() -> Vec<Graph> {
-        ["resnet50", "vgg16", "bert_base", "resnet50"]
+        zoo_graphs(&["resnet50", "vgg16", "bert_base", "resnet50"])
+    }
+
+    /// Zoo models at batch 2 and a small resolution (64 where they allow).
+    pub(crate) fn zoo_graphs(models: &[&str]) -> Vec<Graph> {
+        models
             .iter()
             .map(|m| {
                 let mut c = ZooConfig::new(2);
@@ -292,22 +297,27 @@ mod tests {
             .collect()
     }
 
-    fn plan_both(graphs: &[Graph], budget: f64) -> (MultiPlan, MultiPlan) {
+    /// A job of each graph with a 300 MB base and unequal latencies, so
+    /// that the jobs' moves rank apart.
+    pub(crate) fn unequal_jobs(graphs: &[Graph]) -> Vec<JobInput<'_>> {
         let settings = JobSettings {
             base_bytes: 300_000_000,
             ..JobSettings::default()
         };
-        let inputs: Vec<JobInput<'_>> = graphs
+        graphs
             .iter()
             .enumerate()
             .map(|(k, g)| {
-                // Unequal latencies, so that the jobs' moves rank apart.
                 let lat = (0..g.ops().len())
                     .map(|i| 2_000 + ((i * 7_919 + k * 104_729) % 40_000) as u64)
                     .collect();
                 JobInput::new(g, lat, settings)
             })
-            .collect();
+            .collect()
+    }
+
+    fn plan_both(graphs: &[Graph], budget: f64) -> (MultiPlan, MultiPlan) {
+        let inputs = unequal_jobs(graphs);
         let mut config = PlannerConfig::new(CopyModel::duplex(12e9, 12e9, 5_000));
         let vanilla = plan(&inputs, &config).unwrap().vanilla_sum_of_peaks_bytes;
         config.budget_bytes = Some((vanilla as f64 * budget) as u64);

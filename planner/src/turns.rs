@@ -403,35 +403,14 @@ mod tests {
     /// against a fresh merge (in `Job::chan`): the plans are the sweep's.
     #[test]
     fn turns_plans_take_the_disjoint_peak_which_is_the_sweeps() {
-        use tensile_graph::zoo::{self, ZooConfig};
         // (mix, budgets as shares of the vanilla sum of peaks)
         let mixes: [(&[&str], &[f64]); 2] = [
             (&["resnet50", "vgg16", "bert_base"], &[0.9, 0.6]),
             (&["inception_v3", "resnet50"], &[0.6]),
         ];
         for (mix, budgets) in mixes {
-            let graphs: Vec<Graph> = mix
-                .iter()
-                .map(|m| {
-                    let mut c = ZooConfig::new(2);
-                    c.resolution = Some(zoo::model(m).unwrap().min_resolution.max(64));
-                    zoo::build(m, &c).unwrap()
-                })
-                .collect();
-            let settings = JobSettings {
-                base_bytes: 300_000_000,
-                ..JobSettings::default()
-            };
-            let inputs: Vec<JobInput<'_>> = graphs
-                .iter()
-                .enumerate()
-                .map(|(k, g)| {
-                    let lat = (0..g.ops().len())
-                        .map(|i| 2_000 + ((i * 7_919 + k * 104_729) % 40_000) as u64)
-                        .collect();
-                    JobInput::new(g, lat, settings)
-                })
-                .collect();
+            let graphs = crate::free::tests::zoo_graphs(mix);
+            let inputs = crate::free::tests::unequal_jobs(&graphs);
             let mut config = PlannerConfig::new(CopyModel::duplex(12e9, 12e9, 5_000));
             let vanilla = plan(&inputs, &config).unwrap().vanilla_sum_of_peaks_bytes;
             config.coordinate = true;
