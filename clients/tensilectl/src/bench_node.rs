@@ -365,22 +365,11 @@ fn start_scheduler(s: &Setup, n: usize) -> Result<Started> {
         .collect::<Vec<_>>()
         .join(",");
     let mut cmd = Command::new(&bin);
-    cmd.args([
-        "--gpus",
-        &gpus,
-        "--device",
-        "a6000",
-        "--latency-models",
-        "roofline",
-        "--state",
-        "none",
-        // Every job keeps its stream open and reports; none lapses.
-        "--lease-s",
-        "60",
-    ])
-    .arg("--socket-dir")
-    .arg(&dir)
-    .arg(format!("--metrics-listen=127.0.0.1:{port}"));
+    cmd.args(["--gpus", &gpus])
+        .args(crate::bench_service::SCHEDULER_ARGS)
+        .arg("--socket-dir")
+        .arg(&dir)
+        .arg(format!("--metrics-listen=127.0.0.1:{port}"));
     if let Some(b) = s.budget {
         cmd.arg(format!("--budget-mb={}", b as f64 / 1e6));
     }

@@ -257,6 +257,20 @@ fn print_row(r: &Row) {
     );
 }
 
+/// How the benches start their scheduler: the a6000 profile, roofline
+/// latencies, nothing stored, and a lease long enough that no simulated
+/// worker (each keeps its stream open and reports) lapses.
+pub(crate) const SCHEDULER_ARGS: [&str; 8] = [
+    "--device",
+    "a6000",
+    "--latency-models",
+    "roofline",
+    "--state",
+    "none",
+    "--lease-s",
+    "60",
+];
+
 /// `tensile-scheduler` from beside this binary, on a fresh socket, with
 /// metrics on a free loopback port.
 fn spawn_scheduler(bin: Option<PathBuf>) -> Result<(Child, String, u16)> {
@@ -267,17 +281,7 @@ fn spawn_scheduler(bin: Option<PathBuf>) -> Result<(Child, String, u16)> {
     let _ = std::fs::remove_file(&sock);
     let port = free_port()?;
     let child = Command::new(bin)
-        .args([
-            "--device",
-            "a6000",
-            "--latency-models",
-            "roofline",
-            "--state",
-            "none",
-            // Every worker keeps its stream open; no lease lapses.
-            "--lease-s",
-            "60",
-        ])
+        .args(SCHEDULER_ARGS)
         .arg(format!("--listen=unix:{}", sock.display()))
         .arg(format!("--metrics-listen=127.0.0.1:{port}"))
         .env("RUST_LOG", "warn")
